@@ -1,0 +1,44 @@
+# vaco: the two commands a user needs are `make demo` and `make test`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# torch must come first: the pinned CPU wheel is on disk; an unpinned torch pulls GBs of CUDA.
+TORCH   := torch==2.13.0
+EXTRAS  ?= test,llm,video
+# Each CI/test process gets one torch thread; env stepping and the learner share two cores.
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+
+.PHONY: help venv install test test-fast demo bench clean
+
+help:
+	@echo "make demo   - create .venv, install, train VACO (K=4) on Hopper-v5 for a few minutes"
+	@echo "make test   - create .venv, install, run the test suite"
+	@echo "make bench  - throughput benchmark (prints a table, writes benchmarks/results/throughput.json)"
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip >/dev/null
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+venv install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+demo: $(STAMP)
+	$(BIN)/vaco fit --config configs/demo.yaml
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

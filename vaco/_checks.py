@@ -1,0 +1,64 @@
+"""Input checks shared by the pure functions: fail loudly, naming the argument.
+
+Silent broadcasting is the classic RL bug (a ``[B]`` advantage against a ``[B, 1]`` ratio
+gives a ``[B, B]`` loss that still trains, badly), so every public function states its shape
+contract and calls these before doing any math.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["same_shape", "all_finite", "positive", "in_closed_interval"]
+
+
+def same_shape(**tensors: torch.Tensor | None) -> torch.Size:
+    """Check that every given tensor has exactly the same shape (no broadcasting).
+
+    Returns the common shape. ``None`` entries are skipped (optional inputs).
+    """
+    shape: torch.Size | None = None
+    first = ""
+    for name, tensor in tensors.items():
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(tensor).__name__}")
+        if shape is None:
+            shape, first = tensor.shape, name
+        elif tensor.shape != shape:
+            raise ValueError(
+                f"`{name}` has shape {tuple(tensor.shape)} but `{first}` has shape {tuple(shape)}; "
+                "all inputs must have the same shape (no broadcasting: a [B] tensor against a "
+                "[B, 1] tensor is an error, squeeze the trailing dimension first)"
+            )
+    if shape is None:
+        raise ValueError("no tensors given")
+    return shape
+
+
+def all_finite(**tensors: torch.Tensor | None) -> None:
+    """Raise if a floating tensor holds NaN or inf, naming it."""
+    for name, tensor in tensors.items():
+        if tensor is None or not tensor.is_floating_point():
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            n_nan = int(torch.isnan(tensor).sum())
+            n_inf = int(torch.isinf(tensor).sum())
+            raise ValueError(f"`{name}` contains {n_nan} NaN and {n_inf} inf values")
+
+
+def positive(**values: float) -> None:
+    """Raise unless every value is a finite number > 0."""
+    for name, value in values.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}")
+
+
+def in_closed_interval(low: float, high: float, **values: float) -> None:
+    """Raise unless every value lies in [low, high]."""
+    for name, value in values.items():
+        if not (isinstance(value, (int, float)) and low <= value <= high):
+            raise ValueError(f"`{name}` must be in [{low}, {high}], got {value!r}")

@@ -1,0 +1,179 @@
+"""The objective contract: one base class, one policy surrogate per subclass.
+
+The base class owns everything the objectives share: the ratio against the *behaviour* policy
+(``r = pi_theta / beta``, never against a stale "old" learner), advantage normalisation, the
+entropy bonus, the critic loss and the diagnostics. A subclass overrides only
+:meth:`Objective.surrogate`. Adding an objective is therefore a dozen lines (see the README).
+
+Keys read from the minibatch (a TensorDict with batch dims ``[B]`` or ``[B, L]`` for tokens):
+
+==================== ======================================================================
+key                  meaning
+==================== ======================================================================
+``log_prob``         learner's ``log pi_theta(a|s)`` now, with gradient
+``behavior_log_prob`` ``log beta(a|s)`` of the policy that acted (stored at collection)
+``advantage``        advantage (GAE, realigned V-trace, or group-relative)
+``entropy``          (optional) learner's entropy, with gradient
+``value``            (optional) critic's prediction now, with gradient; no critic loss if absent
+``value_target``     (with ``value``) regression target of the critic
+``state_value``      (with ``value`` and value clipping) critic's prediction at collection
+``mask``             (optional, bool) valid entries, e.g. non-padding tokens
+==================== ======================================================================
+
+:meth:`Objective.forward` returns a TensorDict: entries named ``loss_*`` carry gradient and
+are summed by the trainer; every other entry is a detached scalar metric, identical across
+objectives: ``tv``, ``filter_fraction``, ``clip_fraction``, ``approx_kl``, ``ratio_mean``,
+``ratio_max``, ``entropy`` (and objective-specific extras such as ``kl``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from vaco import _checks
+from vaco.objectives.functional import masked_mean, normalize
+
+__all__ = ["Objective"]
+
+
+class Objective(nn.Module):
+    """Base class of the policy objectives.
+
+    Args:
+        entropy_coef: entropy bonus coefficient ``c_H`` (CleanRL's default 0.0).
+        value_coef: critic loss coefficient (CleanRL: 0.5).
+        clip_value_loss: clip the critic's change around ``state_value`` as CleanRL does.
+        value_clip_epsilon: the value clipping range (CleanRL reuses the policy clip, 0.2).
+        normalize_advantage: normalise advantages per minibatch (CleanRL's default). For the TV
+            filter this also decides which samples are filtered, since it shifts signs.
+    """
+
+    #: the surrogate carries the entropy term itself (VACO's importance-weighted entropy)
+    entropy_in_surrogate: ClassVar[bool] = False
+    #: the trainer re-runs the advantage module before every optimisation step (IMPALA)
+    reestimate_advantage: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        entropy_coef: float = 0.0,
+        value_coef: float = 0.5,
+        clip_value_loss: bool = True,
+        value_clip_epsilon: float = 0.2,
+        normalize_advantage: bool = True,
+    ) -> None:
+        super().__init__()
+        if not (entropy_coef >= 0):
+            raise ValueError(f"`entropy_coef` must be >= 0, got {entropy_coef!r}")
+        if not (value_coef >= 0):
+            raise ValueError(f"`value_coef` must be >= 0, got {value_coef!r}")
+        _checks.positive(value_clip_epsilon=value_clip_epsilon)
+        self.entropy_coef = float(entropy_coef)
+        self.value_coef = float(value_coef)
+        self.clip_value_loss = clip_value_loss
+        self.value_clip_epsilon = float(value_clip_epsilon)
+        self.normalize_advantage = normalize_advantage
+
+    # ------------------------------------------------------------------ to override
+    def surrogate(
+        self,
+        *,
+        ratio: torch.Tensor,
+        log_ratio: torch.Tensor,
+        advantage: torch.Tensor,
+        batch: TensorDictBase,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-sample policy loss to *minimise*, and per-sample indicators.
+
+        Args:
+            ratio: ``pi_theta / beta`` (with gradient); ``log_ratio`` is its log.
+            advantage: the advantage, already normalised if ``normalize_advantage``.
+            batch: the minibatch, for anything else the surrogate needs (``log_prob``,
+                distribution parameters, ``mask``).
+
+        Returns:
+            ``(loss, indicators)``: ``loss`` has the shape of ``ratio``. ``indicators`` maps
+            names to per-sample tensors that are averaged into metrics: ``clipped`` and
+            ``filtered`` (bool: the surrogate removed that sample's gradient) become
+            ``clip_fraction`` and ``filter_fraction``; any other name is reported as is.
+        """
+        raise NotImplementedError
+
+    def update_coefficients(self, metrics: Mapping[str, float]) -> None:
+        """Hook called by the trainer once per iteration with that iteration's mean metrics.
+
+        Adaptive coefficients change here, never inside :meth:`forward`. Default: nothing.
+        """
+
+    # ------------------------------------------------------------------ shared
+    def forward(self, batch: TensorDictBase) -> TensorDictBase:
+        log_prob = batch.get("log_prob")
+        behavior_log_prob = batch.get("behavior_log_prob")
+        advantage = batch.get("advantage")
+        mask = batch.get("mask", None)
+        entropy = batch.get("entropy", None)
+        value = batch.get("value", None)
+        _checks.same_shape(
+            log_prob=log_prob,
+            behavior_log_prob=behavior_log_prob,
+            advantage=advantage,
+            mask=mask,
+            entropy=entropy,
+            value=value,
+        )
+        _checks.all_finite(
+            log_prob=log_prob.detach(), behavior_log_prob=behavior_log_prob, advantage=advantage
+        )
+
+        log_ratio = log_prob - behavior_log_prob
+        ratio = log_ratio.exp()
+        if self.normalize_advantage:
+            advantage = normalize(advantage, mask)
+
+        policy_loss, indicators = self.surrogate(
+            ratio=ratio, log_ratio=log_ratio, advantage=advantage, batch=batch
+        )
+        out: dict[str, torch.Tensor] = {"loss_policy": masked_mean(policy_loss, mask)}
+
+        if entropy is not None and self.entropy_coef > 0 and not self.entropy_in_surrogate:
+            out["loss_entropy"] = -self.entropy_coef * masked_mean(entropy, mask)
+        if value is not None:
+            out["loss_value"] = self.value_coef * self._value_loss(value, batch, mask)
+
+        with torch.no_grad():
+            out.update(self._diagnostics(ratio, log_ratio, mask, entropy, indicators))
+        return TensorDict(out, batch_size=[])
+
+    def _value_loss(self, value, batch, mask) -> torch.Tensor:
+        target = batch.get("value_target")
+        _checks.same_shape(value=value, value_target=target)
+        loss = (value - target) ** 2
+        if self.clip_value_loss:
+            old = batch.get("state_value")
+            _checks.same_shape(value=value, state_value=old)
+            clipped = old + (value - old).clamp(-self.value_clip_epsilon, self.value_clip_epsilon)
+            loss = torch.maximum(loss, (clipped - target) ** 2)
+        return 0.5 * masked_mean(loss, mask)
+
+    def _diagnostics(self, ratio, log_ratio, mask, entropy, indicators) -> dict[str, torch.Tensor]:
+        ratio, log_ratio = ratio.detach(), log_ratio.detach()
+        zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+        valid_ratio = ratio if mask is None else ratio[mask.bool()]
+        metrics = {
+            "tv": 0.5 * masked_mean((ratio - 1).abs(), mask),
+            "approx_kl": masked_mean((ratio - 1) - log_ratio, mask),  # Schulman's k3 estimator
+            "ratio_mean": masked_mean(ratio, mask),
+            "ratio_max": valid_ratio.max() if valid_ratio.numel() else zero,
+            "clip_fraction": zero,
+            "filter_fraction": zero,
+            "entropy": zero if entropy is None else masked_mean(entropy.detach(), mask),
+        }
+        renames = {"clipped": "clip_fraction", "filtered": "filter_fraction"}
+        for name, per_sample in indicators.items():
+            metrics[renames.get(name, name)] = masked_mean(per_sample.detach().to(ratio.dtype), mask)
+        return metrics

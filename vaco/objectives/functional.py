@@ -1,0 +1,90 @@
+"""Pure functions used by the objectives: masked means, the TV filter mask, the Gaussian KL.
+
+Shapes: any ``[...]`` (``[B]`` for MuJoCo minibatches, ``[B, L]`` for LLM tokens); all inputs
+of one call have the same shape. ``mask`` (optional, bool) marks valid entries (padding tokens
+are False); means are taken over valid entries only ("token-mean" aggregation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vaco import _checks
+
+__all__ = ["masked_mean", "normalize", "total_variation", "tv_filter_mask", "gaussian_kl"]
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of ``x`` over the entries where ``mask`` is True (all entries if ``mask`` is None)."""
+    if mask is None:
+        return x.mean()
+    mask = mask.to(x.dtype)
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def normalize(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` over the valid entries (CleanRL's per-minibatch advantage norm)."""
+    mean = masked_mean(x, mask)
+    if mask is None:
+        std = x.std() if x.numel() > 1 else torch.zeros((), dtype=x.dtype, device=x.device)
+    else:
+        n = mask.sum().clamp(min=2)
+        std = (masked_mean((x - mean) ** 2, mask) * n / (n - 1)).sqrt()
+    return (x - mean) / (std + eps)
+
+
+def total_variation(log_ratio: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Sample estimate of the expected TV divergence: ``0.5 * mean|pi/beta - 1|`` (paper eq. dtv)."""
+    return 0.5 * masked_mean((log_ratio.exp() - 1.0).abs(), mask)
+
+
+def tv_filter_mask(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    delta: float,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """VACO's TV filter: which samples keep their gradient.
+
+    ``tv = 0.5 * mean|r - 1|`` with ``r = pi_theta / beta``. If ``tv > delta / 2``, the samples
+    whose gradient would raise ``tv`` are filtered: those whose coefficient of
+    ``grad log pi_theta`` has the same sign as ``pi_theta - beta``, i.e. ``A * sign(r - 1) > 0``.
+    Samples with ``r == 1`` exactly are never filtered (their TV gradient is zero).
+
+    With an entropy bonus the coefficient is not ``A``: pass the coefficient itself as
+    ``advantages`` (see :class:`vaco.objectives.TVFilter` for how ``c_H`` enters it).
+
+    Args:
+        log_ratio: ``log pi_theta(a|s) - log beta(a|s)``.
+        advantages: the (possibly normalised) advantage, or the full gradient coefficient.
+        delta: the TV threshold (the constraint is ``tv <= delta / 2``), > 0.
+        mask: optional validity mask; filtered-out padding stays ``keep=True`` (it has no gradient).
+
+    Returns:
+        ``(keep, tv)``: ``keep`` is a bool tensor like ``log_ratio`` (True = gradient kept) and
+        ``tv`` the scalar TV estimate that was compared against ``delta / 2``.
+    """
+    _checks.same_shape(log_ratio=log_ratio, advantages=advantages, mask=mask)
+    _checks.positive(delta=delta)
+    _checks.all_finite(log_ratio=log_ratio, advantages=advantages)
+    log_ratio, advantages = log_ratio.detach(), advantages.detach()
+    tv = total_variation(log_ratio, mask)
+    raises_tv = advantages * torch.sign(log_ratio) > 0  # sign(r - 1) == sign(log r)
+    keep = ~(raises_tv & (tv > delta / 2))
+    if mask is not None:
+        keep = keep | ~mask.bool()
+    return keep, tv
+
+
+def gaussian_kl(
+    loc_p: torch.Tensor, scale_p: torch.Tensor, loc_q: torch.Tensor, scale_q: torch.Tensor
+) -> torch.Tensor:
+    """``KL(p || q)`` between diagonal Gaussians, summed over the last (action) dimension.
+
+    ``KL = sum_i log(s_q/s_p) + (s_p^2 + (m_p - m_q)^2) / (2 s_q^2) - 1/2``.
+    """
+    _checks.same_shape(loc_p=loc_p, scale_p=scale_p, loc_q=loc_q, scale_q=scale_q)
+    var_ratio = (scale_p / scale_q) ** 2
+    mean_term = ((loc_p - loc_q) / scale_q) ** 2
+    return (0.5 * (var_ratio + mean_term - 1.0) - 0.5 * var_ratio.log()).sum(-1)

@@ -1,0 +1,60 @@
+"""VACO's TV filter (Honari et al. 2026, Algorithm 1): constrain TV(beta || pi_theta) by dropping gradients."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from vaco import _checks
+from vaco.objectives.base import Objective
+from vaco.objectives.functional import tv_filter_mask
+
+__all__ = ["TVFilter"]
+
+
+class TVFilter(Objective):
+    """``loss = -r * (A - c_H * log pi_theta)``, with gradient-raising samples detached past ``delta/2``.
+
+    Per minibatch, ``tv = 0.5 * mean|r - 1|`` with ``r = pi_theta / beta``. If ``tv > delta / 2``,
+    every sample whose gradient would raise ``tv`` is detached (its loss value stays, its gradient
+    is exactly zero): those whose coefficient of ``grad log pi_theta`` has the sign of
+    ``pi_theta - beta``. The mean still divides by the full minibatch size, as in Algorithm 1.
+
+    How ``c_H`` enters the sign test. The gradient of ``r * (A - c_H log pi)`` is
+    ``r * grad log pi * (A - c_H (1 + log pi))``, so the exact coefficient is
+    ``A - c_H (1 + log pi)``; that is the default (``sign_test="exact"``). The paper's
+    Algorithm 1 writes ``A - c_H``; ``sign_test="paper"`` uses that literally. With
+    ``c_H = 0`` (the paper's and CleanRL's default) both reduce to ``A * sign(r - 1) > 0``.
+
+    Advantage normalisation (on by default, as in the paper's CleanRL base) happens before the
+    sign test, so it changes which samples are filtered.
+
+    Args:
+        delta: the TV threshold; the constraint is ``tv <= delta / 2`` (0.2 MuJoCo, 0.05 LLM).
+        sign_test: ``"exact"`` or ``"paper"``, see above (only matters when ``entropy_coef > 0``).
+        **kwargs: see :class:`~vaco.objectives.base.Objective`; ``entropy_coef`` is ``c_H``.
+    """
+
+    entropy_in_surrogate = True
+
+    def __init__(self, delta: float = 0.2, sign_test: Literal["exact", "paper"] = "exact", **kwargs) -> None:
+        super().__init__(**kwargs)
+        _checks.positive(delta=delta)
+        if sign_test not in ("exact", "paper"):
+            raise ValueError(f"`sign_test` must be 'exact' or 'paper', got {sign_test!r}")
+        self.delta, self.sign_test = float(delta), sign_test
+
+    def surrogate(self, *, ratio, log_ratio, advantage, batch):
+        log_prob = batch.get("log_prob")
+        c_h = self.entropy_coef
+        coefficient = advantage
+        if c_h > 0:
+            coefficient = advantage - c_h * ((1 + log_prob.detach()) if self.sign_test == "exact" else 1.0)
+        keep, _ = tv_filter_mask(log_ratio, coefficient, delta=self.delta, mask=batch.get("mask", None))
+        ratio = torch.where(keep, ratio, ratio.detach())
+        log_prob = torch.where(keep, log_prob, log_prob.detach())
+        return -ratio * (advantage - c_h * log_prob), {"filtered": ~keep}
+
+    def extra_repr(self) -> str:
+        return f"delta={self.delta}, sign_test={self.sign_test!r}"
