@@ -1,0 +1,74 @@
+"""Lightning callbacks: checkpoints counted in iterations, a progress bar in env steps, config to MLflow."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import MLFlowLogger
+
+__all__ = ["IterationCheckpoint", "VacoProgressBar", "SaveConfigToMLflow"]
+
+
+class IterationCheckpoint(ModelCheckpoint):
+    """Keeps ``last.ckpt`` up to date every ``every_n_iterations`` rollout batches and at the end.
+
+    Lightning's own schedule counts optimiser steps, and with manual optimisation an iteration
+    holds ``update_epochs * num_minibatches`` of them; here the unit is the iteration. The
+    directory defaults to ``checkpoints/<mlflow run id>/`` under the trainer's root dir.
+
+    Args:
+        every_n_iterations: checkpoint period in iterations (0: only at the end).
+        dirpath: where to write; default ``<default_root_dir>/checkpoints/<run id>``.
+    """
+
+    def __init__(self, every_n_iterations: int = 10, dirpath: str | None = None) -> None:
+        if not (isinstance(every_n_iterations, int) and every_n_iterations >= 0):
+            raise ValueError(f"`checkpoint.every_n_iterations` must be an integer >= 0, got {every_n_iterations!r}")
+        super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0, save_on_train_epoch_end=True)
+        self.every_n_iterations = every_n_iterations
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.dirpath is None:
+            run = getattr(trainer.logger, "version", None) or "run"
+            self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints", str(run))
+        super().setup(trainer, pl_module, stage)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        iteration = int(getattr(pl_module, "version", batch_idx + 1))
+        if self.every_n_iterations < 1 or iteration % self.every_n_iterations:
+            return
+        if self._should_skip_saving_checkpoint(trainer):
+            return
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class VacoProgressBar(TQDMProgressBar):
+    """Iterations as the bar; env steps done/total, SPS and the latest eval return beside it."""
+
+    def get_metrics(self, trainer, pl_module):
+        return dict(getattr(pl_module, "progress", {}))
+
+    def init_train_tqdm(self):
+        bar = super().init_train_tqdm()
+        bar.set_description("iteration")
+        return bar
+
+    def on_train_epoch_start(self, trainer, *_) -> None:
+        super().on_train_epoch_start(trainer, *_)
+        self.train_progress_bar.set_description("iteration")
+
+
+class SaveConfigToMLflow(SaveConfigCallback):
+    """Writes the resolved config next to the logs and as the MLflow artifact ``config.yaml``."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        logger = trainer.logger
+        if not isinstance(logger, MLFlowLogger) or trainer.global_rank != 0:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "config.yaml")
+            self.parser.save(self.config, path, skip_none=False, overwrite=True, multifile=False)
+            logger.experiment.log_artifact(logger.run_id, path)

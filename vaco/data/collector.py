@@ -1,0 +1,233 @@
+"""Rollout collection for the simulated asynchronous setup.
+
+:class:`RolloutCollector` is a TorchRL collector (a :class:`torchrl.collectors.BaseCollector`:
+an iterable of TensorDict batches with ``state_dict``, ``set_seed`` and ``shutdown``) whose
+inner loop steps a gymnasium vector env directly. Written here, not with TorchRL's
+``Collector`` + ``GymWrapper``, because TorchRL does not do three things this setup needs:
+
+* per-env behaviour policies: each sub-environment acts with its own version from the policy
+  buffer for the whole segment, and every sample records that version and its distribution;
+* exact mid-episode snapshots: a resumed run must continue bit for bit, so the collector's
+  carried state (current observations, episode counters, reward statistics, RNG) and the
+  simulator state are checkpointed together;
+* speed at one env: on this machine ``Collector(GymWrapper(vector env))`` costs ~1.3 ms per step
+  of overhead (700 steps/s at 1 env with a trivial policy, 5,500 at 64 envs against 8,200 for
+  the bare vector env), more than the simulator itself.
+
+The batch follows TorchRL's layout (root keys for step t, ``("next", ...)`` for its outcome),
+with batch dims ``[num_envs, num_steps]`` (time last, the advantage functions' contract):
+
+============================== =========================================================
+``observation``                raw observation s_t (normalisation belongs to the policy)
+``action``                     sampled action (unclipped; the env receives it clipped)
+``behavior_log_prob``          log beta(a_t | s_t) under the version that acted
+``behavior_loc/behavior_scale`` that version's Gaussian parameters (for the KL baseline)
+``policy_version``             id of the version that acted
+``("next", "observation")``    s_{t+1}; the *final* observation where the episode ended
+``("next", "reward")``         reward after CleanRL's scaling
+``("next", "done"/"terminated"/"truncated")``  episode-end flags
+``("next", "episode_return")`` raw return of the episode so far (its total where done)
+``("next", "episode_length")`` its length so far
+============================== =========================================================
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torchrl.collectors import BaseCollector
+
+from vaco.data.envs import capture_envs, make_vector_env, restore_envs
+from vaco.data.normalization import RewardScaler
+from vaco.data.policy_buffer import PolicyVersionBuffer
+
+__all__ = ["RolloutCollector"]
+
+_LOG_SQRT_2PI = 0.5 * float(np.log(2 * np.pi))
+
+
+class RolloutCollector(BaseCollector):
+    """Collects ``num_iterations`` batches of ``num_envs x num_steps`` transitions.
+
+    Args:
+        env_id: gymnasium id.
+        num_envs: sub-environments (actors) stepped in this process.
+        num_steps: steps per env per batch (the rollout segment).
+        policy_buffer: the versions to act with; read at the start of every batch.
+        num_iterations: batches to yield before stopping.
+        gamma: discount used by the reward scaler.
+        scale_reward: apply CleanRL's reward scaling.
+        seed: seeds the envs (env i gets ``seed * 10_000 + i``) and the collector's generator
+            (action noise and version assignment).
+        env_kwargs: extra keyword arguments for ``gymnasium.make``.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        num_steps: int,
+        policy_buffer: PolicyVersionBuffer | None,
+        num_iterations: int,
+        *,
+        gamma: float = 0.99,
+        scale_reward: bool = True,
+        seed: int = 0,
+        env_kwargs: dict | None = None,
+    ) -> None:
+        super().__init__()
+        self.trajs_per_batch = None  # BaseCollector: fixed-size batches, not whole trajectories
+        self.env = make_vector_env(env_id, num_envs, env_kwargs)
+        self.num_envs, self.num_steps = num_envs, num_steps
+        self.frames_per_batch = num_envs * num_steps
+        self.policy_buffer = policy_buffer
+        self.num_iterations = num_iterations
+        space = self.env.single_action_space
+        self._low = space.low.astype(np.float32)
+        self._high = space.high.astype(np.float32)
+        self.reward_scaler = RewardScaler(num_envs, gamma) if scale_reward else None
+        self.generator = torch.Generator()
+        self.set_seed(seed)
+        self.iteration = 0
+        self._obs: np.ndarray | None = None
+        self._ep_return = np.zeros(num_envs, dtype=np.float64)
+        self._ep_length = np.zeros(num_envs, dtype=np.int64)
+        self.last_collect_seconds = 0.0
+
+    # ------------------------------------------------------------------ BaseCollector API
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        self.seed = int(seed)
+        self.generator.manual_seed(self.seed)
+        self._obs = None  # the next batch starts from a seeded reset
+        return self.seed
+
+    def __len__(self) -> int:
+        return self.num_iterations
+
+    def iterator(self) -> Iterator[TensorDict]:
+        while self.iteration < self.num_iterations:
+            yield self.rollout()
+
+    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
+        if close_env:
+            self.env.close()
+
+    def state_dict(self) -> OrderedDict:
+        return OrderedDict(
+            iteration=self.iteration,
+            seed=self.seed,
+            generator=self.generator.get_state(),
+            obs=None if self._obs is None else self._obs.copy(),
+            ep_return=self._ep_return.copy(),
+            ep_length=self._ep_length.copy(),
+            reward_scaler=None if self.reward_scaler is None else self.reward_scaler.state_dict(),
+            envs=None if self._obs is None else capture_envs(self.env),
+        )
+
+    def load_state_dict(self, state_dict: OrderedDict) -> None:
+        self.iteration = int(state_dict["iteration"])
+        self.seed = int(state_dict["seed"])
+        self.generator.set_state(state_dict["generator"])
+        self._ep_return = np.array(state_dict["ep_return"], dtype=np.float64)
+        self._ep_length = np.array(state_dict["ep_length"], dtype=np.int64)
+        if self.reward_scaler is not None and state_dict["reward_scaler"] is not None:
+            self.reward_scaler.load_state_dict(state_dict["reward_scaler"])
+        if state_dict["obs"] is None:
+            self._obs = None
+        else:
+            self.env.reset()  # gymnasium requires a reset before stepping; then overwrite the state
+            restore_envs(self.env, state_dict["envs"])
+            self._obs = np.array(state_dict["obs"])
+
+    # ------------------------------------------------------------------ collection
+    @torch.no_grad()
+    def rollout(self) -> TensorDict:
+        start = time.perf_counter()
+        N, T = self.num_envs, self.num_steps
+        if self._obs is None:
+            self._obs, _ = self.env.reset(seed=[self.seed * 10_000 + i for i in range(N)])
+            self._ep_return[:] = 0.0
+            self._ep_length[:] = 0
+        slots = self.policy_buffer.assign(N, self.generator)
+        policy = self.policy_buffer.mixture(slots)
+        obs_dim = self._obs.shape[-1]
+        act_dim = self._low.shape[0]
+
+        obs = torch.empty(N, T, obs_dim)
+        next_obs = torch.empty(N, T, obs_dim)
+        actions = torch.empty(N, T, act_dim)
+        locs = torch.empty(N, T, act_dim)
+        scales = torch.empty(N, T, act_dim)
+        log_probs = torch.empty(N, T)
+        rewards = np.empty((N, T), dtype=np.float64)
+        terminated = np.empty((N, T), dtype=bool)
+        truncated = np.empty((N, T), dtype=bool)
+        ep_returns = np.empty((N, T), dtype=np.float64)
+        ep_lengths = np.empty((N, T), dtype=np.int64)
+
+        for t in range(T):
+            obs_t = torch.from_numpy(self._obs).float()
+            loc, scale = policy(obs_t)
+            noise = torch.randn(loc.shape, generator=self.generator)
+            action = loc + scale * noise
+            # log N(a; loc, scale) with a = loc + scale * noise
+            log_probs[:, t] = (-0.5 * noise.pow(2) - scale.log() - _LOG_SQRT_2PI).sum(-1)
+            env_action = np.clip(action.numpy(), self._low, self._high)  # CleanRL's ClipAction
+            new_obs, reward, term, trunc, info = self.env.step(env_action)
+            done = term | trunc
+
+            obs[:, t] = obs_t
+            actions[:, t] = action
+            locs[:, t] = loc
+            scales[:, t] = scale
+            if done.any():
+                final = new_obs.copy()
+                final[done] = np.stack(info["final_obs"][done])
+                next_obs[:, t] = torch.from_numpy(final)
+            else:
+                next_obs[:, t] = torch.from_numpy(new_obs)
+            self._ep_return += reward
+            self._ep_length += 1
+            ep_returns[:, t] = self._ep_return
+            ep_lengths[:, t] = self._ep_length
+            self._ep_return[done] = 0.0
+            self._ep_length[done] = 0
+            rewards[:, t] = self.reward_scaler(reward, term, done) if self.reward_scaler else reward
+            terminated[:, t] = term
+            truncated[:, t] = trunc
+            self._obs = new_obs
+
+        if not (np.isfinite(rewards).all() and torch.isfinite(next_obs).all()):
+            raise FloatingPointError(
+                f"the environment returned NaN/inf observations or rewards at iteration {self.iteration}"
+            )
+        terminated_t = torch.from_numpy(terminated)
+        truncated_t = torch.from_numpy(truncated)
+        batch = TensorDict(
+            {
+                "observation": obs,
+                "action": actions,
+                "behavior_log_prob": log_probs,
+                "behavior_loc": locs,
+                "behavior_scale": scales,
+                "policy_version": policy.versions.unsqueeze(-1).expand(N, T).clone(),
+                "next": {
+                    "observation": next_obs,
+                    "reward": torch.from_numpy(rewards).float(),
+                    "done": terminated_t | truncated_t,
+                    "terminated": terminated_t,
+                    "truncated": truncated_t,
+                    "episode_return": torch.from_numpy(ep_returns).float(),
+                    "episode_length": torch.from_numpy(ep_lengths),
+                },
+            },
+            batch_size=[N, T],
+        )
+        self.iteration += 1
+        self.last_collect_seconds = time.perf_counter() - start
+        return batch

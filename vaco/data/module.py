@@ -1,0 +1,244 @@
+"""The data side of a MuJoCo run: envs, the policy-version buffer, the collector, evaluation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+
+from vaco.data.collector import RolloutCollector
+from vaco.data.envs import EnvSpec, env_spec, make_vector_env, validate_env_id
+from vaco.data.normalization import normalize_observation
+from vaco.data.policy_buffer import PolicyVersionBuffer
+
+__all__ = ["RolloutDataModule"]
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Rollouts of a MuJoCo task collected by a mixture of the last K policies.
+
+    Each DDP rank collects its own ``num_envs`` envs (seeded by rank), so an iteration has
+    ``world_size * num_envs * num_steps`` env steps in all.
+
+    Args:
+        env_id: gymnasium id, e.g. ``Hopper-v5``.
+        num_envs: sub-environments (actors) per rank. CleanRL: 1; the paper: 500.
+        num_steps: steps per env per iteration (rollout segment). CleanRL: 2048; the paper: 1000.
+        total_steps: env steps of the whole run (all ranks); sets the number of iterations.
+        policy_buffer_size: K, how many recent policies the actors draw from (1 = synchronous).
+        scale_reward: CleanRL's reward scaling (divide by the std of the discounted return).
+        gamma: discount of the reward scaler; keep it equal to the advantage module's gamma.
+        eval_every: evaluate the learner every this many iterations (0: only at the end).
+        eval_episodes: episodes per evaluation (E); ``eval/return`` is their mean.
+        eval_envs: eval sub-environments run side by side (at most ``eval_episodes``).
+        eval_deterministic: act with the Gaussian's mean during evaluation (default: sample,
+            as CleanRL's evaluation and its reported returns do).
+        seed: base seed of envs and collection RNG (linked from ``seed_everything`` by the CLI).
+        env_kwargs: extra keyword arguments for ``gymnasium.make``.
+    """
+
+    def __init__(
+        self,
+        env_id: str = "Hopper-v5",
+        num_envs: int = 1,
+        num_steps: int = 2048,
+        total_steps: int = 1_000_000,
+        policy_buffer_size: int = 1,
+        scale_reward: bool = True,
+        gamma: float = 0.99,
+        eval_every: int = 10,
+        eval_episodes: int = 10,
+        eval_envs: int = 10,
+        eval_deterministic: bool = False,
+        seed: int = 1,
+        env_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        validate_env_id(env_id)
+        for name, value, low in (
+            ("num_envs", num_envs, 1),
+            ("num_steps", num_steps, 1),
+            ("total_steps", total_steps, 1),
+            ("eval_episodes", eval_episodes, 1),
+            ("eval_envs", eval_envs, 1),
+            ("eval_every", eval_every, 0),
+        ):
+            if not (isinstance(value, int) and value >= low):
+                raise ValueError(f"`data.{name}` must be an integer >= {low}, got {value!r}")
+        if not (isinstance(policy_buffer_size, int) and policy_buffer_size >= 1):
+            raise ValueError(f"`data.policy_buffer_size` (K) must be an integer >= 1, got {policy_buffer_size!r}")
+        if total_steps < num_envs * num_steps:
+            raise ValueError(
+                f"`data.total_steps` ({total_steps}) is smaller than one batch "
+                f"(num_envs * num_steps = {num_envs * num_steps})"
+            )
+        self.save_hyperparameters()
+        self.env_id, self.num_envs, self.num_steps = env_id, num_envs, num_steps
+        self.total_steps, self.policy_buffer_size = total_steps, policy_buffer_size
+        self.scale_reward, self.gamma, self.seed = scale_reward, gamma, seed
+        self.eval_every, self.eval_episodes = eval_every, eval_episodes
+        self.eval_envs, self.eval_deterministic = min(eval_envs, eval_episodes), eval_deterministic
+        self.env_kwargs = env_kwargs or {}
+        self._spec: EnvSpec | None = None
+        self.collector: RolloutCollector | None = None
+        self._policy_buffer: PolicyVersionBuffer | None = None
+        self._pending_state: dict | None = None
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def batch_size(self) -> int:
+        """Transitions per rank per iteration."""
+        return self.num_envs * self.num_steps
+
+    def world_size(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
+
+    def num_iterations(self) -> int:
+        return max(1, self.total_steps // (self.batch_size * self.world_size()))
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        if self._spec is None:
+            self._spec = env_spec(self.env_id, self.env_kwargs)
+        return self._spec
+
+    # ------------------------------------------------------------------ Lightning hooks
+    def setup(self, stage: str) -> None:
+        if self.collector is not None:
+            return
+        model = self.trainer.lightning_module
+        check = getattr(model, "check_data", None)
+        if check is not None:
+            check(self)  # cross-field validation before any env starts
+        rank = self.trainer.global_rank
+        self.collector = RolloutCollector(
+            self.env_id,
+            self.num_envs,
+            self.num_steps,
+            None,  # the policy buffer is bound once the model has built its actor
+            self.num_iterations(),
+            gamma=self.gamma,
+            scale_reward=self.scale_reward,
+            seed=self.seed + 1_000 * rank,
+            env_kwargs=self.env_kwargs,
+        )
+        if self._pending_state is not None:
+            self._load(self._pending_state)
+            self._pending_state = None
+
+    @property
+    def policy_buffer(self) -> PolicyVersionBuffer:
+        """The last K versions of the learner's actor. Built on first use: Lightning sets up the
+        data module before the model builds its networks (``configure_model``)."""
+        if self._policy_buffer is None:
+            actor = self.trainer.lightning_module.actor
+            self._policy_buffer = PolicyVersionBuffer(actor, self.env_spec.obs_dim, self.policy_buffer_size)
+            self.collector.policy_buffer = self._policy_buffer
+        return self._policy_buffer
+
+    def train_dataloader(self):
+        return self.collector
+
+    def teardown(self, stage: str) -> None:
+        if self.collector is not None:
+            self.collector.shutdown()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.collector is None:
+            return {}
+        return {"collector": self.collector.state_dict(), "policy_buffer": self.policy_buffer.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if self.collector is None:  # restored before setup (e.g. from a Python script)
+            self._pending_state = state_dict
+        else:
+            self._load(state_dict)
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.policy_buffer.load_state_dict(state["policy_buffer"])
+        self.collector.load_state_dict(state["collector"])
+
+    # ------------------------------------------------------------------ policy versions
+    def push_policy(self, actor: torch.nn.Module, obs_mean: torch.Tensor, obs_var: torch.Tensor, version: int) -> None:
+        self.policy_buffer.push(actor, obs_mean, obs_var, version)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(
+        self,
+        policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        episodes: int | None = None,
+        seed: int | None = None,
+        deterministic: bool | None = None,
+    ) -> np.ndarray:
+        """Run ``episodes`` full episodes of ``policy`` (raw obs -> (loc, scale)); return their raw returns."""
+        return run_episodes(
+            self.env_id,
+            policy,
+            episodes or self.eval_episodes,
+            num_envs=self.eval_envs,
+            seed=(self.seed + 12_345) if seed is None else seed,
+            deterministic=self.eval_deterministic if deterministic is None else deterministic,
+            env_kwargs=self.env_kwargs,
+        )
+
+
+@torch.no_grad()
+def run_episodes(
+    env_id: str,
+    policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    episodes: int,
+    *,
+    num_envs: int = 10,
+    seed: int = 0,
+    deterministic: bool = False,
+    env_kwargs: dict | None = None,
+    render: Callable[[Any], None] | None = None,
+) -> np.ndarray:
+    """Returns of ``episodes`` complete episodes; each env runs episodes until enough have ended.
+
+    Episodes are counted in the order they finish; with ``num_envs`` > 1 a sub-env that finishes
+    early starts another, and only the first ``episodes`` completed returns are kept, which is
+    unbiased only if all envs have the same episode length distribution (they do: same policy).
+    """
+    num_envs = max(1, min(num_envs, episodes))
+    env = make_vector_env(env_id, num_envs, env_kwargs)
+    generator = torch.Generator().manual_seed(seed)
+    low = torch.as_tensor(env.single_action_space.low, dtype=torch.float32)
+    high = torch.as_tensor(env.single_action_space.high, dtype=torch.float32)
+    try:
+        obs, _ = env.reset(seed=[seed * 10_000 + i for i in range(num_envs)])
+        returns: list[float] = []
+        running = np.zeros(num_envs)
+        # each env contributes at most ceil(episodes / num_envs) episodes, so short episodes
+        # (a failing policy) cannot crowd out long ones
+        quota = np.full(num_envs, math.ceil(episodes / num_envs))
+        while len(returns) < episodes:
+            loc, scale = policy(torch.from_numpy(obs).float())
+            action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator)
+            obs, reward, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, high), low).numpy())
+            if render is not None:
+                render(env)
+            running += reward
+            for i in np.flatnonzero(term | trunc):
+                if quota[i] > 0 and len(returns) < episodes:
+                    returns.append(float(running[i]))
+                    quota[i] -= 1
+                running[i] = 0.0
+        return np.asarray(returns)
+    finally:
+        env.close()
+
+
+def learner_policy(actor: torch.nn.Module, obs_mean: torch.Tensor, obs_var: torch.Tensor):
+    """The learner as a raw-observation policy: normalise with its statistics, then the actor."""
+
+    def policy(obs: torch.Tensor):
+        return actor(normalize_observation(obs, obs_mean, obs_var))
+
+    return policy

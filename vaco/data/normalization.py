@@ -1,0 +1,98 @@
+"""Observation normalisation and reward scaling, as CleanRL does them (gymnasium's wrappers).
+
+Hand-written rather than gymnasium's ``NormalizeObservation`` / ``NormalizeReward`` wrappers or
+TorchRL's ``VecNorm`` because
+
+* a stale policy must act with the normaliser it was trained with, so observation statistics
+  belong to the *policy version* (stored in the policy buffer), not to the environment;
+* the statistics must be plain tensors that checkpoints, DDP all-gathers and worker processes
+  can move around (TorchRL's ``VecNorm`` uses an exponential decay, not CleanRL's exact counts).
+
+The arithmetic is gymnasium's ``RunningMeanStd`` (Chan et al. parallel update) and is tested
+against gymnasium's wrappers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["RunningMeanStd", "normalize_observation", "RewardScaler", "merge_moments"]
+
+OBS_CLIP = 10.0
+EPS = 1e-8
+
+
+def merge_moments(mean_a, var_a, count_a, mean_b, var_b, count_b):
+    """Combine two (mean, var, count) summaries into one (population variance)."""
+    delta = mean_b - mean_a
+    total = count_a + count_b
+    mean = mean_a + delta * count_b / total
+    m2 = var_a * count_a + var_b * count_b + delta**2 * count_a * count_b / total
+    return mean, m2 / total, total
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance of a stream of ``[..., *shape]`` samples (float64 buffers).
+
+    Starts at mean 0, variance 1, count 1e-4, like gymnasium's ``RunningMeanStd``.
+    """
+
+    def __init__(self, shape: tuple[int, ...] | int = ()) -> None:
+        super().__init__()
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
+        self.update_from_moments(x.mean(0), x.var(0, unbiased=False), float(x.shape[0]))
+
+    @torch.no_grad()
+    def update_from_moments(self, mean: torch.Tensor, var: torch.Tensor, count: float) -> None:
+        m, v, c = merge_moments(self.mean, self.var, self.count, mean.to(self.mean), var.to(self.var), count)
+        self.mean.copy_(m)
+        self.var.copy_(v)
+        self.count.fill_(float(c))
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return normalize_observation(x, self.mean, self.var)
+
+
+def normalize_observation(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """``clip((x - mean) / sqrt(var + 1e-8), -10, 10)`` in the dtype of ``x``."""
+    return ((x - mean.to(x.dtype)) / (var.to(x.dtype) + EPS).sqrt()).clamp(-OBS_CLIP, OBS_CLIP)
+
+
+class RewardScaler:
+    """CleanRL's reward scaling for a vector of envs: divide by the std of the discounted return.
+
+    ``G_t = gamma * (1 - terminated_t) * G_{t-1} + r_t``, restarted at 0 after every episode end;
+    the statistics of ``G`` are updated every step with all envs, and the reward is divided by
+    ``sqrt(var(G) + 1e-8)`` and clipped to [-10, 10]. This is gymnasium 1.x's vector
+    ``NormalizeReward`` in SAME_STEP autoreset mode followed by CleanRL's clip.
+    State is plain numpy so it checkpoints and crosses processes.
+    """
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0) -> None:
+        self.gamma, self.clip = gamma, clip
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def __call__(self, reward: np.ndarray, terminated: np.ndarray, done: np.ndarray) -> np.ndarray:
+        self.returns = self.returns * self.gamma * (1.0 - terminated) + reward
+        self.mean, self.var, self.count = merge_moments(
+            self.mean, self.var, self.count, float(self.returns.mean()), float(self.returns.var()), len(self.returns)
+        )
+        self.returns[done] = 0.0
+        return np.clip(reward / np.sqrt(self.var + EPS), -self.clip, self.clip)
+
+    def state_dict(self) -> dict:
+        return {"returns": self.returns.copy(), "mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns = np.array(state["returns"], dtype=np.float64)
+        self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])

@@ -1,0 +1,436 @@
+"""The LightningModule: one rollout batch per training step, advantage once, then epochs x minibatches.
+
+Algorithm 1 of the paper, generalised over the advantage module (GAE or V-trace realignment) and
+the objective module (PPO-clip, PPO-KL, SPO, IMPALA, TV filter):
+
+1. collect a batch with the mixture of stale policies (the data module does this on ``next``);
+2. evaluate the critic and the learner pi_T on the whole batch, once;
+3. run the advantage module once (IMPALA: before every optimisation step instead);
+4. epochs x minibatches of the objective with manual optimisation (``manual_backward`` keeps DDP
+   in sync), Adam with linear annealing and gradient-norm clipping, CleanRL's defaults;
+5. update the observation statistics, store the new policy version in the buffer, evaluate.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from vaco.advantages import GAE, AdvantageModule, VTrace
+from vaco.data.module import learner_policy
+from vaco.data.normalization import RunningMeanStd
+from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
+from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
+
+__all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name"]
+
+# the chunk of the batch evaluated at once outside the minibatch loop (bounds peak memory)
+_CHUNK = 65_536
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss became NaN or inf; the run stops before the optimiser applies it."""
+
+
+def default_algorithm_name(objective: Objective, advantage: AdvantageModule) -> str:
+    """The paper's name for an (objective, advantage) pair, or ``Objective+Advantage``."""
+    realigned = isinstance(advantage, VTrace)
+    known = {
+        (PPOClip, False): "ppo_clip",
+        (PPOKL, False): "ppo_kl",
+        (SPO, False): "spo",
+        (IMPALA, True): "impala",
+        (TVFilter, True): "vaco",
+        (TVFilter, False): "vaco_no_realign",
+    }
+    return known.get((type(objective), realigned), f"{type(objective).__name__}+{type(advantage).__name__}")
+
+
+class VacoModule(L.LightningModule):
+    """Asynchronous on-policy training with swappable advantage and objective modules.
+
+    Args:
+        objective: the policy objective (``class_path`` in YAML), e.g. ``vaco.objectives.TVFilter``.
+        advantage: the advantage module, ``vaco.advantages.GAE`` or ``vaco.advantages.VTrace``.
+        lr: Adam learning rate (CleanRL: 3e-4).
+        anneal_lr: anneal the learning rate linearly to 0 over the run (CleanRL: true).
+        adam_eps: Adam epsilon (CleanRL: 1e-5).
+        update_epochs: passes over each batch (CleanRL: 10).
+        num_minibatches: minibatches per pass; must divide the per-rank batch (CleanRL: 32).
+        max_grad_norm: global gradient-norm clip (CleanRL: 0.5).
+        hidden_sizes: widths of the actor's and critic's tanh MLPs (CleanRL: 64, 64).
+        normalize_observation: normalise observations with running statistics (CleanRL: true).
+        algorithm_name: the ``algorithm`` param recorded in MLflow; by default derived from the
+            modules (``vaco``, ``vaco_no_realign``, ``ppo_clip``, ``ppo_kl``, ``spo``, ``impala``).
+        env_spec: filled in from the data module on the first fit and kept in checkpoints.
+    """
+
+    def __init__(
+        self,
+        objective: Objective,
+        advantage: AdvantageModule,
+        lr: float = 3e-4,
+        anneal_lr: bool = True,
+        adam_eps: float = 1e-5,
+        update_epochs: int = 10,
+        num_minibatches: int = 32,
+        max_grad_norm: float | None = 0.5,
+        hidden_sizes: Sequence[int] = (64, 64),
+        normalize_observation: bool = True,
+        algorithm_name: str | None = None,
+        env_spec: dict | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(objective, Objective):
+            raise TypeError(f"`model.objective` must be a vaco.objectives.Objective, got {type(objective).__name__}")
+        if not isinstance(advantage, AdvantageModule):
+            raise TypeError(f"`model.advantage` must be a vaco.advantages.AdvantageModule, got {type(advantage).__name__}")
+        for name, value in (("update_epochs", update_epochs), ("num_minibatches", num_minibatches)):
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"`model.{name}` must be an integer >= 1, got {value!r}")
+        if not (lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"`model.lr` must be > 0, got {lr!r}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"`model.max_grad_norm` must be > 0 or null, got {max_grad_norm!r}")
+        if objective.reestimate_advantage and not isinstance(advantage, VTrace):
+            raise ValueError(
+                f"`model.advantage`: {type(objective).__name__} re-estimates V-trace every step and needs "
+                f"vaco.advantages.VTrace, got {type(advantage).__name__}"
+            )
+        if isinstance(objective, IMPALA) and objective.rho_bar != advantage.rho_bar:
+            raise ValueError(
+                f"`model.objective.init_args.rho_bar` ({objective.rho_bar}) must equal "
+                f"`model.advantage.init_args.rho_bar` ({advantage.rho_bar})"
+            )
+        self.save_hyperparameters(ignore=["objective", "advantage"])
+        self.automatic_optimization = False
+        self.objective = objective
+        self.advantage = advantage
+        self.algorithm = algorithm_name or default_algorithm_name(objective, advantage)
+        self.actor: GaussianActor | None = None
+        self.critic: Critic | None = None
+        self.obs_rms: RunningMeanStd | None = None
+        self.register_buffer("version", torch.zeros((), dtype=torch.long))
+        self._generator = torch.Generator()
+        self._restored = False
+        self.last_eval_return = float("nan")
+        self.progress: dict[str, str] = {}
+        if env_spec is not None:
+            self._build(env_spec)
+
+    # ------------------------------------------------------------------ construction
+    def _build(self, spec: dict) -> None:
+        hidden = tuple(self.hparams.hidden_sizes)
+        self.actor = GaussianActor(spec["obs_dim"], spec["act_dim"], hidden)
+        self.critic = Critic(spec["obs_dim"], hidden)
+        self.obs_rms = RunningMeanStd(spec["obs_dim"])
+
+    def configure_model(self) -> None:
+        if self.actor is None:
+            spec = self.trainer.datamodule.env_spec.to_dict()
+            self.hparams.env_spec = spec
+            self._build(spec)
+
+    def check_data(self, data) -> None:
+        """Cross-field checks between this module and the data module (before any env starts)."""
+        if data.batch_size % self.hparams.num_minibatches:
+            raise ValueError(
+                f"`model.num_minibatches` ({self.hparams.num_minibatches}) must divide the batch "
+                f"(data.num_envs * data.num_steps = {data.batch_size})"
+            )
+        if not math.isclose(data.gamma, self.advantage.gamma):
+            raise ValueError(
+                f"`data.gamma` ({data.gamma}) (reward scaling) must equal "
+                f"`model.advantage.init_args.gamma` ({self.advantage.gamma})"
+            )
+
+    def configure_optimizers(self):
+        params = list(self.actor.parameters()) + list(self.critic.parameters())
+        optimizer = torch.optim.Adam(params, lr=self.hparams.lr, eps=self.hparams.adam_eps)
+        iterations = self.trainer.datamodule.num_iterations()
+        anneal = self.hparams.anneal_lr
+        # CleanRL: iteration i (0-based) uses lr * (1 - i / iterations)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda i: max(0.0, 1.0 - i / iterations) if anneal else 1.0
+        )
+        return [optimizer], [schedule]
+
+    # ------------------------------------------------------------------ fit hooks
+    def on_fit_start(self) -> None:
+        data = self.trainer.datamodule
+        if not self._restored:  # a resumed run keeps the generator state of its checkpoint
+            self._generator.manual_seed(data.seed + 7_919 * self.global_rank)
+        if data.policy_buffer.size == 0:  # a fresh run: version 0 is the initial policy
+            data.push_policy(self.actor, self.obs_rms.mean, self.obs_rms.var, int(self.version))
+        if self.logger is not None and self.global_rank == 0:
+            self.logger.log_hyperparams(self.run_params())
+
+    def run_params(self) -> dict[str, Any]:
+        """The coordinates a user compares runs by, as flat MLflow params."""
+        data = self.trainer.datamodule
+        params: dict[str, Any] = {
+            "algorithm": self.algorithm,
+            "objective": type(self.objective).__name__,
+            "advantage_estimator": type(self.advantage).__name__,
+            "env": data.env_id,
+            "K": data.policy_buffer_size,
+            "seed": data.seed,
+            "world_size": self.trainer.world_size,
+            "delta": getattr(self.objective, "delta", None),
+            "rho_bar": getattr(self.advantage, "rho_bar", None),
+            "c_bar": getattr(self.advantage, "c_bar", None),
+            "lambda": getattr(self.advantage, "lmbda", None),
+        }
+        for prefix, module in (("objective", self.objective), ("advantage_module", self.advantage)):
+            for key, value in vars(module).items():
+                if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool)):
+                    params[f"{prefix}.{key}"] = value
+        if isinstance(self.objective, PPOKL):
+            params["objective.kl_coef"] = float(self.objective.kl_coef)
+        return params
+
+    # ------------------------------------------------------------------ the iteration
+    def training_step(self, dataloader_iter) -> None:
+        # no prefetching: the next batch is collected only after this update has been pushed
+        batch, _, _ = next(dataloader_iter)
+        data = self.trainer.datamodule
+        collect_seconds = data.collector.last_collect_seconds
+        start = time.perf_counter()
+        N, T = batch.batch_size
+        flat = batch.reshape(-1)
+
+        # -- once per iteration: critic values and the learner pi_T on the stored actions
+        self._learner_pass(batch, flat)
+        backward_tv = self._tv(flat["log_prob"], flat["behavior_log_prob"])
+        self.advantage(batch)
+        flat.set("advantage", batch["advantage"].reshape(-1))
+        flat.set("value_target", batch["value_target"].reshape(-1))
+        explained_var = _explained_variance(flat["state_value"], flat["value_target"])
+
+        # -- epochs x minibatches
+        train = flat.select(
+            "observation", "action", "behavior_log_prob", "behavior_loc", "behavior_scale",
+            "advantage", "value_target", "state_value",
+        )
+        sums: dict[str, torch.Tensor] = {}
+        steps = 0
+        optimizer = self.optimizers()
+        size = flat.numel() // self.hparams.num_minibatches
+        for epoch in range(self.hparams.update_epochs):
+            order = torch.randperm(flat.numel(), generator=self._generator)
+            for k in range(self.hparams.num_minibatches):
+                if self.objective.reestimate_advantage:
+                    self._reestimate(batch, flat, train)
+                out = self.objective(self._minibatch(train[order[k * size:(k + 1) * size]]))
+                loss = sum(v for key, v in out.items() if key.startswith("loss_"))
+                if not torch.isfinite(loss):
+                    raise NonFiniteLossError(
+                        f"non-finite loss ({float(loss)}) at iteration {int(self.version)}, epoch {epoch}, "
+                        f"minibatch {k}: {_describe(out)}. Nothing was applied; the last good checkpoint "
+                        f"is kept{_checkpoint_hint(self.trainer)}."
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                self.manual_backward(loss)
+                if self.hparams.max_grad_norm is not None:
+                    self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
+                optimizer.step()
+                for key, value in out.items():
+                    sums[key] = sums.get(key, 0.0) + value.detach()
+                steps += 1
+        self.lr_schedulers().step()
+        means = {key: float(value) / steps for key, value in sums.items()}
+        self.objective.update_coefficients(means)
+
+        # -- after the update: forward lag, new normaliser statistics, a new policy version
+        with torch.no_grad():
+            final_log_prob = self._log_prob(flat["observation"], flat["action"])
+        forward_tv = self._tv(final_log_prob, flat["behavior_log_prob"])
+        age = (self.version - flat["policy_version"]).float()
+        if self.hparams.normalize_observation:
+            self._update_obs_rms(flat["observation"])
+        self.version += 1
+        data.push_policy(self.actor, self.obs_rms.mean, self.obs_rms.var, int(self.version))
+        update_seconds = time.perf_counter() - start
+
+        # -- telemetry
+        world = self.trainer.world_size
+        env_steps = int(self.version) * N * T * world
+        done = flat["next", "done"]
+        metrics = {f"train/{k}": v for k, v in means.items()}
+        metrics.update(
+            {
+                "train/explained_variance": explained_var,
+                "train/lr": optimizer.param_groups[0]["lr"],
+                "train/advantage_std": float(flat["advantage"].std()),
+                "lag/backward_tv": backward_tv,
+                "lag/forward_tv": forward_tv,
+                "lag/policy_age_mean": float(age.mean()),
+                "lag/policy_age_max": float(age.max()),
+                "perf/sps": N * T * world / (collect_seconds + update_seconds),
+                "perf/collect_sps": N * T / max(collect_seconds, 1e-9),
+                "perf/collect_seconds": collect_seconds,
+                "perf/update_seconds": update_seconds,
+                "time/iteration": int(self.version),
+                "time/env_steps": env_steps,
+            }
+        )
+        if done.any():
+            returns = flat["next", "episode_return"][done]
+            metrics["train/episode_return"] = float(returns.mean())
+            metrics["train/episode_length"] = float(flat["next", "episode_length"][done].float().mean())
+        if self._should_evaluate(data):
+            metrics.update(self.evaluate())
+        self._log(metrics, env_steps)
+
+    # ------------------------------------------------------------------ pieces
+    def _normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.obs_rms.normalize(obs) if self.hparams.normalize_observation else obs
+
+    def _log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        out = []
+        for o, a in zip(obs.split(_CHUNK), action.split(_CHUNK)):
+            loc, scale = self.actor(self._normalize(o))
+            out.append(gaussian_log_prob(a, loc, scale))
+        return torch.cat(out)
+
+    def _values(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.critic(self._normalize(o)) for o in obs.split(_CHUNK)])
+
+    @torch.no_grad()
+    def _learner_pass(self, batch: TensorDictBase, flat: TensorDictBase) -> None:
+        """``state_value``, ``("next", "state_value")`` and pi_T's ``log_prob`` for the whole batch."""
+        values = self._values(flat["observation"]).view(batch.batch_size)
+        done = batch["next", "done"]
+        # V(s_{t+1}) is V of the next row inside a trajectory; evaluate the critic only where the
+        # trajectory ends (final observation) or the rollout does (bootstrap observation)
+        need = done.clone()
+        need[:, -1] = True
+        next_values = torch.empty_like(values)
+        next_values[:, :-1] = values[:, 1:]
+        next_values[need] = self._values(batch["next", "observation"][need])
+        batch.set("state_value", values)
+        batch.set(("next", "state_value"), next_values)
+        flat.set("state_value", values.reshape(-1))
+        log_prob = self._log_prob(flat["observation"], flat["action"])
+        flat.set("log_prob", log_prob)
+        batch.set("log_prob", log_prob.view(batch.batch_size))
+
+    def _reestimate(self, batch, flat, train) -> None:
+        """IMPALA: V-trace for the current policy and critic, over the whole batch, every step."""
+        self._learner_pass(batch, flat)
+        self.advantage(batch)
+        train.set("advantage", batch["advantage"].reshape(-1))
+        train.set("value_target", batch["value_target"].reshape(-1))
+        train.set("state_value", flat["state_value"])
+
+    def _minibatch(self, mb: TensorDictBase) -> TensorDictBase:
+        """Add the learner's current quantities (with gradient) to a minibatch."""
+        obs = self._normalize(mb["observation"])
+        loc, scale = self.actor(obs)
+        mb.set("loc", loc)
+        mb.set("scale", scale)
+        mb.set("log_prob", gaussian_log_prob(mb["action"], loc, scale))
+        mb.set("entropy", gaussian_entropy(scale))
+        mb.set("value", self.critic(obs))
+        return mb
+
+    @staticmethod
+    def _tv(log_prob: torch.Tensor, behavior_log_prob: torch.Tensor) -> float:
+        return float(0.5 * ((log_prob - behavior_log_prob).exp() - 1).abs().mean())
+
+    def _update_obs_rms(self, obs: torch.Tensor) -> None:
+        """Fold this iteration's observations into the statistics; identical on every DDP rank."""
+        obs = obs.double()
+        moments = torch.stack([obs.mean(0), obs.var(0, unbiased=False)])
+        count = torch.tensor(float(obs.shape[0]), dtype=torch.float64)
+        if self.trainer.world_size > 1:
+            all_moments = self.all_gather(moments)  # [world, 2, obs_dim]
+            all_counts = self.all_gather(count)
+            for m, c in zip(all_moments, all_counts):
+                self.obs_rms.update_from_moments(m[0], m[1], float(c))
+        else:
+            self.obs_rms.update_from_moments(moments[0], moments[1], float(count))
+
+    # ------------------------------------------------------------------ evaluation and logging
+    def _should_evaluate(self, data) -> bool:
+        if self.global_rank != 0:
+            return False
+        version, last = int(self.version), data.num_iterations()
+        return version == last or (data.eval_every > 0 and version % data.eval_every == 0)
+
+    def policy(self):
+        """The learner as a function of raw observations -> (loc, scale)."""
+        if self.hparams.normalize_observation:
+            return learner_policy(self.actor, self.obs_rms.mean, self.obs_rms.var)
+        return self.actor
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        data = self.trainer.datamodule
+        returns = data.evaluate(self.policy(), seed=data.seed + 104_729 * int(self.version))
+        self.last_eval_return = float(returns.mean())
+        return {"eval/return": self.last_eval_return, "eval/return_std": float(returns.std())}
+
+    def _log(self, metrics: dict[str, float], env_steps: int) -> None:
+        if self.logger is not None and self.global_rank == 0:
+            self.logger.log_metrics(metrics, step=env_steps)
+        data = self.trainer.datamodule
+        total = data.num_iterations() * data.batch_size * self.trainer.world_size
+        progress = {"steps": f"{_si(env_steps)}/{_si(total)}", "sps": f"{metrics['perf/sps']:.0f}"}
+        if not math.isnan(self.last_eval_return):
+            progress["eval"] = f"{self.last_eval_return:.1f}"
+        self.progress = progress
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["vaco"] = {
+            "generator": self._generator.get_state(),
+            "last_eval_return": self.last_eval_return,
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+            "algorithm": self.algorithm,
+            "mlflow_run_id": getattr(self.logger, "run_id", None),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.actor is None:
+            self._build(checkpoint["hyper_parameters"]["env_spec"])
+        state = checkpoint.get("vaco", {})
+        if "generator" in state:
+            self._generator.set_state(state["generator"])
+            self.last_eval_return = state["last_eval_return"]
+            torch.set_rng_state(state["torch_rng"])
+            np.random.set_state(state["numpy_rng"])
+            random.setstate(state["python_rng"])
+            self._restored = True
+
+
+def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    var = target.var()
+    return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
+
+
+def _describe(out: TensorDictBase) -> str:
+    return ", ".join(f"{k}={float(v):.4g}" for k, v in out.items())
+
+
+def _checkpoint_hint(trainer) -> str:
+    callback = getattr(trainer, "checkpoint_callback", None)
+    path = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+    return f" ({path})" if path else ""
+
+
+def _si(n: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
