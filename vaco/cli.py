@@ -13,12 +13,14 @@ import sys
 import warnings
 
 import lightning as L
+import numpy as np
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
 from vaco.callbacks import IterationCheckpoint, SaveConfigToMLflow, VacoProgressBar
 
-__all__ = ["VacoCLI", "main", "DEFAULT_TRACKING_URI", "tracking_uri"]
+__all__ = ["VacoCLI", "ConfigurationError", "main", "DEFAULT_TRACKING_URI", "tracking_uri"]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -36,6 +38,7 @@ class VacoCLI(LightningCLI):
     """
 
     def __init__(self, args=None, run: bool = True) -> None:
+        _allow_numpy_in_checkpoints()
         super().__init__(
             model_class=L.LightningModule,
             datamodule_class=L.LightningDataModule,
@@ -81,6 +84,13 @@ class VacoCLI(LightningCLI):
         torch.set_num_threads(threads)
         _continue_mlflow_run(config)
 
+    def instantiate_classes(self) -> None:
+        """Report a bad value as one line naming the field, not a jsonargparse traceback."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(_config_error(err)) from err
+
     def after_fit(self) -> None:
         if self.trainer.global_rank != 0:
             return
@@ -102,21 +112,49 @@ class VacoCLI(LightningCLI):
         print("\n".join(lines), flush=True)
 
 
+class ConfigurationError(ValueError):
+    """A config value was rejected by a constructor's validation (the message names the field)."""
+
+
+def _config_error(err: Exception) -> str:
+    """The validators' own messages, without jsonargparse's union bookkeeping around them."""
+    text = str(err)
+    reasons = [
+        line.strip()[2:]
+        for line in text.splitlines()
+        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
+    ]
+    return "; ".join(reasons) if reasons else text
+
+
 def _continue_mlflow_run(config) -> None:
     """Resuming from a checkpoint logs into the MLflow run that wrote it (unless a run is given)."""
     ckpt_path = config.get("ckpt_path")
     logger = config.get("trainer", {}).get("logger")
-    if not ckpt_path or not os.path.isfile(str(ckpt_path)) or not isinstance(logger, dict):
+    # the parsed logger is a jsonargparse Namespace (a dict only when it comes from the defaults)
+    if not ckpt_path or not os.path.isfile(str(ckpt_path)) or not isinstance(logger, (dict, Namespace)):
         return
     if "MLFlowLogger" not in str(logger.get("class_path", "")):
         return
-    init_args = logger.setdefault("init_args", {})
+    if logger.get("init_args") is None:
+        logger["init_args"] = type(logger)()
+    init_args = logger["init_args"]
     if init_args.get("run_id"):
         return
     state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     run_id = state.get("vaco", {}).get("mlflow_run_id")
     if run_id:
         init_args["run_id"] = run_id
+
+
+def _allow_numpy_in_checkpoints() -> None:
+    """LightningCLI reads ``--ckpt_path`` hyperparameters with ``torch.load(weights_only=True)``;
+    vaco checkpoints hold numpy arrays (simulator snapshots, RNG states), so allow those types."""
+    core = getattr(np, "_core", None) or np.core
+    dtypes = [getattr(np.dtypes, name) for name in np.dtypes.__all__]
+    torch.serialization.add_safe_globals(
+        [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype, *dtypes]
+    )
 
 
 def _quiet() -> None:
@@ -149,7 +187,11 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__.strip() + "\n\nSubcommands: fit, validate, evaluate, sweep, report. Run `vaco fit --help` for options.")
         return None
     _quiet()
-    VacoCLI(args=None if from_command_line else argv)
+    try:
+        VacoCLI(args=None if from_command_line else argv)
+    except ConfigurationError as err:
+        print(f"vaco: invalid configuration: {err}", file=sys.stderr)
+        sys.exit(2)
     return None
 
 

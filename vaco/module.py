@@ -233,7 +233,7 @@ class VacoModule(L.LightningModule):
                 loss = sum(v for key, v in out.items() if key.startswith("loss_"))
                 if not torch.isfinite(loss):
                     raise NonFiniteLossError(
-                        f"non-finite loss ({float(loss)}) at iteration {int(self.version)}, epoch {epoch}, "
+                        f"non-finite loss ({float(loss)}) at iteration {int(self.version) + 1}, epoch {epoch}, "
                         f"minibatch {k}: {_describe(out)}. Nothing was applied; the last good checkpoint "
                         f"is kept{_checkpoint_hint(self.trainer)}."
                     )
@@ -286,6 +286,8 @@ class VacoModule(L.LightningModule):
             returns = flat["next", "episode_return"][done]
             metrics["train/episode_return"] = float(returns.mean())
             metrics["train/episode_length"] = float(flat["next", "episode_length"][done].float().mean())
+        if world > 1:
+            metrics["ddp/max_param_divergence"] = self._check_ranks_in_sync()
         if self._should_evaluate(data):
             metrics.update(self.evaluate())
         self._log(metrics, env_steps)
@@ -359,6 +361,27 @@ class VacoModule(L.LightningModule):
         else:
             self.obs_rms.update_from_moments(moments[0], moments[1], float(count))
 
+    @torch.no_grad()
+    def _check_ranks_in_sync(self) -> float:
+        """Largest difference between DDP ranks in the weights and normaliser of the new version.
+
+        Gradients are all-reduced and the normaliser statistics merged identically, so the ranks
+        must agree exactly; anything else (a rank that skipped a step, an unsynced statistic)
+        would silently train different policies, so it stops the run.
+        """
+        state = torch.cat(
+            [p.detach().double().flatten() for p in (*self.actor.parameters(), *self.critic.parameters())]
+            + [self.obs_rms.mean, self.obs_rms.var]
+        )
+        gathered = self.all_gather(state)  # [world, n]
+        divergence = float((gathered - gathered[0]).abs().max())
+        if divergence > 1e-6:
+            raise RuntimeError(
+                f"DDP ranks diverged by {divergence:.3g} at iteration {int(self.version)}: the ranks no "
+                "longer train the same policy"
+            )
+        return divergence
+
     # ------------------------------------------------------------------ evaluation and logging
     def _should_evaluate(self, data) -> bool:
         if self.global_rank != 0:
@@ -395,8 +418,8 @@ class VacoModule(L.LightningModule):
             "generator": self._generator.get_state(),
             "last_eval_return": self.last_eval_return,
             "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
-            "python_rng": random.getstate(),
+            "numpy_rng": _numpy_rng_state(),
+            "python_rng": list(random.getstate()[1]),
             "algorithm": self.algorithm,
             "mlflow_run_id": getattr(self.logger, "run_id", None),
         }
@@ -409,9 +432,21 @@ class VacoModule(L.LightningModule):
             self._generator.set_state(state["generator"])
             self.last_eval_return = state["last_eval_return"]
             torch.set_rng_state(state["torch_rng"])
-            np.random.set_state(state["numpy_rng"])
-            random.setstate(state["python_rng"])
+            _set_numpy_rng_state(state["numpy_rng"])
+            random.setstate((3, tuple(state["python_rng"]), None))
             self._restored = True
+
+
+# Checkpoints hold only tensors and plain Python values, so Lightning (and torch.load) can read
+# them with weights_only=True.
+def _numpy_rng_state() -> dict:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+
+
+def _set_numpy_rng_state(state: dict) -> None:
+    keys = state["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, state["pos"], state["has_gauss"], state["cached"]))
 
 
 def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:

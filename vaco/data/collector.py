@@ -118,13 +118,14 @@ class RolloutCollector(BaseCollector):
             self.env.close()
 
     def state_dict(self) -> OrderedDict:
+        # tensors and plain values only: checkpoints load with torch.load(weights_only=True)
         return OrderedDict(
             iteration=self.iteration,
             seed=self.seed,
             generator=self.generator.get_state(),
-            obs=None if self._obs is None else self._obs.copy(),
-            ep_return=self._ep_return.copy(),
-            ep_length=self._ep_length.copy(),
+            obs=None if self._obs is None else torch.from_numpy(self._obs.copy()),
+            ep_return=torch.from_numpy(self._ep_return.copy()),
+            ep_length=torch.from_numpy(self._ep_length.copy()),
             reward_scaler=None if self.reward_scaler is None else self.reward_scaler.state_dict(),
             envs=None if self._obs is None else capture_envs(self.env),
         )
@@ -133,8 +134,8 @@ class RolloutCollector(BaseCollector):
         self.iteration = int(state_dict["iteration"])
         self.seed = int(state_dict["seed"])
         self.generator.set_state(state_dict["generator"])
-        self._ep_return = np.array(state_dict["ep_return"], dtype=np.float64)
-        self._ep_length = np.array(state_dict["ep_length"], dtype=np.int64)
+        self._ep_return = np.asarray(state_dict["ep_return"], dtype=np.float64).copy()
+        self._ep_length = np.asarray(state_dict["ep_length"], dtype=np.int64).copy()
         if self.reward_scaler is not None and state_dict["reward_scaler"] is not None:
             self.reward_scaler.load_state_dict(state_dict["reward_scaler"])
         if state_dict["obs"] is None:
@@ -142,7 +143,7 @@ class RolloutCollector(BaseCollector):
         else:
             self.env.reset()  # gymnasium requires a reset before stepping; then overwrite the state
             restore_envs(self.env, state_dict["envs"])
-            self._obs = np.array(state_dict["obs"])
+            self._obs = np.asarray(state_dict["obs"]).copy()
 
     # ------------------------------------------------------------------ collection
     @torch.no_grad()
@@ -202,7 +203,7 @@ class RolloutCollector(BaseCollector):
             truncated[:, t] = trunc
             self._obs = new_obs
 
-        if not (np.isfinite(rewards).all() and torch.isfinite(next_obs).all()):
+        if not (np.isfinite(rewards).all() and torch.isfinite(next_obs).all() and torch.isfinite(obs).all()):
             raise FloatingPointError(
                 f"the environment returned NaN/inf observations or rewards at iteration {self.iteration}"
             )

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 __all__ = ["EnvSpec", "validate_env_id", "env_spec", "make_vector_env", "capture_envs", "restore_envs"]
 
@@ -103,7 +104,7 @@ def capture_envs(venv: gym.vector.SyncVectorEnv) -> list[dict]:
         limit = _time_limit(env)
         states.append(
             {
-                "mj_state": state,
+                "mj_state": torch.from_numpy(state),
                 "elapsed_steps": None if limit is None else limit._elapsed_steps,
                 "rng": base.np_random.bit_generator.state,
             }
@@ -118,7 +119,7 @@ def restore_envs(venv: gym.vector.SyncVectorEnv, states: list[dict]) -> None:
         raise ValueError(f"snapshot holds {len(states)} envs but the vector env has {len(venv.envs)}")
     for env, saved in zip(venv.envs, states):
         base = env.unwrapped
-        mujoco.mj_setState(base.model, base.data, np.asarray(saved["mj_state"]), mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_setState(base.model, base.data, np.asarray(saved["mj_state"], dtype=np.float64), mujoco.mjtState.mjSTATE_INTEGRATION)
         limit = _time_limit(env)
         if limit is not None:
             limit._elapsed_steps = saved["elapsed_steps"]

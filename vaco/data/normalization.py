@@ -91,8 +91,8 @@ class RewardScaler:
         return np.clip(reward / np.sqrt(self.var + EPS), -self.clip, self.clip)
 
     def state_dict(self) -> dict:
-        return {"returns": self.returns.copy(), "mean": self.mean, "var": self.var, "count": self.count}
+        return {"returns": torch.from_numpy(self.returns.copy()), "mean": float(self.mean), "var": float(self.var), "count": float(self.count)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.returns = np.array(state["returns"], dtype=np.float64)
+        self.returns = np.asarray(state["returns"], dtype=np.float64).copy()
         self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])

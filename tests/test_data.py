@@ -1,0 +1,216 @@
+"""Collection: normalisers against gymnasium's, the policy-version buffer, the collector's
+transitions (SAME_STEP autoreset, truncation bootstraps), and exact snapshots. Real MuJoCo envs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gymnasium.wrappers.utils import RunningMeanStd as GymRMS
+from gymnasium.wrappers.vector import NormalizeReward
+
+from vaco.data.collector import RolloutCollector
+from vaco.data.envs import make_vector_env, validate_env_id
+from vaco.data.normalization import RewardScaler, RunningMeanStd, normalize_observation
+from vaco.data.policy_buffer import PolicyVersionBuffer
+from vaco.networks import GaussianActor, gaussian_entropy, gaussian_log_prob
+
+
+def test_running_mean_std_matches_gymnasium():
+    rng = np.random.default_rng(0)
+    ours, theirs = RunningMeanStd(5), GymRMS(shape=(5,))
+    for n in (1, 7, 100, 3):
+        x = rng.normal(2.0, 3.0, size=(n, 5))
+        ours.update(torch.from_numpy(x))
+        theirs.update(x)
+    np.testing.assert_allclose(ours.mean.numpy(), theirs.mean, rtol=1e-12)
+    np.testing.assert_allclose(ours.var.numpy(), theirs.var, rtol=1e-12)
+    assert float(ours.count) == pytest.approx(theirs.count)
+    x = torch.randn(4, 5) * 50
+    expect = np.clip((x.numpy() - theirs.mean) / np.sqrt(theirs.var + 1e-8), -10, 10)
+    np.testing.assert_allclose(normalize_observation(x.double(), ours.mean, ours.var).numpy(), expect, rtol=1e-10)
+
+
+def test_reward_scaler_matches_gymnasium_vector_normalize_reward():
+    """Same actions into two identical vector envs: ours vs gymnasium's NormalizeReward (+ clip)."""
+    n = 3
+    plain = make_vector_env("Hopper-v5", n)
+    wrapped = NormalizeReward(make_vector_env("Hopper-v5", n), gamma=0.99)
+    scaler = RewardScaler(n, gamma=0.99)
+    plain.reset(seed=[5, 6, 7])
+    wrapped.reset(seed=[5, 6, 7])
+    rng = np.random.default_rng(1)
+    dones = 0
+    for _ in range(400):
+        action = rng.uniform(-1, 1, size=(n, 3)).astype(np.float32)
+        _, r, term, trunc, _ = plain.step(action)
+        _, r_gym, *_ = wrapped.step(action)
+        dones += int((term | trunc).sum())
+        # gymnasium accumulates the return in float32, we do in float64
+        np.testing.assert_allclose(scaler(r, term, term | trunc), np.clip(r_gym, -10, 10), rtol=1e-5)
+    assert dones > 0  # episode ends were exercised
+    plain.close()
+    wrapped.close()
+
+
+def test_gaussian_helpers_match_torch_distributions():
+    loc, scale, action = torch.randn(6, 3), torch.rand(6, 3) + 0.1, torch.randn(6, 3)
+    dist = torch.distributions.Normal(loc, scale)
+    torch.testing.assert_close(gaussian_log_prob(action, loc, scale), dist.log_prob(action).sum(-1))
+    torch.testing.assert_close(gaussian_entropy(scale), dist.entropy().sum(-1))
+
+
+def test_unknown_env_id_names_the_field():
+    with pytest.raises(ValueError, match=r"`env_id`: unknown gymnasium env id 'Hoper-v5'.*Hopper-v5"):
+        validate_env_id("Hoper-v5")
+
+
+# ---------------------------------------------------------------- the policy-version buffer
+def _filled_buffer(K=3, pushes=4, obs_dim=11, act_dim=3):
+    torch.manual_seed(0)
+    actors, buffer = [], None
+    for v in range(pushes):
+        actor = GaussianActor(obs_dim, act_dim)
+        with torch.no_grad():
+            actor.log_std.fill_(-0.1 * v)
+        buffer = buffer or PolicyVersionBuffer(actor, obs_dim, K)
+        buffer.push(actor, torch.full((obs_dim,), float(v)), torch.full((obs_dim,), 1.0 + v), version=v)
+        actors.append(actor)
+    return buffer, actors
+
+
+def test_buffer_keeps_the_last_k_versions():
+    buffer, _ = _filled_buffer(K=3, pushes=5)
+    assert sorted(buffer.versions.tolist()) == [2, 3, 4]
+    assert buffer.size == 3 and buffer.newest_version == 4
+    with pytest.raises(ValueError, match="policy_buffer_size"):
+        PolicyVersionBuffer(GaussianActor(2, 1), 2, 0)
+
+
+def test_assignment_is_uniform_over_filled_slots():
+    buffer, _ = _filled_buffer(K=4, pushes=2)  # two of four slots filled
+    slots = buffer.assign(20_000, torch.Generator().manual_seed(0))
+    versions = buffer.versions[slots]
+    counts = torch.bincount(versions, minlength=2)
+    assert set(versions.tolist()) == {0, 1}
+    assert abs(int(counts[0]) - 10_000) < 400  # ~4 sigma
+
+
+def test_mixture_equals_each_version_acting_alone():
+    buffer, actors = _filled_buffer(K=4, pushes=4)
+    slots = torch.tensor([0, 3, 1, 1, 2, 0])
+    obs = torch.randn(6, 11) * 3
+    loc, scale = buffer.mixture(slots)(obs)
+    for i, slot in enumerate(slots.tolist()):
+        v = int(buffer.versions[slot])
+        o = normalize_observation(obs[i : i + 1], torch.full((11,), float(v)), torch.full((11,), 1.0 + v))
+        ref_loc, ref_scale = actors[v](o)
+        torch.testing.assert_close(loc[i], ref_loc[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(scale[i], ref_scale[0])
+    # one distinct version takes the plain-module path and gives the same numbers
+    same = torch.full((6,), 2)
+    loc2, _ = buffer.mixture(same)(obs)
+    v = int(buffer.versions[2])
+    o = normalize_observation(obs, torch.full((11,), float(v)), torch.full((11,), 1.0 + v))
+    torch.testing.assert_close(loc2, actors[v](o)[0])
+
+
+# ---------------------------------------------------------------- the collector
+def _collector(env_id="Hopper-v5", N=3, T=200, K=2, seed=0, **kw):
+    buffer, _ = _filled_buffer(K=K, pushes=K, obs_dim=11 if env_id == "Hopper-v5" else 4, act_dim=3 if env_id == "Hopper-v5" else 1)
+    return RolloutCollector(env_id, N, T, buffer, num_iterations=5, seed=seed, **kw), buffer
+
+
+def test_collector_batch_layout_and_versions():
+    collector, buffer = _collector()
+    batch = next(iter(collector))
+    assert batch.batch_size == torch.Size([3, 200])
+    for key in ("observation", "action", "behavior_log_prob", "behavior_loc", "behavior_scale", "policy_version"):
+        assert key in batch.keys()
+    for key in ("observation", "reward", "done", "terminated", "truncated", "episode_return"):
+        assert ("next", key) in batch.keys(True)
+    # each actor keeps one version for the whole segment
+    versions = batch["policy_version"]
+    assert (versions == versions[:, :1]).all()
+    assert set(versions[:, 0].tolist()) <= set(buffer.versions.tolist())
+    # stored behaviour log-prob is the log-density of the stored action under the stored Gaussian
+    torch.testing.assert_close(
+        batch["behavior_log_prob"],
+        gaussian_log_prob(batch["action"], batch["behavior_loc"], batch["behavior_scale"]),
+        rtol=1e-4, atol=1e-4,
+    )
+    collector.shutdown()
+
+
+def test_transitions_equal_a_plain_single_env_replay():
+    """Replay the stored actions in plain single envs (reset by hand at every episode end):
+    every stored transition must be a real one (gymnasium's default NEXT_STEP autoreset would
+    insert a fake step after each episode end) and the next observation at an episode end must
+    be the final one, not the reset one."""
+    import gymnasium as gym
+
+    collector, _ = _collector(N=2, T=300, scale_reward=False, seed=2)
+    batch = next(iter(collector))
+    done = batch["next", "done"]
+    assert done.sum() >= 2  # several episode ends inside the batch
+    for i in range(2):
+        env = gym.make("Hopper-v5", disable_env_checker=True)
+        obs, _ = env.reset(seed=2 * 10_000 + i)
+        for t in range(300):
+            torch.testing.assert_close(batch["observation"][i, t], torch.tensor(obs, dtype=torch.float32))
+            action = np.clip(batch["action"][i, t].numpy(), -1, 1)
+            obs, reward, term, trunc, _ = env.step(action)
+            torch.testing.assert_close(batch["next", "observation"][i, t], torch.tensor(obs, dtype=torch.float32))
+            assert float(batch["next", "reward"][i, t]) == pytest.approx(reward, rel=1e-6)
+            assert bool(batch["next", "terminated"][i, t]) == term
+            assert bool(batch["next", "truncated"][i, t]) == trunc
+            if term or trunc:
+                obs, _ = env.reset()
+        env.close()
+    # episode lengths count real steps only and restart after each end
+    length = batch["next", "episode_length"]
+    for i in range(2):
+        previous = -1
+        for t in done[i].nonzero().squeeze(-1).tolist():
+            if previous >= 0:
+                assert int(length[i, t]) == t - previous
+            previous = t
+    collector.shutdown()
+
+
+def test_truncation_is_flagged_and_bootstrapped_from_the_final_observation():
+    collector, _ = _collector("InvertedPendulum-v5", N=4, T=40, env_kwargs={"max_episode_steps": 5})
+    batch = next(iter(collector))
+    trunc, term, done = batch["next", "truncated"], batch["next", "terminated"], batch["next", "done"]
+    length = batch["next", "episode_length"]
+    assert trunc.sum() >= 4
+    assert torch.equal(done, trunc | term)  # both can hold when the pole falls on the last step
+    assert (length[trunc] == 5).all() and (length[term] <= 5).all()
+    # the final observation of a truncated episode is a real next state, distinct from the reset one
+    ends = (trunc & ~term)[:, :-1]
+    assert not torch.isclose(batch["next", "observation"][:, :-1][ends], batch["observation"][:, 1:][ends]).all(-1).any()
+    collector.shutdown()
+
+
+def test_collector_snapshot_resumes_bit_exactly_mid_episode():
+    a, _ = _collector(N=2, T=150, seed=4)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()  # mid-episode: Hopper episodes outlast 150 random steps sometimes
+    expected = next(it)
+    b, buffer_b = _collector(N=2, T=150, seed=99)  # different seed: everything must come from the state
+    b.load_state_dict(state)
+    got = next(iter(b))
+    for key in expected.keys(True, True):
+        assert torch.equal(expected[key], got[key]), key
+    a.shutdown()
+    b.shutdown()
+
+
+def test_environment_nan_stops_collection():
+    collector, _ = _collector(N=1, T=10)
+    collector.env.reset(seed=0)
+    collector._obs = np.full((1, 11), np.nan)
+    with pytest.raises(FloatingPointError, match="NaN"):
+        collector.rollout()
+    collector.shutdown()

@@ -1,0 +1,258 @@
+"""The training system end to end: learning, resume, determinism, NaN handling, bad input, DDP.
+
+Everything is real: MuJoCo envs, Lightning's Trainer, an MLflow SQLite store in a temp dir, and
+subprocesses for the CLI and DDP.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import lightning as L
+import mlflow
+import pytest
+import torch
+
+from conftest import CONFIGS, build_run, metric_histories, run_cli
+from vaco.advantages import GAE, VTrace
+from vaco.module import NonFiniteLossError
+from vaco.objectives import PPOClip, TVFilter
+
+# ---------------------------------------------------------------- learning
+LEARN = dict(num_envs=4, num_steps=128, total_steps=25_600, eval_every=0, eval_episodes=10, eval_envs=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name,objective,advantage,K",
+    [("ppo_clip", PPOClip, GAE, 1), ("vaco", TVFilter, VTrace, 4)],
+)
+def test_learns_inverted_pendulum(tmp_path, mlflow_uri, name, objective, advantage, K):
+    """A random policy scores < 30; 800 means the pole stays up for 80% of each 1000-step
+    episode, averaged over 10 evaluation episodes, after 25.6k env steps (50 iterations)."""
+    module, data, trainer = build_run(
+        tmp_path, mlflow_uri, objective=objective(), advantage=advantage(), seed=1,
+        data_kwargs={**LEARN, "policy_buffer_size": K},
+        model_kwargs=dict(update_epochs=10, num_minibatches=4), every_n_iterations=0,
+    )
+    trainer.fit(module, data)
+    assert module.algorithm == name
+    history = metric_histories(mlflow_uri, trainer.logger.run_id)
+    first_return = history["train/episode_return"][0][1]
+    assert first_return < 100
+    assert module.last_eval_return >= 800, history["eval/return"]
+    # lag telemetry: with K = 4 stale policies the learner differs from the behaviour data
+    backward = [v for _, v in history["lag/backward_tv"]]
+    ages = [v for _, v in history["lag/policy_age_max"]]
+    if K == 1:
+        assert max(backward) < 1e-5 and max(ages) == 0
+    else:
+        assert max(backward) > 0.01 and max(ages) == K - 1
+
+
+# ---------------------------------------------------------------- resume and determinism
+class StopAt(L.Callback):
+    """Interrupt training after ``iteration`` (as Ctrl-C would), before its checkpoint is written."""
+
+    def __init__(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        if int(pl_module.version) == self.iteration:
+            raise KeyboardInterrupt
+
+
+def test_resume_equals_uninterrupted_and_same_seed_is_identical(tmp_path, mlflow_uri):
+    # K = 3 and mid-episode boundaries: the policy buffer, normalisers, env states and RNGs
+    # all have to come back for the metrics to match
+    kwargs = dict(data_kwargs={"total_steps": 2 * 64 * 8, "policy_buffer_size": 3, "eval_every": 3})
+
+    module, data, trainer = build_run(tmp_path / "a", mlflow_uri, **kwargs)
+    trainer.fit(module, data)
+    reference = metric_histories(mlflow_uri, trainer.logger.run_id)
+    assert len(reference["train/tv"]) == 8
+
+    module, data, trainer = build_run(tmp_path / "c", mlflow_uri, **kwargs)
+    trainer.fit(module, data)
+    assert metric_histories(mlflow_uri, trainer.logger.run_id) == reference, "same seed, different metrics"
+
+    module, data, trainer = build_run(tmp_path / "b", mlflow_uri, callbacks=(StopAt(5),), **kwargs)
+    with pytest.raises(SystemExit):  # Lightning shuts down gracefully, then exits as Ctrl-C would
+        trainer.fit(module, data)
+    assert trainer.interrupted
+    run_id = trainer.logger.run_id
+    ckpt = tmp_path / "b" / "ckpt" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=False)["state_dict"]["version"] == 4
+
+    module, data, trainer = build_run(tmp_path / "b", mlflow_uri, run_id=run_id, **kwargs)
+    trainer.fit(module, data, ckpt_path=str(ckpt))
+    resumed = metric_histories(mlflow_uri, run_id)
+    assert resumed.keys() == reference.keys()
+    for key, values in reference.items():
+        # iteration 5 was logged before the interruption and again after the resume: same value
+        assert sorted(set(resumed[key])) == values, key
+
+
+# ---------------------------------------------------------------- NaN handling
+class NaNAfter(PPOClip):
+    """A user objective whose loss becomes NaN from the third iteration on."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def surrogate(self, *, ratio, log_ratio, advantage, batch):
+        self.calls += 1
+        loss, indicators = super().surrogate(ratio=ratio, log_ratio=log_ratio, advantage=advantage, batch=batch)
+        if self.calls > 2 * 2 * 4:  # two iterations of 2 epochs x 4 minibatches
+            loss = loss * float("nan")
+        return loss, indicators
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mlflow_uri):
+    module, data, trainer = build_run(tmp_path, mlflow_uri, objective=NaNAfter(), advantage=GAE())
+    with pytest.raises(NonFiniteLossError, match=r"iteration 3, epoch 0, minibatch 0.*last good checkpoint"):
+        trainer.fit(module, data)
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert int(ckpt["state_dict"]["version"]) == 2
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+    run = mlflow.MlflowClient(mlflow_uri).get_run(trainer.logger.run_id)
+    assert run.info.status == "FAILED"
+
+
+# ---------------------------------------------------------------- bad input
+def _cli(*args):
+    from vaco.cli import VacoCLI
+
+    return VacoCLI(args=list(args), run=False)  # run=False: no subcommand, instantiate only
+
+
+ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
+ALGO = str(CONFIGS / "algo" / "vaco.yaml")
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (["--data.init_args.env_id", "Hoper-v5"], r"`env_id`: unknown gymnasium env id 'Hoper-v5'"),
+        (["--data.init_args.policy_buffer_size", "0"], r"`data.policy_buffer_size` \(K\) must be an integer >= 1"),
+        (["--model.init_args.objective.init_args.delta", "0"], r"`delta` must be a finite number > 0"),
+        (["--model.init_args.objective.init_args.delta", "-0.1"], r"`delta` must be a finite number > 0"),
+        (["--model.init_args.advantage.init_args.rho_bar", "0"], r"`rho_bar` must be a finite number > 0"),
+    ],
+)
+def test_bad_values_stop_at_parsing_naming_the_field(mlflow_uri, capsys, override, message):
+    # the constructors validate and build no env (envs start in the data module's setup at fit
+    # time); from the command line LightningCLI reports the error as a usage error (exit 2)
+    with pytest.raises(ValueError) as error:
+        _cli("--config", ENV, "--config", ALGO, *override)
+    assert re.search(message, str(error.value))
+
+
+def test_unknown_objective_class_is_a_parse_error(mlflow_uri, capsys):
+    with pytest.raises(SystemExit):
+        _cli("--config", ENV, "--config", ALGO, "--model.init_args.objective", "vaco.objectives.NoSuchObjective")
+    assert "NoSuchObjective" in capsys.readouterr().err
+
+
+def test_bad_value_from_the_command_line_exits_with_the_message(mlflow_uri):
+    out = run_cli("fit", "--config", ENV, "--config", ALGO, "--data.init_args.policy_buffer_size", "0")
+    assert out.returncode == 2
+    assert "`data.policy_buffer_size` (K) must be an integer >= 1, got 0" in out.stderr
+
+
+def test_minibatches_must_divide_the_batch_before_any_env_starts(tmp_path, mlflow_uri):
+    module, data, trainer = build_run(tmp_path, mlflow_uri, model_kwargs={"num_minibatches": 5})
+    with pytest.raises(ValueError, match=r"`model.num_minibatches` \(5\) must divide the batch"):
+        trainer.fit(module, data)
+    assert data.collector is None  # no env was created
+
+
+def test_gamma_must_agree_between_reward_scaling_and_advantage(tmp_path, mlflow_uri):
+    module, data, trainer = build_run(tmp_path, mlflow_uri, advantage=VTrace(gamma=0.9))
+    with pytest.raises(ValueError, match=r"`data.gamma`"):
+        trainer.fit(module, data)
+
+
+# ---------------------------------------------------------------- configs
+def _all(kind):
+    return sorted((CONFIGS / kind).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("env", _all("env"), ids=lambda p: p.stem)
+def test_every_env_config_instantiates(env, mlflow_uri):
+    cli = _cli("--config", str(env), "--config", ALGO)
+    assert cli.datamodule.env_id.endswith("-v5")
+
+
+@pytest.mark.parametrize("algo", _all("algo"), ids=lambda p: p.stem)
+def test_every_algo_config_instantiates(algo, mlflow_uri):
+    cli = _cli("--config", ENV, "--config", str(algo))
+    assert cli.model.algorithm == algo.stem
+
+
+def test_demo_config_instantiates(mlflow_uri):
+    cli = _cli("--config", str(CONFIGS / "demo.yaml"))
+    assert cli.model.algorithm == "vaco" and cli.datamodule.policy_buffer_size == 4
+
+
+# ---------------------------------------------------------------- the CLI, for real
+def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlflow_uri):
+    out = run_cli(
+        "fit", "--config", ENV, "--config", str(CONFIGS / "algo" / "ppo_clip.yaml"),
+        "--data.init_args.total_steps", "2048", "--data.init_args.num_envs", "2",
+        "--data.init_args.num_steps", "128", "--data.init_args.eval_episodes", "2",
+        "--model.init_args.update_epochs", "2", "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.logger.init_args.experiment_name", "cli-test",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "final eval/return" in out.stdout and "mlflow ui --backend-store-uri" in out.stdout
+    client = mlflow.MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("cli-test").experiment_id])
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    for key, value in {"algorithm": "ppo_clip", "env": "InvertedPendulum-v5", "K": "1", "seed": "1"}.items():
+        assert params[key] == value
+    for key in ("lambda", "rho_bar", "c_bar", "delta", "lr", "num_minibatches"):
+        assert key in params
+    for key in ("eval/return", "lag/backward_tv", "lag/forward_tv", "lag/policy_age_mean", "perf/sps", "train/clip_fraction"):
+        assert key in run.data.metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "config.yaml" in artifacts and "last" in artifacts
+    ckpt = next((tmp_path / "checkpoints").glob("*/last.ckpt"))
+    evaluated = run_cli("evaluate", "--ckpt", str(ckpt), "--episodes", "3", "--envs", "3", cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert "InvertedPendulum-v5: return" in evaluated.stdout and "over 3 episodes" in evaluated.stdout
+
+
+def test_print_config_shows_the_composed_config(mlflow_uri):
+    out = run_cli("fit", "--config", str(CONFIGS / "env" / "hopper.yaml"), "--config", ALGO, "--print_config")
+    assert out.returncode == 0, out.stderr[-2000:]
+    for text in ("vaco.objectives.TVFilter", "delta: 0.2", "vaco.advantages.VTrace", "env_id: Hopper-v5", "policy_buffer_size: 1"):
+        assert text in out.stdout
+
+
+# ---------------------------------------------------------------- DDP
+@pytest.mark.slow
+def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
+    out = run_cli(
+        "fit", "--config", ENV, "--config", ALGO,
+        "--data.init_args.total_steps", "2048", "--data.init_args.num_envs", "2",
+        "--data.init_args.num_steps", "128", "--data.init_args.eval_episodes", "2",
+        "--data.init_args.policy_buffer_size", "2",
+        "--model.init_args.update_epochs", "2",
+        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.experiment_name", "ddp",
+        cwd=tmp_path, timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    client = mlflow.MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("ddp").experiment_id])
+    assert run.data.params["world_size"] == "2"
+    # each rank collects its own 2 x 128 batch: 512 env steps per iteration in all, 4 iterations
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "time/env_steps")]
+    assert steps == [512, 1024, 1536, 2048]
+    # the ranks' weights and normalisers were compared at the end of every iteration
+    assert math.isclose(run.data.metrics["ddp/max_param_divergence"], 0.0, abs_tol=0.0)
