@@ -24,9 +24,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from vaco._checks import NonFiniteInputError
 from vaco.advantages import GAE, AdvantageModule, VTrace
 from vaco.data.module import learner_policy
-from vaco.data.normalization import RunningMeanStd
+from vaco.data.normalization import EPS as OBS_EPS
+from vaco.data.normalization import OBS_CLIP, RunningMeanStd
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
 
@@ -154,7 +156,8 @@ class VacoModule(L.LightningModule):
 
     def configure_optimizers(self):
         params = list(self.actor.parameters()) + list(self.critic.parameters())
-        optimizer = torch.optim.Adam(params, lr=self.hparams.lr, eps=self.hparams.adam_eps)
+        # the fused kernel makes Adam's step ~2x cheaper on CPU than the per-tensor default
+        optimizer = torch.optim.Adam(params, lr=self.hparams.lr, eps=self.hparams.adam_eps, fused=True)
         iterations = self.trainer.datamodule.num_iterations()
         anneal = self.hparams.anneal_lr
         # CleanRL: iteration i (0-based) uses lr * (1 - i / iterations)
@@ -206,6 +209,7 @@ class VacoModule(L.LightningModule):
         start = time.perf_counter()
         N, T = batch.batch_size
         flat = batch.reshape(-1)
+        self._freeze_normalizer()
 
         # -- once per iteration: critic values and the learner pi_T on the stored actions
         self._learner_pass(batch, flat)
@@ -216,10 +220,13 @@ class VacoModule(L.LightningModule):
         explained_var = _explained_variance(flat["state_value"], flat["value_target"])
 
         # -- epochs x minibatches
-        train = flat.select(
-            "observation", "action", "behavior_log_prob", "behavior_loc", "behavior_scale",
-            "advantage", "value_target", "state_value",
-        )
+        train = {
+            key: flat[key]
+            for key in (
+                "observation", "action", "behavior_log_prob", "behavior_loc", "behavior_scale",
+                "advantage", "value_target", "state_value",
+            )
+        }
         sums: dict[str, torch.Tensor] = {}
         steps = 0
         optimizer = self.optimizers()
@@ -229,14 +236,18 @@ class VacoModule(L.LightningModule):
             for k in range(self.hparams.num_minibatches):
                 if self.objective.reestimate_advantage:
                     self._reestimate(batch, flat, train)
-                out = self.objective(self._minibatch(train[order[k * size:(k + 1) * size]]))
+                idx = order[k * size:(k + 1) * size]
+                # a plain dict: building a TensorDict per minibatch costs more than the gather
+                minibatch = {key: value[idx] for key, value in train.items()}
+                where = f"at iteration {int(self.version) + 1}, epoch {epoch}, minibatch {k}"
+                kept = f"Nothing was applied; the last good checkpoint is kept{_checkpoint_hint(self.trainer)}."
+                try:
+                    out = self.objective(self._minibatch(minibatch))
+                except NonFiniteInputError as err:
+                    raise NonFiniteLossError(f"non-finite loss {where}: {err}. {kept}") from err
                 loss = sum(v for key, v in out.items() if key.startswith("loss_"))
                 if not torch.isfinite(loss):
-                    raise NonFiniteLossError(
-                        f"non-finite loss ({float(loss)}) at iteration {int(self.version) + 1}, epoch {epoch}, "
-                        f"minibatch {k}: {_describe(out)}. Nothing was applied; the last good checkpoint "
-                        f"is kept{_checkpoint_hint(self.trainer)}."
-                    )
+                    raise NonFiniteLossError(f"non-finite loss ({float(loss)}) {where}: {_describe(out)}. {kept}")
                 optimizer.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 if self.hparams.max_grad_norm is not None:
@@ -294,7 +305,14 @@ class VacoModule(L.LightningModule):
 
     # ------------------------------------------------------------------ pieces
     def _normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.obs_rms.normalize(obs) if self.hparams.normalize_observation else obs
+        if not self.hparams.normalize_observation:
+            return obs
+        shift, inv_scale = self._norm_cache
+        return ((obs - shift) * inv_scale).clamp(-OBS_CLIP, OBS_CLIP)
+
+    def _freeze_normalizer(self) -> None:
+        """The statistics are fixed for the whole iteration: cache them as float32 shift/scale."""
+        self._norm_cache = (self.obs_rms.mean.float(), (self.obs_rms.var + OBS_EPS).rsqrt().float())
 
     def _log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         out = []
@@ -329,19 +347,18 @@ class VacoModule(L.LightningModule):
         """IMPALA: V-trace for the current policy and critic, over the whole batch, every step."""
         self._learner_pass(batch, flat)
         self.advantage(batch)
-        train.set("advantage", batch["advantage"].reshape(-1))
-        train.set("value_target", batch["value_target"].reshape(-1))
-        train.set("state_value", flat["state_value"])
+        train["advantage"] = batch["advantage"].reshape(-1)
+        train["value_target"] = batch["value_target"].reshape(-1)
+        train["state_value"] = flat["state_value"]
 
-    def _minibatch(self, mb: TensorDictBase) -> TensorDictBase:
+    def _minibatch(self, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Add the learner's current quantities (with gradient) to a minibatch."""
         obs = self._normalize(mb["observation"])
         loc, scale = self.actor(obs)
-        mb.set("loc", loc)
-        mb.set("scale", scale)
-        mb.set("log_prob", gaussian_log_prob(mb["action"], loc, scale))
-        mb.set("entropy", gaussian_entropy(scale))
-        mb.set("value", self.critic(obs))
+        mb["loc"], mb["scale"] = loc, scale
+        mb["log_prob"] = gaussian_log_prob(mb["action"], loc, scale)
+        mb["entropy"] = gaussian_entropy(scale)
+        mb["value"] = self.critic(obs)
         return mb
 
     @staticmethod

@@ -159,56 +159,57 @@ class RolloutCollector(BaseCollector):
         obs_dim = self._obs.shape[-1]
         act_dim = self._low.shape[0]
 
-        obs = torch.empty(N, T, obs_dim)
-        next_obs = torch.empty(N, T, obs_dim)
-        actions = torch.empty(N, T, act_dim)
-        locs = torch.empty(N, T, act_dim)
-        scales = torch.empty(N, T, act_dim)
-        log_probs = torch.empty(N, T)
-        rewards = np.empty((N, T), dtype=np.float64)
-        terminated = np.empty((N, T), dtype=bool)
-        truncated = np.empty((N, T), dtype=bool)
-        ep_returns = np.empty((N, T), dtype=np.float64)
-        ep_lengths = np.empty((N, T), dtype=np.int64)
+        # time-major numpy buffers: each step writes contiguous rows; one transpose at the end
+        obs = np.empty((T, N, obs_dim), dtype=np.float32)
+        next_obs = np.empty((T, N, obs_dim), dtype=np.float32)
+        actions = np.empty((T, N, act_dim), dtype=np.float32)
+        locs = np.empty((T, N, act_dim), dtype=np.float32)
+        scales = np.empty((T, N, act_dim), dtype=np.float32)
+        log_probs = np.empty((T, N), dtype=np.float32)
+        rewards = np.empty((T, N), dtype=np.float32)
+        terminated = np.empty((T, N), dtype=bool)
+        truncated = np.empty((T, N), dtype=bool)
+        ep_returns = np.empty((T, N), dtype=np.float32)
+        ep_lengths = np.empty((T, N), dtype=np.int64)
+        noise_buf = torch.empty(N, act_dim)
 
         for t in range(T):
-            obs_t = torch.from_numpy(self._obs).float()
-            loc, scale = policy(obs_t)
-            noise = torch.randn(loc.shape, generator=self.generator)
-            action = loc + scale * noise
+            obs[t] = self._obs
+            loc, scale = policy(torch.from_numpy(obs[t]))
+            noise = torch.randn(noise_buf.shape, generator=self.generator, out=noise_buf)
+            action = torch.addcmul(loc, scale, noise)
             # log N(a; loc, scale) with a = loc + scale * noise
-            log_probs[:, t] = (-0.5 * noise.pow(2) - scale.log() - _LOG_SQRT_2PI).sum(-1)
-            env_action = np.clip(action.numpy(), self._low, self._high)  # CleanRL's ClipAction
-            new_obs, reward, term, trunc, info = self.env.step(env_action)
+            log_probs[t] = ((-0.5 * noise.square() - scale.log()).sum(-1) - act_dim * _LOG_SQRT_2PI).numpy()
+            actions[t] = action.numpy()
+            locs[t] = loc.numpy()
+            scales[t] = scale.numpy()
+            new_obs, reward, term, trunc, info = self.env.step(np.clip(actions[t], self._low, self._high))
             done = term | trunc
-
-            obs[:, t] = obs_t
-            actions[:, t] = action
-            locs[:, t] = loc
-            scales[:, t] = scale
-            if done.any():
-                final = new_obs.copy()
-                final[done] = np.stack(info["final_obs"][done])
-                next_obs[:, t] = torch.from_numpy(final)
-            else:
-                next_obs[:, t] = torch.from_numpy(new_obs)
+            next_obs[t] = new_obs
+            if done.any():  # SAME_STEP autoreset: the final observation is in the info
+                next_obs[t, done] = np.stack(info["final_obs"][done])
             self._ep_return += reward
             self._ep_length += 1
-            ep_returns[:, t] = self._ep_return
-            ep_lengths[:, t] = self._ep_length
+            ep_returns[t] = self._ep_return
+            ep_lengths[t] = self._ep_length
             self._ep_return[done] = 0.0
             self._ep_length[done] = 0
-            rewards[:, t] = self.reward_scaler(reward, term, done) if self.reward_scaler else reward
-            terminated[:, t] = term
-            truncated[:, t] = trunc
+            rewards[t] = self.reward_scaler(reward, term, done) if self.reward_scaler else reward
+            terminated[t] = term
+            truncated[t] = trunc
             self._obs = new_obs
 
-        if not (np.isfinite(rewards).all() and torch.isfinite(next_obs).all() and torch.isfinite(obs).all()):
+        if not (np.isfinite(rewards).all() and np.isfinite(next_obs).all() and np.isfinite(obs).all()):
             raise FloatingPointError(
                 f"the environment returned NaN/inf observations or rewards at iteration {self.iteration}"
             )
-        terminated_t = torch.from_numpy(terminated)
-        truncated_t = torch.from_numpy(truncated)
+
+        def env_major(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(x.swapaxes(0, 1)))
+
+        obs, next_obs, actions, locs, scales = map(env_major, (obs, next_obs, actions, locs, scales))
+        log_probs, rewards, terminated, truncated = map(env_major, (log_probs, rewards, terminated, truncated))
+        ep_returns, ep_lengths = env_major(ep_returns), env_major(ep_lengths)
         batch = TensorDict(
             {
                 "observation": obs,
@@ -219,12 +220,12 @@ class RolloutCollector(BaseCollector):
                 "policy_version": policy.versions.unsqueeze(-1).expand(N, T).clone(),
                 "next": {
                     "observation": next_obs,
-                    "reward": torch.from_numpy(rewards).float(),
-                    "done": terminated_t | truncated_t,
-                    "terminated": terminated_t,
-                    "truncated": truncated_t,
-                    "episode_return": torch.from_numpy(ep_returns).float(),
-                    "episode_length": torch.from_numpy(ep_lengths),
+                    "reward": rewards,
+                    "done": terminated | truncated,
+                    "terminated": terminated,
+                    "truncated": truncated,
+                    "episode_return": ep_returns,
+                    "episode_length": ep_lengths,
                 },
             },
             batch_size=[N, T],

@@ -84,9 +84,10 @@ class RewardScaler:
 
     def __call__(self, reward: np.ndarray, terminated: np.ndarray, done: np.ndarray) -> np.ndarray:
         self.returns = self.returns * self.gamma * (1.0 - terminated) + reward
-        self.mean, self.var, self.count = merge_moments(
-            self.mean, self.var, self.count, float(self.returns.mean()), float(self.returns.var()), len(self.returns)
-        )
+        n = len(self.returns)
+        batch_mean = float(self.returns.sum()) / n
+        batch_var = float(np.square(self.returns - batch_mean).sum()) / n
+        self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, batch_mean, batch_var, n)
         self.returns[done] = 0.0
         return np.clip(reward / np.sqrt(self.var + EPS), -self.clip, self.clip)
 

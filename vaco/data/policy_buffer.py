@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from vaco.data.normalization import normalize_observation
+from vaco.data.normalization import EPS as OBS_EPS
+from vaco.data.normalization import OBS_CLIP
 
 __all__ = ["PolicyVersionBuffer", "MixturePolicy"]
 
@@ -100,11 +101,15 @@ class MixturePolicy:
         self.obs_var = buffer.obs_var[slots]
         distinct = torch.unique(slots)
         if distinct.numel() == 1:
+            self.obs_mean, self.obs_var = self.obs_mean[:1], self.obs_var[:1]
+        # the normaliser as a float32 shift and scale, computed once per rollout
+        self._shift = self.obs_mean.float()
+        self._inv_scale = (self.obs_var + OBS_EPS).rsqrt().float()
+        if distinct.numel() == 1:
             # everyone acts with one version: load it into a plain module, no vmap on the hot path
             self._module = copy.deepcopy(buffer.template)
             for name, value in buffer.params(distinct[0]).items():
                 self._module.get_parameter(name).copy_(value)
-            self.obs_mean, self.obs_var = self.obs_mean[:1], self.obs_var[:1]
             self._forward = self._module
         else:
             per_env = buffer.params(slots)  # gathered once per rollout: [N, *param_shape]
@@ -123,4 +128,5 @@ class MixturePolicy:
 
     @torch.no_grad()
     def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._forward(normalize_observation(obs, self.obs_mean, self.obs_var))
+        """``(loc, scale)`` for raw observations ``[N, obs_dim]`` (same as ``normalize_observation``)."""
+        return self._forward(((obs - self._shift) * self._inv_scale).clamp_(-OBS_CLIP, OBS_CLIP))

@@ -111,7 +111,8 @@ class Objective(nn.Module):
         """
 
     # ------------------------------------------------------------------ shared
-    def forward(self, batch: TensorDictBase) -> TensorDictBase:
+    def forward(self, batch: TensorDictBase | Mapping[str, torch.Tensor]) -> TensorDictBase:
+        """Losses and diagnostics of one minibatch (a TensorDict or a plain dict of tensors)."""
         log_prob = batch.get("log_prob")
         behavior_log_prob = batch.get("behavior_log_prob")
         advantage = batch.get("advantage")
@@ -126,28 +127,43 @@ class Objective(nn.Module):
             entropy=entropy,
             value=value,
         )
-        _checks.all_finite(
-            log_prob=log_prob.detach(), behavior_log_prob=behavior_log_prob, advantage=advantage
-        )
-
         log_ratio = log_prob - behavior_log_prob
         ratio = log_ratio.exp()
         if self.normalize_advantage:
             advantage = normalize(advantage, mask)
 
-        policy_loss, indicators = self.surrogate(
-            ratio=ratio, log_ratio=log_ratio, advantage=advantage, batch=batch
-        )
+        try:
+            policy_loss, indicators = self.surrogate(
+                ratio=ratio, log_ratio=log_ratio, advantage=advantage, batch=batch
+            )
+        except _checks.NonFiniteInputError:
+            self._check_inputs(batch, value)  # name the minibatch input behind it
+            raise
         out: dict[str, torch.Tensor] = {"loss_policy": masked_mean(policy_loss, mask)}
 
         if entropy is not None and self.entropy_coef > 0 and not self.entropy_in_surrogate:
             out["loss_entropy"] = -self.entropy_coef * masked_mean(entropy, mask)
         if value is not None:
             out["loss_value"] = self.value_coef * self._value_loss(value, batch, mask)
+        # NaN/inf inputs make the loss non-finite: check that one number on every minibatch and
+        # name the culprit only then (checking every input first costs a sync per tensor)
+        if not bool(torch.isfinite(sum(out.values()))):
+            self._check_inputs(batch, value)
 
         with torch.no_grad():
             out.update(self._diagnostics(ratio, log_ratio, mask, entropy, indicators))
         return TensorDict(out, batch_size=[])
+
+    @staticmethod
+    def _check_inputs(batch, value) -> None:
+        _checks.all_finite(
+            log_prob=batch.get("log_prob").detach(),
+            behavior_log_prob=batch.get("behavior_log_prob"),
+            advantage=batch.get("advantage"),
+            value=None if value is None else value.detach(),
+            value_target=batch.get("value_target", None),
+            state_value=batch.get("state_value", None),
+        )
 
     def _value_loss(self, value, batch, mask) -> torch.Tensor:
         target = batch.get("value_target")
@@ -161,19 +177,30 @@ class Objective(nn.Module):
         return 0.5 * masked_mean(loss, mask)
 
     def _diagnostics(self, ratio, log_ratio, mask, entropy, indicators) -> dict[str, torch.Tensor]:
+        # one stacked reduction instead of a dozen tiny ones: this runs on every minibatch
         ratio, log_ratio = ratio.detach(), log_ratio.detach()
-        zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
-        valid_ratio = ratio if mask is None else ratio[mask.bool()]
-        metrics = {
-            "tv": 0.5 * masked_mean((ratio - 1).abs(), mask),
-            "approx_kl": masked_mean((ratio - 1) - log_ratio, mask),  # Schulman's k3 estimator
-            "ratio_mean": masked_mean(ratio, mask),
-            "ratio_max": valid_ratio.max() if valid_ratio.numel() else zero,
-            "clip_fraction": zero,
-            "filter_fraction": zero,
-            "entropy": zero if entropy is None else masked_mean(entropy.detach(), mask),
-        }
         renames = {"clipped": "clip_fraction", "filtered": "filter_fraction"}
+        rows = {
+            "tv": 0.5 * (ratio - 1).abs(),
+            "approx_kl": (ratio - 1) - log_ratio,  # Schulman's k3 estimator
+            "ratio_mean": ratio,
+        }
+        if entropy is not None:
+            rows["entropy"] = entropy.detach()
         for name, per_sample in indicators.items():
-            metrics[renames.get(name, name)] = masked_mean(per_sample.detach().to(ratio.dtype), mask)
+            rows[renames.get(name, name)] = per_sample.detach().to(ratio.dtype)
+        stacked = torch.stack(list(rows.values())).flatten(1)
+        if mask is None:
+            means = stacked.mean(1)
+            ratio_max = ratio.max()
+        else:
+            weight = mask.flatten().to(ratio.dtype)
+            means = (stacked * weight).sum(1) / weight.sum().clamp(min=1.0)
+            ratio_max = ratio.masked_fill(~mask.bool(), float("-inf")).max()
+        metrics = dict(zip(rows, means.unbind()))
+        zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+        metrics.setdefault("entropy", zero)
+        metrics.setdefault("clip_fraction", zero)
+        metrics.setdefault("filter_fraction", zero)
+        metrics["ratio_max"] = ratio_max
         return metrics
