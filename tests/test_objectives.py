@@ -16,7 +16,15 @@ from torchrl.objectives import ClipPPOLoss
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
 from vaco.objectives.functional import gaussian_kl, tv_filter_mask
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    """Reference math in float64; restored afterwards so other test modules are unaffected."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def minibatch(log_prob, behavior_log_prob, advantage, **extra):
