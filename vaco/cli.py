@@ -84,6 +84,11 @@ class VacoCLI(LightningCLI):
         torch.set_num_threads(threads)
         _continue_mlflow_run(config)
 
+    def _instantiate_trainer(self, config, callbacks):
+        if config.get("enable_progress_bar") is False:  # e.g. sweeps writing to log files
+            callbacks = [c for c in callbacks if not isinstance(c, VacoProgressBar)]
+        return super()._instantiate_trainer(config, callbacks)
+
     def instantiate_classes(self) -> None:
         """Report a bad value as one line naming the field, not a jsonargparse traceback."""
         try:
