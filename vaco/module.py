@@ -239,15 +239,13 @@ class VacoModule(L.LightningModule):
                 idx = order[k * size:(k + 1) * size]
                 # a plain dict: building a TensorDict per minibatch costs more than the gather
                 minibatch = {key: value[idx] for key, value in train.items()}
-                where = f"at iteration {int(self.version) + 1}, epoch {epoch}, minibatch {k}"
-                kept = f"Nothing was applied; the last good checkpoint is kept{_checkpoint_hint(self.trainer)}."
                 try:
                     out = self.objective(self._minibatch(minibatch))
                 except NonFiniteInputError as err:
-                    raise NonFiniteLossError(f"non-finite loss {where}: {err}. {kept}") from err
+                    raise self._non_finite(epoch, k, str(err)) from err
                 loss = sum(v for key, v in out.items() if key.startswith("loss_"))
                 if not torch.isfinite(loss):
-                    raise NonFiniteLossError(f"non-finite loss ({float(loss)}) {where}: {_describe(out)}. {kept}")
+                    raise self._non_finite(epoch, k, f"loss {float(loss)}, {_describe(out)}")
                 optimizer.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 if self.hparams.max_grad_norm is not None:
@@ -304,6 +302,12 @@ class VacoModule(L.LightningModule):
         self._log(metrics, env_steps)
 
     # ------------------------------------------------------------------ pieces
+    def _non_finite(self, epoch: int, minibatch: int, detail: str) -> NonFiniteLossError:
+        return NonFiniteLossError(
+            f"non-finite loss at iteration {int(self.version) + 1}, epoch {epoch}, minibatch {minibatch}: "
+            f"{detail}. Nothing was applied; the last good checkpoint is kept{_checkpoint_hint(self.trainer)}."
+        )
+
     def _normalize(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.hparams.normalize_observation:
             return obs
