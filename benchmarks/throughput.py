@@ -225,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     q = args.quick
-    envs = (1, 4) if q else (1, 16, 64)
+    envs = (1, 2) if q else (1, 16, 64)
     big = envs[-1]
-    steps = 64 if q else 1000
+    steps = 20 if q else 1000
     rounds = 1 if q else 3
-    T_big = 16 if q else 128
-    T_clean = 128 if q else 2048
+    T_big = 32 if q else 128
+    T_clean = 64 if q else 2048
     iters = 3 if q else 5
     results: dict = {"machine": machine(), "quick": q}
     rows: list[tuple[str, str, str]] = []
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{env_id}/{n}"
             results[f"ceiling/{key}"] = c = ceiling(env_id, n, max(steps // n, 20) if n > 1 else steps * 2)
             row("ceiling", f"{env_id} gymnasium sync vector env, {n} envs", c, "steps/s")
-            results[f"collect/{key}/K1"] = v = collection(env_id, n, max(T_big, 2048 // n) if n < 16 else T_big, 1, rounds)
+            results[f"collect/{key}/K1"] = v = collection(env_id, n, T_clean if n == 1 else T_big, 1, rounds)
             row("collect", f"{env_id} vaco, {n} envs, K=1", v, "steps/s")
         results[f"collect/{env_id}/{big}/K16"] = v16 = collection(env_id, big, T_big, 16, rounds)
         row("collect", f"{env_id} vaco, {big} envs, K=16", v16, "steps/s")
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 5: memory
     if not args.skip_memory:
-        mem_args = ("Humanoid-v5", 16, 64) if q else ("Humanoid-v5", 500, 1000)
+        mem_args = ("Humanoid-v5", 8, 8) if q else ("Humanoid-v5", 500, 1000)
         m = memory(*mem_args)
         results["memory/paper_batch_peak_rss_mib"] = m["peak_rss_mib"]
         results["memory/paper_batch_seconds"] = m["seconds"]
