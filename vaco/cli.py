@@ -13,7 +13,6 @@ import sys
 import warnings
 
 import lightning as L
-import numpy as np
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
@@ -38,7 +37,6 @@ class VacoCLI(LightningCLI):
     """
 
     def __init__(self, args=None, run: bool = True) -> None:
-        _allow_numpy_in_checkpoints()
         super().__init__(
             model_class=L.LightningModule,
             datamodule_class=L.LightningDataModule,
@@ -150,16 +148,6 @@ def _continue_mlflow_run(config) -> None:
     run_id = state.get("vaco", {}).get("mlflow_run_id")
     if run_id:
         init_args["run_id"] = run_id
-
-
-def _allow_numpy_in_checkpoints() -> None:
-    """LightningCLI reads ``--ckpt_path`` hyperparameters with ``torch.load(weights_only=True)``;
-    vaco checkpoints hold numpy arrays (simulator snapshots, RNG states), so allow those types."""
-    core = getattr(np, "_core", None) or np.core
-    dtypes = [getattr(np.dtypes, name) for name in np.dtypes.__all__]
-    torch.serialization.add_safe_globals(
-        [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype, *dtypes]
-    )
 
 
 def _quiet() -> None:

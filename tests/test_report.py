@@ -1,0 +1,250 @@
+"""`vaco report`: normalisation and rliable aggregates checked against rliable called directly and
+float64 loops; every figure and section on runs built here; the report on a real tiny sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+from rliable import library, metrics
+from sweep_fixture import full_sweep
+
+from vaco import report as R
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _valid_png(path) -> bool:
+    if not path.is_file() or path.read_bytes()[:8] != PNG:
+        return False
+    pixels = mpimg.imread(path)
+    return pixels.ndim == 3 and pixels.shape[0] > 50 and pixels.shape[1] > 50 and float(pixels.std()) > 0
+
+
+def _iqm_loop(values) -> float:
+    """Interquartile mean by hand: sort, drop int(n/4) values at each end, average the rest."""
+    values = sorted(float(v) for v in np.ravel(values))
+    cut = int(0.25 * len(values))
+    kept = values[cut : len(values) - cut]
+    return sum(kept) / len(kept)
+
+
+# ---------------------------------------------------------------------------------------- math
+def test_normalisation_is_min_max_over_all_algorithms_per_task():
+    rng = np.random.default_rng(0)
+    returns = {
+        task: rng.normal(100 * (i + 1), 30, size=7).tolist() for i, task in enumerate(["Hopper-v5", "Ant-v5"])
+    }
+    bounds = R.normalization_bounds(returns)
+    for task, values in returns.items():
+        low, high = values[0], values[0]
+        for v in values:
+            low, high = min(low, v), max(high, v)
+        assert bounds[task] == (low, high)
+        for v, n in zip(values, R.normalize(values, bounds[task])):
+            assert n == pytest.approx((v - low) / (high - low), abs=1e-12)
+        assert (
+            R.normalize(values, bounds[task]).min() == 0.0 and R.normalize(values, bounds[task]).max() == 1.0
+        )
+    assert R.normalize([5.0, 5.0], (5.0, 5.0)).tolist() == [1.0, 1.0]
+    assert R.final_score([1.0, 2.0, 6.0], last=2) == 4.0
+
+
+def test_score_matrix_is_runs_by_tasks_cut_to_the_smallest_count():
+    m = R.score_matrix({"a": [1, 2, 3], "b": [4, 5]}, ["a", "b"])
+    assert m.shape == (2, 2) and m.tolist() == [[1, 4], [2, 5]]
+
+
+def test_aggregates_and_intervals_equal_rliable_called_directly():
+    rng = np.random.default_rng(1)
+    scores = {
+        "vaco K=4": rng.uniform(0.3, 1.0, size=(5, 3)),
+        "ppo_clip K=4": rng.uniform(0.0, 0.8, size=(4, 3)),
+    }
+    ours = R.aggregate_estimates(scores, reps=300, seed=7, min_runs=3)
+
+    def func(x):
+        return np.array(
+            [
+                metrics.aggregate_median(x),
+                metrics.aggregate_iqm(x),
+                metrics.aggregate_mean(x),
+                metrics.aggregate_optimality_gap(x),
+            ]
+        )
+
+    np.random.seed(7)
+    points, intervals = library.get_interval_estimates(scores, func, reps=300)
+    for key in scores:
+        np.testing.assert_allclose(ours[key].point, points[key], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(ours[key].interval, intervals[key], rtol=0, atol=1e-12)
+        assert ours[key].interval.shape == (2, 4)
+        assert np.all(ours[key].interval[0] <= ours[key].point + 1e-12)
+        assert np.all(ours[key].point <= ours[key].interval[1] + 1e-12)
+        # and the IQM against a hand-written loop
+        assert ours[key].point[1] == pytest.approx(_iqm_loop(scores[key]), abs=1e-12)
+        assert ours[key].point[2] == pytest.approx(float(np.mean(scores[key], dtype=np.float64)), abs=1e-12)
+        assert ours[key].point[3] == pytest.approx(float(np.mean(1 - np.minimum(scores[key], 1))), abs=1e-12)
+
+
+def test_too_few_runs_give_a_point_and_no_interval():
+    scores = {"a": np.array([[0.2, 0.6], [0.4, 0.9]])}
+    est = R.aggregate_estimates(scores, reps=100, min_runs=3)["a"]
+    assert est.interval is None and est.runs_per_task == 2
+    assert est.point[1] == pytest.approx(metrics.aggregate_iqm(scores["a"]))
+    assert est.bounds().tolist() == [est.point.tolist(), est.point.tolist()]
+
+
+def test_curve_iqm_and_auc_equal_rliable_and_a_trapezoid_loop():
+    rng = np.random.default_rng(2)
+    curves = {"vaco": rng.uniform(size=(4, 2, 6)), "spo": rng.uniform(size=(3, 2, 6))}
+    ours = R.curve_iqm(curves, reps=200, seed=3)
+    np.random.seed(3)
+    points, intervals = library.get_interval_estimates(
+        curves, lambda x: np.array([metrics.aggregate_iqm(x[..., j]) for j in range(x.shape[-1])]), reps=200
+    )
+    for key in curves:
+        np.testing.assert_allclose(ours[key].point, points[key], atol=1e-12)
+        np.testing.assert_allclose(ours[key].interval, intervals[key], atol=1e-12)
+    steps, values = [0.0, 1.0, 3.0, 7.0], [0.0, 1.0, 0.5, 0.5]
+    area = 0.0
+    for i in range(1, len(steps)):
+        area += (steps[i] - steps[i - 1]) * (values[i] + values[i - 1]) / 2
+    assert R.area_under_curve(steps, values) == pytest.approx(area / 7.0, abs=1e-12)
+    assert R.area_under_curve([5.0], [0.3]) == 0.3
+
+
+def test_performance_profiles_equal_rliable():
+    rng = np.random.default_rng(4)
+    scores = {"a": rng.uniform(size=(5, 2)), "b": rng.uniform(size=(5, 2))}
+    taus = np.linspace(0, 1, 11)
+    ours, ours_ci = R.performance_profiles(scores, taus, reps=100, seed=5)
+    np.random.seed(5)
+    theirs, theirs_ci = library.create_performance_profile(scores, taus, reps=100)
+    for key in scores:
+        np.testing.assert_allclose(ours[key], theirs[key])
+        np.testing.assert_allclose(ours_ci[key], theirs_ci[key])
+        for j, tau in enumerate(taus):  # fraction of runs above tau, by hand
+            assert ours[key][j] == pytest.approx(
+                sum(float(v) > tau for v in scores[key].ravel()) / scores[key].size
+            )
+
+
+# ---------------------------------------------------------------------------------------- figures
+def _synthetic_runs() -> list[R.Run]:
+    """3 seeds x 2 tasks x K in {1, 4} for vaco, ppo_clip, vaco_no_realign, plus delta and rho_bar
+    ablation cells of vaco at K=4: enough runs for every interval."""
+    rng = np.random.default_rng(5)
+    runs = []
+    steps = np.arange(1, 6) * 1000.0
+    iters = np.arange(1, 11) * 500.0
+    specs = [
+        ("vaco", "TVFilter", True, 0.2, 1.0, 1.0),
+        ("ppo_clip", "PPOClip", False, None, None, 0.7),
+        ("vaco_no_realign", "TVFilter", False, 0.2, None, 0.8),
+    ]
+    cells = [(a, o, re, d, rb, lvl, K) for a, o, re, d, rb, lvl in specs for K in (1, 4)]
+    cells += [("vaco", "TVFilter", True, 0.4, 1.0, 0.9, 4), ("vaco", "TVFilter", True, 0.2, 2.0, 0.6, 4)]
+    for algo, objective, realign, delta, rho_bar, level, K in cells:
+        for task, scale in (("Hopper-v5", 1000.0), ("Walker2d-v5", 2000.0)):
+            for seed in (1, 2, 3):
+                ret = scale * level * (steps / steps[-1]) * (
+                    1 - 0.05 * K * (algo == "ppo_clip")
+                ) + rng.normal(0, 20, 5)
+                tv = rng.uniform(0.02, 0.1, size=iters.size)
+                histories = {
+                    "eval/return": (steps, ret),
+                    "lag/forward_tv": (iters, tv),
+                    "train/tv": (iters, tv / 2),
+                    "train/filter_fraction": (
+                        iters,
+                        rng.uniform(0, 0.3, iters.size) if objective == "TVFilter" else np.zeros(iters.size),
+                    ),
+                    "train/clip_fraction": (
+                        iters,
+                        rng.uniform(0, 0.2, iters.size) if objective != "TVFilter" else np.zeros(iters.size),
+                    ),
+                }
+                runs.append(
+                    R.Run(
+                        f"{algo}-{task}-{K}-{delta}-{rho_bar}-{seed}",
+                        f"{algo}-{seed}",
+                        "FINISHED",
+                        algo,
+                        task,
+                        K,
+                        seed,
+                        delta,
+                        rho_bar,
+                        realign,
+                        objective,
+                        histories,
+                    )
+                )
+    return runs
+
+
+def test_report_draws_every_figure_with_intervals(tmp_path):
+    runs = _synthetic_runs()
+    rep = R.build_report("synthetic", runs, reps=200, seed=0)
+    assert rep.ref_delta == 0.2 and rep.ref_rho_bar == 1.0
+    for task in rep.tasks:  # min and max over every run of the task, ablations included
+        finals = [rep.final[r.run_id] for r in runs if r.env == task]
+        assert rep.bounds[task] == (min(finals), max(finals))
+    summary = R.write_report(rep, tmp_path).read_text()
+    for name in R.FIGURES:
+        assert _valid_png(tmp_path / name), name
+        assert f"({name})" in summary
+    for section in R.SECTIONS:
+        assert f"\n## {section}\n" in summary
+    assert "Not in this experiment" not in summary
+    assert "Too few runs" not in summary and "(no CI)" not in summary
+    assert "vaco K=4 | 3 | 2 |" in summary  # 3 runs per task, 2 tasks
+    frame = R.runs_frame(rep)
+    assert len(frame) == len(runs) and set(frame["normalized"].between(0, 1)) == {True}
+
+
+# ---------------------------------------------------------------------------------------- the tiny sweep
+@pytest.mark.slow
+def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
+    import mlflow
+
+    from vaco.cli import main as vaco_main
+
+    sweep = full_sweep(tmp_path_factory)
+    assert sweep.full_rc == 0, sweep.full_log
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sweep.uri)
+    out = tmp_path / "report"
+    assert vaco_main(["report", "--experiment", sweep.experiment, "--out", str(out), "--reps", "200"]) == 0
+    summary = (out / "summary.md").read_text()
+    for name in R.FIGURES:
+        assert _valid_png(out / name), name
+    for section in R.SECTIONS:
+        assert f"\n## {section}\n" in summary, section
+    assert "5 finished runs" in summary
+    assert "Not in this experiment" not in summary  # the sweep has one cell of each ablation
+    assert (
+        "Too few runs for an interval" in summary and "an interval needs at least 3 runs per task" in summary
+    )
+    assert (
+        "vaco delta=0.4 K=2" in summary
+        and "vaco rho_bar=2 K=2" in summary
+        and "vaco_no_realign (GAE) K=2" in summary
+    )
+
+    client = mlflow.MlflowClient(sweep.uri)
+    exp = client.get_experiment_by_name(sweep.experiment)
+    reports = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.report` = 'true'")
+    assert len(reports) == 1 and reports[0].info.status == "FINISHED"
+    logged = {a.path for a in client.list_artifacts(reports[0].info.run_id, "report")}
+    assert {f"report/{n}" for n in (*R.FIGURES, "summary.md")} <= logged
+    # a second report reuses the same MLflow run, and the report run is never read as a training run
+    assert vaco_main(["report", "--experiment", sweep.experiment, "--out", str(out), "--reps", "50"]) == 0
+    assert len(client.search_runs([exp.experiment_id], filter_string="tags.`vaco.report` = 'true'")) == 1
+    assert "5 finished runs" in (out / "summary.md").read_text()
+
+
+def test_report_on_a_missing_experiment_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert R.main(["--experiment", "nope", "--out", str(tmp_path / "r")]) == 2
+    assert "no MLflow experiment named 'nope'" in capsys.readouterr().err

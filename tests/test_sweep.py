@@ -1,0 +1,264 @@
+"""`vaco sweep`: validation naming the field, the rule for axes that do not apply, the shipped
+profiles, and a real two-cell sweep that is interrupted by SIGINT, resumes and skips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from sweep_fixture import (
+    ABLATIONS,
+    BROKEN,
+    FIRST,
+    ITERATIONS,
+    REPO,
+    SECOND,
+    TINY,
+    full_sweep,
+    interrupted_sweep,
+)
+
+from vaco import sweep as S
+
+TINY_OVERRIDES = {
+    "data.init_args.num_envs": 2,
+    "data.init_args.num_steps": 64,
+    "data.init_args.total_steps": 512,
+    "data.init_args.eval_every": 2,
+    "data.init_args.eval_episodes": 2,
+    "data.init_args.eval_envs": 2,
+    "model.init_args.update_epochs": 1,
+    "model.init_args.num_minibatches": 2,
+    "checkpoint.every_n_iterations": 1,
+}
+
+
+def _file(tmp_path: Path, body: dict, name: str = "sweep.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return path
+
+
+def _base(**grid) -> dict:
+    return {
+        "experiment": "x",
+        "overrides": dict(TINY_OVERRIDES),
+        "grid": {"main": {"algorithm": ["vaco"], "env": ["inverted_pendulum"], **grid}},
+    }
+
+
+# ---------------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(bogus=1), "unknown field `bogus`"),
+        (lambda d: d.pop("experiment"), "`experiment`"),
+        (lambda d: d.update(jobs=0), "`jobs`"),
+        (
+            lambda d: d["grid"]["main"].update(algorithm=["vacco"]),
+            "`grid.main.algorithm`: unknown algorithm `vacco`",
+        ),
+        (lambda d: d["grid"]["main"].update(env=["pong"]), "`grid.main.env`: unknown env `pong`"),
+        (lambda d: d["grid"]["main"].update(deltas=[0.1]), "unknown field `deltas`"),
+        (lambda d: d["grid"]["main"].update(K=[0]), "`grid.main.K`"),
+        (lambda d: d["grid"]["main"].update(seed=["one"]), "`grid.main.seed`"),
+        (lambda d: d["grid"]["main"].update(delta=[-0.1]), "`grid.main.delta`"),
+        (lambda d: d["grid"]["main"].update(realign=["yes"]), "`grid.main.realign`"),
+        (
+            lambda d: d["grid"]["main"].update(algorithm=["ppo_clip"], delta=[0.1]),
+            "`grid.main.delta`: none of ['ppo_clip']",
+        ),
+        (
+            lambda d: d["grid"]["main"].update(algorithm=["spo"], rho_bar=[2.0]),
+            "`grid.main.rho_bar`: none of ['spo']",
+        ),
+        (lambda d: d["grid"]["main"].update(algorithm=["impala"], realign=[False]), "`grid.main.realign`"),
+        (
+            lambda d: d["overrides"].update({"data.init_args.policy_buffer_size": 4}),
+            "`overrides.data.init_args.policy_buffer_size`",
+        ),
+        (
+            lambda d: d["overrides"].update({"model.init_args.objective.init_args.delta": 0.3}),
+            "`overrides.model.init_args.objective.init_args.delta`",
+        ),
+        (lambda d: d["overrides"].update({"trainer.logger": None}), "`overrides.trainer.logger`"),
+    ],
+)
+def test_an_invalid_sweep_file_names_the_field(tmp_path, change, message):
+    body = _base()
+    change(body)
+    with pytest.raises(S.SweepError) as err:
+        S.load_sweep(_file(tmp_path, body))
+    assert message in str(err.value)
+
+
+def test_an_unknown_override_is_rejected_before_anything_starts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    body = _base()
+    body["overrides"]["data.init_args.num_env"] = 3
+    path = _file(tmp_path, body)
+    assert S.main(["--config", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "`overrides`" in err and "num_env" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+# ---------------------------------------------------------------------------------------- the grid
+def test_axes_that_do_not_apply_do_not_multiply_cells(tmp_path):
+    body = _base(
+        algorithm=["vaco", "ppo_clip", "impala"], delta=[0.1, 0.2], rho_bar=[1.0, 2.0], K=[1, 4], seed=[1, 2]
+    )
+    body["grid"]["realign"] = {
+        "algorithm": ["vaco", "ppo_clip", "impala"],
+        "env": "inverted_pendulum",
+        "realign": [True, False],
+    }
+    sweep = S.load_sweep(_file(tmp_path, body), output_dir=str(tmp_path / "out"))
+    cells = S.expand(sweep)
+    ids = [c.id for c in cells]
+    assert len(ids) == len(set(ids))
+    by = lambda algo: [c for c in cells if c.algorithm == algo]  # noqa: E731
+    # vaco: 2 delta x 2 rho_bar x 2 K x 2 seeds; ppo_clip: 2 K x 2 seeds; impala: 2 rho_bar x 2 K x 2 seeds
+    assert (len(by("vaco")), len(by("ppo_clip")), len(by("impala"))) == (16, 4, 8)
+    # the realign block adds vaco without realignment (its twin config) and ppo_clip with it;
+    # impala ignores the axis and vaco/ppo_clip at their own setting are cells already listed
+    assert [c.id for c in by("vaco_no_realign")] == ["vaco_no_realign-inverted_pendulum-K1-s1"]
+    assert [c.id for c in by("ppo_clip+realign")] == ["ppo_clip_realign-inverted_pendulum-K1-s1"]
+    assert len(cells) == 16 + 4 + 8 + 2
+    assert all(c.delta is None and c.rho_bar is None for c in by("ppo_clip"))
+    assert all(c.delta is None and c.rho_bar in (1.0, 2.0) for c in by("impala"))
+
+    uri = "sqlite:////nonexistent/mlflow.db"
+    impala = next(c for c in by("impala") if c.rho_bar == 2.0)
+    model = S.cell_config(sweep, impala, uri)["model"]["init_args"]
+    assert model["objective"]["init_args"]["rho_bar"] == model["advantage"]["init_args"]["rho_bar"] == 2.0
+    realigned = S.cell_config(sweep, by("ppo_clip+realign")[0], uri)
+    assert realigned["model"]["init_args"]["advantage"] == {
+        "class_path": "vaco.advantages.VTrace",
+        "init_args": {"gamma": 0.99, "lmbda": 0.95, "rho_bar": 1.0, "c_bar": 1.0},
+    }
+    assert realigned["model"]["init_args"]["algorithm_name"] == "ppo_clip+realign"
+    cell = next(c for c in by("vaco") if c.delta == 0.1 and c.rho_bar == 2.0 and c.K == 4 and c.seed == 2)
+    assert cell.id == "vaco-inverted_pendulum-K4-delta0.1-rho2-s2"
+    config = S.cell_config(sweep, cell, uri)
+    assert config["seed_everything"] == 2 and config["data"]["init_args"]["policy_buffer_size"] == 4
+    assert config["data"]["init_args"]["num_steps"] == 64  # shared override
+    logger = config["trainer"]["logger"]["init_args"]
+    assert (
+        logger["run_name"] == cell.id and logger["experiment_name"] == "x" and logger["tracking_uri"] == uri
+    )
+    assert logger["tags"] == {
+        "vaco.algorithm": "vaco",
+        "vaco.env": "inverted_pendulum",
+        "vaco.K": "4",
+        "vaco.delta": "0.1",
+        "vaco.rho_bar": "2",
+        "vaco.realign": "true",
+        "vaco.seed": "2",
+        "vaco.sweep.cell": cell.id,
+        "vaco.sweep.settings": sweep.settings,
+    }
+    assert config["checkpoint"]["dirpath"] == str(tmp_path / "out" / cell.id / "checkpoints")
+    S.validate_with_cli(sweep, cells, uri)  # every kind of cell parses with `vaco fit`'s own parser
+
+
+@pytest.mark.parametrize("name", ["paper", "laptop", "tiny"])
+def test_the_shipped_profiles_are_valid(name):
+    sweep = S.load_sweep(REPO / "configs" / "sweeps" / f"{name}.yaml")
+    cells = S.expand(sweep)
+    S.validate_with_cli(sweep, cells, "sqlite:////nonexistent/mlflow.db")
+    algorithms = {c.algorithm for c in cells}
+    assert {"vaco", "ppo_clip", "ppo_kl", "spo", "impala"} <= algorithms or name == "tiny"
+    assert {c.delta for c in cells if c.algorithm == "vaco"} > {0.2}  # the delta ablation
+    assert {c.rho_bar for c in cells if c.algorithm == "vaco"} > {1.0}  # the rho_bar ablation
+    assert "vaco_no_realign" in algorithms  # realignment off
+    if name == "paper":
+        o = sweep.overrides
+        assert (
+            o["data.init_args.num_envs"],
+            o["data.init_args.num_steps"],
+            o["data.init_args.total_steps"],
+        ) == (500, 1000, 100_000_000)
+        main = [
+            c
+            for c in cells
+            if c.algorithm in ("vaco", "ppo_clip", "ppo_kl", "spo", "impala")
+            and c.delta in (None, 0.2)
+            and c.rho_bar in (None, 1.0)
+        ]
+        assert len({c.seed for c in main}) == 10 and len({c.K for c in main}) == 5
+        assert {c.env for c in main} == {"halfcheetah", "hopper", "walker2d", "ant", "humanoid"}
+        assert len(main) == 5 * 5 * 5 * 10
+
+
+# ---------------------------------------------------------------------------------------- running
+def test_dry_run_lists_the_cells_and_starts_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert S.main(["--config", str(TINY), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "5 cells; 0 finished (skipped), 0 resume from a checkpoint, 5 new" in out
+    assert f"new       {FIRST}" in out and "vaco_no_realign-inverted_pendulum-K2-s1" in out
+    assert not (tmp_path / "out").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_a_failed_cell_shows_its_log_and_the_others_go_on(tmp_path_factory):
+    s = full_sweep(tmp_path_factory)  # one ablation cell was given a torn checkpoint
+    assert s.failing_rc == 1, s.failing_log
+    assert f"FAILED {BROKEN} (exit code 1)" in s.failing_log
+    tail = s.failing_log.split(f"FAILED {BROKEN}", 1)[1]
+    assert "last lines of" in tail and "train.log" in tail and "Error" in tail
+    for cell in ABLATIONS[:2]:
+        assert f"done   {cell}" in s.failing_log
+    assert f"skip   {FIRST} (finished)" in s.failing_log and f"skip   {SECOND} (finished)" in s.failing_log
+    assert f"failed cells: {BROKEN}" in s.failing_log
+    # with the bad file gone, the next run does that cell alone, afresh, and everything has finished
+    assert s.full_rc == 0, s.full_log
+    assert f"start  {BROKEN}   [" in s.full_log and f"done   {BROKEN}" in s.full_log
+    assert s.full_log.count("skip   ") == 4
+    for cell in (FIRST, SECOND, *ABLATIONS):
+        assert [r.info.status for r in s.cell_runs(cell)] == ["FINISHED"], cell
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_its_cell_and_skips_the_finished_one(tmp_path_factory):
+    s = interrupted_sweep(tmp_path_factory)
+    # -- stopped by SIGINT while the second cell was running
+    assert s.stopped_rc == 130, s.stopped_log
+    assert "SIGINT: stopping the sweep" in s.stopped_log
+    assert f"done   {FIRST}" in s.stopped_log
+    assert s.leftover_processes == [], "children left behind"
+    assert [status for _, status in s.first_runs_at_stop] == ["FINISHED"]
+    assert len(s.second_runs_at_stop) == 1 and s.second_runs_at_stop[0][1] != "FINISHED"
+    assert s.second_version_at_stop is not None and 1 <= s.second_version_at_stop < ITERATIONS
+    # -- the same command again: skip the finished cell, resume the other in its own MLflow run
+    assert s.resumed_rc == 0, s.resumed_log
+    assert f"skip   {FIRST} (finished)" in s.resumed_log
+    assert f"start  {SECOND} (resume from checkpoint)" in s.resumed_log
+    assert f"start  {FIRST}" not in s.resumed_log
+    first, second = s.cell_runs(FIRST), s.cell_runs(SECOND)
+    assert [r.info.run_id for r in first] == [s.first_runs_at_stop[0][0]]
+    assert [r.info.run_id for r in second] == [s.second_runs_at_stop[0][0]]
+    run = second[0]
+    assert run.info.status == "FINISHED" and run.info.run_name == SECOND
+    steps = {m.step for m in s.client().get_metric_history(run.info.run_id, "time/env_steps")}
+    assert steps == {128 * i for i in range(1, ITERATIONS + 1)}  # every iteration, before and after the stop
+    assert run.data.params["algorithm"] == "ppo_clip" and run.data.params["K"] == "2"
+    assert {
+        k: run.data.tags[k] for k in ("vaco.algorithm", "vaco.env", "vaco.K", "vaco.seed", "vaco.sweep.cell")
+    } == {
+        "vaco.algorithm": "ppo_clip",
+        "vaco.env": "inverted_pendulum",
+        "vaco.K": "2",
+        "vaco.seed": "1",
+        "vaco.sweep.cell": SECOND,
+    }
+    second_log = (s.out / SECOND / "train.log").read_text()
+    assert second_log.count("\n=== ") == 2 and "--ckpt_path" in second_log.split("\n=== ")[2]
+    assert "Restored all states from the checkpoint" in second_log
+    assert (s.out / FIRST / "train.log").read_text().count("\n=== ") == 1
+    # -- and a third time there is nothing to do
+    sweep = S.load_sweep(TINY, str(s.out))
+    cells = [c for c in S.expand(sweep) if c.id in (FIRST, SECOND)]
+    assert set(S.plan(sweep, cells, s.uri).values()) == {"finished"}
