@@ -110,7 +110,7 @@ class VacoCLI(LightningCLI):
             uri = getattr(logger, "_tracking_uri", tracking_uri())
             lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
             lines.append(f"  open it with: mlflow ui --backend-store-uri {uri}")
-        if ckpt:
+        if ckpt and hasattr(model, "actor"):  # `vaco evaluate` runs MuJoCo policies
             lines.append(f"  evaluate it with: vaco evaluate --ckpt {ckpt}")
         print("\n".join(lines), flush=True)
 

@@ -1,0 +1,96 @@
+"""Sampling and re-scoring with a small random Llama: the behaviour log-probs recorded at
+generation equal the learner's re-scored log-probs, padding changes nothing, masks mark the tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vaco.llm.policy import check_model_dir, completion_log_probs, encode_prompts, generate, tiny_causal_lm
+from vaco.llm.synthetic import generate_problems
+from vaco.llm.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [p["question"] + " " + p["answer"] for p in generate_problems(200, seed=0)]
+    tok = train_tokenizer(texts, vocab_size=320)
+    tok.padding_side = "left"
+    return tok
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    return tiny_causal_lm(tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64).eval()
+
+
+PROMPTS = ["Question: Mia has 12 pens. How many?\nAnswer:", "Question: hi\nAnswer:", "Question: Tom buys 3 boxes.\nAnswer:"]
+
+
+def sample(model, tokenizer, prompts, temperature, seed=0, max_new_tokens=10):
+    ids, mask, _ = encode_prompts(tokenizer, prompts, 64)
+    out = generate(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id, temperature=temperature,
+                   generator=torch.Generator().manual_seed(seed))
+    return ids, mask, out
+
+
+def test_left_padding_and_truncation(tokenizer):
+    ids, mask, truncated = encode_prompts(tokenizer, PROMPTS, 64)
+    assert truncated == 0 and mask[:, -1].all() and not mask[1, 0]  # padding on the left
+    assert tokenizer.decode(ids[1][mask[1]]) == PROMPTS[1]
+    ids, mask, truncated = encode_prompts(tokenizer, PROMPTS, 4)
+    assert truncated == 3 and ids.shape == (3, 4) and "Answer:".endswith(tokenizer.decode(ids[0]))  # the end is kept
+
+
+def test_behavior_log_probs_equal_the_learner_rescoring(model, tokenizer):
+    ids, mask, out = sample(model, tokenizer, PROMPTS * 4, temperature=1.0)
+    log_prob, entropy = completion_log_probs(model, ids.repeat(1, 1), mask, out["completion_ids"], out["completion_mask"],
+                                             with_entropy=True)
+    valid = out["completion_mask"]
+    torch.testing.assert_close(log_prob[valid], out["behavior_log_prob"][valid], atol=1e-5, rtol=0)
+    assert torch.all(log_prob[~valid] == 0) and torch.all(out["behavior_log_prob"][~valid] == 0)
+    assert torch.all(entropy[valid] > 0) and not entropy.requires_grad
+    # the same holds at another temperature: both sides use softmax(logits / T)
+    ids, mask, out = sample(model, tokenizer, PROMPTS, temperature=0.7)
+    log_prob, _ = completion_log_probs(model, ids, mask, out["completion_ids"], out["completion_mask"], temperature=0.7)
+    torch.testing.assert_close(log_prob[out["completion_mask"]], out["behavior_log_prob"][out["completion_mask"]], atol=1e-5, rtol=0)
+
+
+def test_completion_mask_ends_at_eos_and_truncation_is_reported(model, tokenizer):
+    model_eos = tokenizer.eos_token_id
+    _, _, out = sample(model, tokenizer, PROMPTS * 8, temperature=1.0, max_new_tokens=6)
+    ids, valid = out["completion_ids"], out["completion_mask"]
+    for row_ids, row_valid, truncated in zip(ids, valid, out["truncated"]):
+        n = int(row_valid.sum())
+        assert row_valid[:n].all() and not row_valid[n:].any()  # one block from the start
+        assert (row_ids[n:] == tokenizer.pad_token_id).all()
+        ended = bool((row_ids[:n] == model_eos).any())
+        assert ended != bool(truncated) and (not ended or row_ids[n - 1] == model_eos)
+
+
+def test_greedy_is_deterministic_and_unaffected_by_padding(model, tokenizer):
+    _, _, alone = sample(model, tokenizer, PROMPTS[1:2], temperature=0.0, seed=0)
+    _, _, batched = sample(model, tokenizer, PROMPTS, temperature=0.0, seed=1)  # PROMPTS[1] is left-padded here
+    n = int(alone["completion_mask"].sum())
+    assert torch.equal(batched["completion_ids"][1, :n], alone["completion_ids"][0, :n])
+
+
+def test_rescoring_has_gradient_and_ignores_padding(model, tokenizer):
+    ids, mask, out = sample(model, tokenizer, PROMPTS, temperature=1.0)
+    completion = out["completion_ids"].clone()
+    completion[~out["completion_mask"]] = 7  # garbage under the mask must not matter
+    log_prob, _ = completion_log_probs(model, ids, mask, completion, out["completion_mask"])
+    reference, _ = completion_log_probs(model, ids, mask, out["completion_ids"], out["completion_mask"])
+    torch.testing.assert_close(log_prob, reference)
+    log_prob.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.zero_grad()
+
+
+def test_model_dir_check_names_the_field(tmp_path):
+    with pytest.raises(FileNotFoundError, match="`model.model_path`: no directory"):
+        check_model_dir(str(tmp_path / "Qwen2.5-0.5B"), "model.model_path")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        check_model_dir(str(tmp_path), "model.model_path")

@@ -1,0 +1,446 @@
+"""The RLVR LightningModule: one generation batch with the policy beta, then N minibatches in turn.
+
+The paper's "Forward Policy Lag in RLVR" experiment (GRPO vs VACO-GRPO on GSM8k):
+
+1. draw N prompt minibatches from the data module; generate G completions per prompt with the
+   current policy beta (temperature 1.0), recording ``behavior_log_prob`` of every token;
+2. score each completion with the verifiable reward and compute the group-relative advantage
+   (once, for the whole generation batch);
+3. train the N minibatches one after another, one optimiser step each: minibatch k is trained
+   by a policy k-1 steps ahead of beta (forward lag). The objective (PPO-clip with DAPO's
+   clip-higher = GRPO, or the TV filter = VACO-GRPO) is token-level with token-mean aggregation;
+   there is no critic. As there is no backward lag, no advantage realignment is needed (the
+   paper sets the realignment ratio to 1);
+4. every ``data.eval_every`` optimiser steps: greedy decoding on the test split, ``eval/accuracy``.
+
+MLflow steps are optimiser steps; every minibatch logs its own clip/filter fraction and TV.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from tensordict import TensorDict
+
+from vaco.llm.advantage import GroupRelative
+from vaco.llm.policy import check_model_dir, completion_log_probs, encode_prompts, generate, load_causal_lm, load_tokenizer
+from vaco.llm.reward import gsm8k_reward
+from vaco.module import NonFiniteLossError
+from vaco.objectives import Objective, PPOClip, TVFilter
+
+__all__ = ["RLVRModule"]
+
+
+def _algorithm_name(objective: Objective) -> str:
+    return {PPOClip: "grpo", TVFilter: "vaco_grpo"}.get(type(objective), type(objective).__name__)
+
+
+def _positive_int(name: str, value: Any, low: int = 1) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+        raise ValueError(f"`model.{name}` must be an integer >= {low}, got {value!r}")
+
+
+class RLVRModule(L.LightningModule):
+    """GRPO-style RL with a verifiable reward, with swappable token-level objectives.
+
+    Args:
+        objective: the policy objective (``class_path`` in YAML): ``vaco.objectives.PPOClip``
+            (GRPO: ``clip_epsilon`` 0.2, ``clip_epsilon_high`` 0.272) or ``vaco.objectives.TVFilter``
+            (VACO-GRPO: ``delta`` 0.05), with ``normalize_advantage: false`` (GRPO's advantages are
+            already normalised per group).
+        model_path: local directory of a ``transformers`` causal LM and its tokenizer
+            (``save_pretrained`` layout, e.g. a download of Qwen/Qwen2.5-0.5B).
+        num_minibatches: N, minibatches (= optimiser steps) per generation batch; minibatch k
+            is trained k-1 steps after the policy that generated it (the paper: 1 to 32).
+        completions_per_prompt: G, completions per prompt (the paper: 8).
+        lr: AdamW learning rate, constant (the paper: 1e-6).
+        adam_eps: AdamW epsilon.
+        weight_decay: AdamW weight decay.
+        max_grad_norm: global gradient-norm clip (null: none).
+        temperature: sampling temperature of beta (the paper: 1.0); the learner's log-probs use the
+            same temperature so the ratio compares like with like.
+        max_prompt_length: prompts longer than this many tokens keep their end (the paper: 512).
+        max_completion_length: generation stops here if no EOS came (the paper: 512).
+        eval_max_completion_length: the same for greedy evaluation (default: max_completion_length).
+        micro_batch_size: sequences per forward/backward (gradient accumulation inside a
+            minibatch, to fit a GPU); default: the whole minibatch. The loss stays the token mean
+            over the minibatch; the TV filter then tests TV per micro-batch.
+        generation_batch_size: sequences generated at once (default: one minibatch, P x G).
+        eval_batch_size: prompts decoded at once during evaluation.
+        dtype: weights' dtype (``float32``; ``bfloat16`` on GPUs, as the paper trains).
+        gradient_checkpointing: trade compute for memory in the backward pass.
+        algorithm_name: the ``algorithm`` MLflow param; default ``grpo`` for PPOClip,
+            ``vaco_grpo`` for TVFilter.
+    """
+
+    def __init__(
+        self,
+        objective: Objective,
+        model_path: str,
+        num_minibatches: int = 1,
+        completions_per_prompt: int = 8,
+        lr: float = 1e-6,
+        adam_eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        temperature: float = 1.0,
+        max_prompt_length: int = 512,
+        max_completion_length: int = 512,
+        eval_max_completion_length: int | None = None,
+        micro_batch_size: int | None = None,
+        generation_batch_size: int | None = None,
+        eval_batch_size: int = 256,
+        dtype: str = "float32",
+        gradient_checkpointing: bool = False,
+        algorithm_name: str | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(objective, Objective):
+            raise TypeError(f"`model.objective` must be a vaco.objectives.Objective, got {type(objective).__name__}")
+        if objective.reestimate_advantage:
+            raise ValueError(f"`model.objective`: {type(objective).__name__} re-estimates V-trace with a critic; RLVR has none")
+        _positive_int("num_minibatches", num_minibatches)
+        _positive_int("completions_per_prompt", completions_per_prompt, 2)
+        _positive_int("max_prompt_length", max_prompt_length)
+        _positive_int("max_completion_length", max_completion_length)
+        _positive_int("eval_batch_size", eval_batch_size)
+        for name, value in (
+            ("eval_max_completion_length", eval_max_completion_length),
+            ("micro_batch_size", micro_batch_size),
+            ("generation_batch_size", generation_batch_size),
+        ):
+            if value is not None:
+                _positive_int(name, value)
+        if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
+            raise ValueError(f"`model.lr` must be > 0, got {lr!r}")
+        if not (adam_eps > 0 and weight_decay >= 0):
+            raise ValueError(f"`model.adam_eps` must be > 0 and `model.weight_decay` >= 0, got {adam_eps!r}, {weight_decay!r}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"`model.max_grad_norm` must be > 0 or null, got {max_grad_norm!r}")
+        if not (isinstance(temperature, (int, float)) and temperature > 0 and math.isfinite(temperature)):
+            raise ValueError(f"`model.temperature` must be > 0 (the behaviour policy must be stochastic), got {temperature!r}")
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"`model.dtype` must be float32, bfloat16 or float16, got {dtype!r}")
+        check_model_dir(model_path, "model.model_path")
+        self.save_hyperparameters(ignore=["objective"])
+        self.automatic_optimization = False
+        self.objective = objective
+        self.advantage = GroupRelative()
+        self.algorithm = algorithm_name or _algorithm_name(objective)
+        self.policy: torch.nn.Module | None = None
+        self.tokenizer = None
+        self.register_buffer("version", torch.zeros((), dtype=torch.long))
+        self._generator: torch.Generator | None = None
+        self._generator_state: torch.Tensor | None = None
+        self._restored = False
+        self.initial_eval_accuracy = float("nan")
+        self.last_eval_accuracy = float("nan")
+        self.progress: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ construction
+    @property
+    def num_minibatches(self) -> int:
+        return self.hparams.num_minibatches
+
+    def configure_model(self) -> None:
+        if self.policy is not None:
+            return
+        path = self.hparams.model_path
+        self.tokenizer = load_tokenizer(path)
+        self.policy = load_causal_lm(path, self.hparams.dtype)
+        self.policy.train()
+        if self.hparams.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+
+    def check_data(self, data) -> None:
+        """Cross-field checks between this module and the data module (before any generation)."""
+        if data.num_steps % self.num_minibatches:
+            raise ValueError(
+                f"`data.num_steps` ({data.num_steps}) must be a multiple of `model.num_minibatches` "
+                f"({self.num_minibatches}): every generation batch is trained as N minibatches"
+            )
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(
+            self.policy.parameters(), lr=self.hparams.lr, eps=self.hparams.adam_eps, weight_decay=self.hparams.weight_decay
+        )
+
+    # ------------------------------------------------------------------ fit hooks
+    def on_fit_start(self) -> None:
+        if self.trainer.world_size > 1:
+            raise NotImplementedError("the RLVR module runs on one device (`trainer.devices: 1`)")
+        data = self.trainer.datamodule
+        self._generator = torch.Generator(device=self.device)
+        if self._generator_state is not None:  # a resumed run continues its sampling stream
+            self._generator.set_state(self._generator_state)
+        else:
+            self._generator.manual_seed(data.seed)
+        if self.logger is not None:
+            self.logger.log_hyperparams(self.run_params())
+        if not self._restored:  # the supervised start, at step 0
+            metrics = self.evaluate()
+            self.initial_eval_accuracy = self.last_eval_accuracy
+            self._log(metrics, step=0)
+
+    def run_params(self) -> dict[str, Any]:
+        """The coordinates a user compares runs by, as flat MLflow params."""
+        data = self.trainer.datamodule
+        params: dict[str, Any] = {
+            "algorithm": self.algorithm,
+            "objective": type(self.objective).__name__,
+            "task": "gsm8k",
+            "N": self.num_minibatches,
+            "G": self.hparams.completions_per_prompt,
+            "prompts_per_minibatch": data.prompts_per_minibatch,
+            "num_steps": data.num_steps,
+            "seed": data.seed,
+            "delta": getattr(self.objective, "delta", None),
+            "clip_epsilon": getattr(self.objective, "clip_epsilon", None),
+            "clip_epsilon_high": getattr(self.objective, "clip_epsilon_high", None),
+            "model_path": self.hparams.model_path,
+            "train_path": data.train_path,
+        }
+        for key, value in vars(self.objective).items():
+            if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool)):
+                params[f"objective.{key}"] = value
+        return params
+
+    def on_fit_end(self) -> None:
+        if self.global_rank == 0 and not math.isnan(self.last_eval_accuracy):
+            print(
+                f"\nvaco: final eval/accuracy {self.last_eval_accuracy:.3f} "
+                f"(supervised start {self.initial_eval_accuracy:.3f})",
+                flush=True,
+            )
+
+    # ------------------------------------------------------------------ the generation batch
+    def training_step(self, dataloader_iter) -> None:
+        # pulled here, not prefetched: generation uses the policy as it is after the last update
+        prompt_batches, _, _ = next(dataloader_iter)
+        data = self.trainer.datamodule
+        start = time.perf_counter()
+        self.policy.eval()
+        minibatches = [self._rollout(batch) for batch in prompt_batches]
+        generate_seconds = time.perf_counter() - start
+
+        # -- N optimiser steps, minibatch k trained k-1 steps after beta
+        start = time.perf_counter()
+        self.policy.train()
+        steps_before = int(self.version) * self.num_minibatches
+        tvs = []
+        for k, minibatch in enumerate(minibatches):
+            metrics = self._train_minibatch(minibatch, k)
+            metrics["lag/steps_behind"] = k
+            tvs.append(metrics["train/tv"])
+            self._log(metrics, step=steps_before + k + 1)
+        update_seconds = time.perf_counter() - start
+        self.version += 1
+
+        # -- per generation batch
+        steps = int(self.version) * self.num_minibatches
+        rewards = torch.cat([m["reward"].reshape(-1) for m in minibatches])
+        groups = torch.cat([m["reward"] for m in minibatches])
+        lengths = torch.cat([m["completion_mask"].sum(-1) for m in minibatches]).float()
+        tokens = float(lengths.sum())
+        metrics = {
+            "train/reward": float(rewards.mean()),
+            "train/mixed_groups": float((groups.max(-1).values != groups.min(-1).values).float().mean()),
+            "train/completion_length": float(lengths.mean()),
+            "train/truncated_fraction": float(torch.cat([m["truncated"] for m in minibatches]).float().mean()),
+            "train/prompt_truncated": float(sum(m["prompt_truncated"] for m in minibatches)),
+            "lag/forward_tv": tvs[-1],
+            "lag/forward_tv_mean": sum(tvs) / len(tvs),
+            "perf/generate_seconds": generate_seconds,
+            "perf/update_seconds": update_seconds,
+            "perf/tokens_per_second": tokens / max(generate_seconds + update_seconds, 1e-9),
+            "time/generation_batch": int(self.version),
+            "time/episodes": steps * data.prompts_per_minibatch * self.hparams.completions_per_prompt,
+        }
+        if self._should_evaluate(steps, data):
+            metrics.update(self.evaluate())
+        self._log(metrics, step=steps)
+
+    @torch.no_grad()
+    def _rollout(self, batch: dict[str, list]) -> dict[str, Any]:
+        """G completions of every prompt with beta, their rewards and token advantages."""
+        G = self.hparams.completions_per_prompt
+        prompt_ids, prompt_mask, n_truncated = encode_prompts(self.tokenizer, batch["prompt"], self.hparams.max_prompt_length)
+        prompt_ids = prompt_ids.repeat_interleave(G, 0).to(self.device)
+        prompt_mask = prompt_mask.repeat_interleave(G, 0).to(self.device)
+        chunk = self.hparams.generation_batch_size or prompt_ids.shape[0]
+        pieces = [
+            generate(
+                self.policy, prompt_ids[i:i + chunk], prompt_mask[i:i + chunk],
+                max_new_tokens=self.hparams.max_completion_length, eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id, temperature=self.hparams.temperature, generator=self._generator,
+            )
+            for i in range(0, prompt_ids.shape[0], chunk)
+        ]
+        out = _cat_padded(pieces, self.tokenizer.pad_token_id)
+        texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
+        targets = [t for t in batch["target"] for _ in range(G)]
+        reward = torch.tensor([gsm8k_reward(x, t) for x, t in zip(texts, targets)], device=self.device).view(-1, G)
+        groups = self.advantage(TensorDict({"reward": reward}, batch_size=reward.shape))
+        mask = out["completion_mask"]
+        return {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": out["completion_ids"],
+            "completion_mask": mask,
+            "behavior_log_prob": out["behavior_log_prob"],
+            "advantage": self.advantage.per_token(groups["advantage"].reshape(-1), mask),
+            "reward": reward,
+            "truncated": out["truncated"],
+            "prompt_truncated": n_truncated,
+        }
+
+    def _train_minibatch(self, mb: dict[str, Any], k: int) -> dict[str, float]:
+        """One optimiser step on one minibatch (micro-batched), token-mean loss over the minibatch."""
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        B = mb["completion_ids"].shape[0]
+        micro = self.hparams.micro_batch_size or B
+        total_tokens = mb["completion_mask"].sum().clamp(min=1)
+        entropy_grad = self.objective.entropy_coef > 0 and not self.objective.entropy_in_surrogate
+        sums: dict[str, torch.Tensor] = {}
+        for i in range(0, B, micro):
+            part = _trim({key: mb[key][i:i + micro] for key in _SEQUENCE_KEYS})
+            log_prob, entropy = completion_log_probs(
+                self.policy, part["prompt_ids"], part["prompt_mask"], part["completion_ids"], part["completion_mask"],
+                temperature=self.hparams.temperature, with_entropy=True, entropy_grad=entropy_grad,
+            )
+            td = TensorDict(
+                {
+                    "log_prob": log_prob,
+                    "behavior_log_prob": part["behavior_log_prob"],
+                    "advantage": part["advantage"],
+                    "entropy": entropy,
+                    "mask": part["completion_mask"],
+                },
+                batch_size=log_prob.shape,
+            )
+            out = self.objective(td)
+            weight = part["completion_mask"].sum() / total_tokens
+            loss = sum(v for key, v in out.items() if key.startswith("loss_"))
+            if not torch.isfinite(loss):
+                raise NonFiniteLossError(
+                    f"non-finite loss ({float(loss)}) at generation batch {int(self.version)}, minibatch {k}; "
+                    "nothing was applied"
+                )
+            self.manual_backward(loss * weight)
+            for key, value in out.items():
+                value = value.detach()
+                if key == "ratio_max":
+                    sums[key] = torch.maximum(sums.get(key, value), value)
+                else:
+                    sums[key] = sums.get(key, 0.0) + value * weight
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.policy.parameters(), self.hparams.max_grad_norm if self.hparams.max_grad_norm is not None else math.inf
+        )
+        optimizer.step()
+        metrics = {f"train/{key}": float(value) for key, value in sums.items()}
+        metrics["train/grad_norm"] = float(grad_norm)
+        return metrics
+
+    # ------------------------------------------------------------------ evaluation and logging
+    def _should_evaluate(self, steps: int, data) -> bool:
+        if steps >= data.num_steps:
+            return True
+        every = data.eval_every
+        return every > 0 and steps // every > (steps - self.num_minibatches) // every
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Greedy decoding on the test split; ``eval/accuracy`` is the fraction answered correctly."""
+        data = self.trainer.datamodule
+        prompts, targets = data.test_set()
+        was_training = self.policy.training
+        self.policy.eval()
+        rewards, lengths = [], []
+        size = self.hparams.eval_batch_size
+        for i in range(0, len(prompts), size):
+            ids, mask, _ = encode_prompts(self.tokenizer, prompts[i:i + size], self.hparams.max_prompt_length)
+            out = generate(
+                self.policy, ids.to(self.device), mask.to(self.device),
+                max_new_tokens=self.hparams.eval_max_completion_length or self.hparams.max_completion_length,
+                eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id, temperature=0.0,
+            )
+            texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
+            rewards += [gsm8k_reward(x, t) for x, t in zip(texts, targets[i:i + size])]
+            lengths += out["completion_mask"].sum(-1).tolist()
+        self.policy.train(was_training)
+        self.last_eval_accuracy = sum(rewards) / len(rewards)
+        return {"eval/accuracy": self.last_eval_accuracy, "eval/completion_length": sum(lengths) / len(lengths)}
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        if self.logger is not None:
+            self.logger.log_metrics(metrics, step=step)
+        data = self.trainer.datamodule
+        progress = dict(self.progress)
+        progress["step"] = f"{step}/{data.num_steps}"
+        if "train/reward" in metrics:
+            progress["reward"] = f"{metrics['train/reward']:.2f}"
+        if not math.isnan(self.last_eval_accuracy):
+            progress["eval"] = f"{self.last_eval_accuracy:.3f}"
+        self.progress = progress
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # tensors and plain values only (loads with weights_only=True). All sampling goes through
+        # the module's generator and the data stream is a function of its position, so those two
+        # (and torch's global state, for any dropout) make the resume exact.
+        checkpoint["vaco"] = {
+            "generator": self._generator.get_state() if self._generator is not None else None,
+            "initial_eval_accuracy": self.initial_eval_accuracy,
+            "last_eval_accuracy": self.last_eval_accuracy,
+            "torch_rng": torch.get_rng_state(),
+            "algorithm": self.algorithm,
+            "mlflow_run_id": getattr(self.logger, "run_id", None),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.configure_model()
+        state = checkpoint.get("vaco", {})
+        if state.get("generator") is not None:
+            self._generator_state = state["generator"]
+            self.initial_eval_accuracy = state["initial_eval_accuracy"]
+            self.last_eval_accuracy = state["last_eval_accuracy"]
+            torch.set_rng_state(state["torch_rng"])
+            self._restored = True
+
+
+_SEQUENCE_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "behavior_log_prob", "advantage")
+
+
+def _trim(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the prompt columns that are padding in every row, and the completion columns likewise."""
+    prompt_start = int(part["prompt_mask"].any(0).long().argmax())
+    completion_end = max(1, int(part["completion_mask"].any(0).sum()))
+    out = dict(part)
+    out["prompt_ids"], out["prompt_mask"] = part["prompt_ids"][:, prompt_start:], part["prompt_mask"][:, prompt_start:]
+    for key in ("completion_ids", "completion_mask", "behavior_log_prob", "advantage"):
+        out[key] = part[key][:, :completion_end]
+    return out
+
+
+def _cat_padded(pieces: list[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Concatenate generation chunks whose completions have different lengths (right padding)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    width = max(p["completion_ids"].shape[-1] for p in pieces)
+    fill = {"completion_ids": pad_token_id, "behavior_log_prob": 0.0, "completion_mask": False}
+    out = {}
+    for key, value in fill.items():
+        out[key] = torch.cat([_pad_right(p[key], width, value) for p in pieces])
+    out["truncated"] = torch.cat([p["truncated"] for p in pieces])
+    return out
+
+
+def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    padded = x.new_full((x.shape[0], width), value)
+    padded[:, : x.shape[-1]] = x
+    return padded
