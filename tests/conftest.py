@@ -20,6 +20,15 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture
+def float64():
+    """Reference math in float64; restored afterwards so other test modules are unaffected."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+@pytest.fixture
 def mlflow_uri(tmp_path, monkeypatch):
     """A fresh SQLite tracking store for this test (also seen by subprocesses)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

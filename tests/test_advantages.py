@@ -18,13 +18,7 @@ from vaco.advantages.functional import gae, group_relative, vtrace
 
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    """Reference math in float64; restored afterwards so other test modules are unaffected."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")  # reference math in float64 (conftest)
 
 
 def make_batch(n_envs=4, T=12, seed=0, log_rho_scale=0.7):

@@ -18,13 +18,7 @@ from vaco.objectives.functional import gaussian_kl, tv_filter_mask
 
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    """Reference math in float64; restored afterwards so other test modules are unaffected."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")  # reference math in float64 (conftest)
 
 
 def minibatch(log_prob, behavior_log_prob, advantage, **extra):
