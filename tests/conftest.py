@@ -19,6 +19,14 @@ VACO = str(Path(sys.executable).with_name("vaco"))
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _default_dtype_is_float32(request):
+    """Fail loudly if a test module changed torch's default dtype at import (it leaks into every
+    later module: networks built in float64 then meet float32 observations)."""
+    if "float64" not in request.fixturenames:
+        assert torch.get_default_dtype() == torch.float32, "torch default dtype leaked; use the float64 fixture"
+
+
 @pytest.fixture
 def float64():
     """Reference math in float64; restored afterwards so other test modules are unaffected."""

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 from vaco.llm.advantage import GroupRelative
 from vaco.objectives import PPOClip, TVFilter
 
-torch.set_default_dtype(torch.float64)
+pytestmark = pytest.mark.usefixtures("float64")  # reference math in float64 (conftest)
 
 
 # ---------------------------------------------------------------- group advantage
