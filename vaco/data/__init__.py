@@ -1,5 +1,16 @@
 """Envs, the policy-version buffer, the rollout collector and the data module."""
 
-from vaco.data.module import RolloutDataModule
+__all__ = ["RolloutDataModule", "ParallelRolloutDataModule"]
 
-__all__ = ["RolloutDataModule"]
+
+def __getattr__(name):
+    # lazy, so that actor processes (which import vaco.data.parallel.actors) do not pay for Lightning
+    if name == "RolloutDataModule":
+        from vaco.data.module import RolloutDataModule
+
+        return RolloutDataModule
+    if name == "ParallelRolloutDataModule":  # actor processes (docs/async.md)
+        from vaco.data.parallel.module import ParallelRolloutDataModule
+
+        return ParallelRolloutDataModule
+    raise AttributeError(f"module 'vaco.data' has no attribute {name!r}")

@@ -1,0 +1,82 @@
+"""Helpers shared by test_parallel.py and test_async.py: a filled policy buffer, a tiny real run,
+and the processes a PID has started (read from /proc, Linux)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import MLFlowLogger
+
+from vaco.data.policy_buffer import PolicyVersionBuffer
+from vaco.networks import GaussianActor
+
+
+def filled_buffer(capacity: int, pushes: int, obs_dim: int = 11, act_dim: int = 3):
+    """A buffer whose version v acts with log_std = -0.2 v (so each version is recognisable)."""
+    torch.manual_seed(0)
+    buffer = None
+    for v in range(pushes):
+        actor = GaussianActor(obs_dim, act_dim)
+        with torch.no_grad():
+            actor.log_std.fill_(-0.2 * v)
+        buffer = buffer or PolicyVersionBuffer(actor, obs_dim, capacity)
+        buffer.push(actor, torch.full((obs_dim,), 0.1 * v), torch.full((obs_dim,), 1.0 + v), version=v)
+    return buffer
+
+
+def parallel_run(tmp_path: Path, uri: str, *, data_kwargs: dict, model_kwargs: dict | None = None,
+                 callbacks: tuple = (), run_id: str | None = None, seed: int = 3):
+    """A real (VacoModule, ParallelRolloutDataModule, Trainer) on a tiny InvertedPendulum setting."""
+    from vaco.advantages import VTrace
+    from vaco.callbacks import IterationCheckpoint
+    from vaco.data import ParallelRolloutDataModule
+    from vaco.module import VacoModule
+    from vaco.objectives import TVFilter
+
+    L.seed_everything(seed, verbose=False)
+    data = dict(
+        env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, total_steps=4 * 32 * 4,
+        policy_buffer_size=1, eval_every=0, eval_episodes=2, eval_envs=2, seed=seed, num_workers=2,
+    )
+    data.update(data_kwargs)
+    model = dict(update_epochs=2, num_minibatches=4)
+    model.update(model_kwargs or {})
+    module = VacoModule(objective=TVFilter(delta=0.2), advantage=VTrace(gamma=0.99, lmbda=0.95), **model)
+    datamodule = ParallelRolloutDataModule(**data)
+    logger = MLFlowLogger(experiment_name="test", tracking_uri=uri, run_id=run_id)
+    checkpoint = IterationCheckpoint(every_n_iterations=1, dirpath=str(tmp_path / "ckpt"))
+    trainer = L.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, logger=logger, callbacks=[checkpoint, *callbacks],
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
+    )
+    return module, datamodule, trainer
+
+
+def descendants(pid: int) -> set[int]:
+    """PIDs of all living descendants of ``pid``."""
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` runs (a zombie counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in status and os.path.exists(f"/proc/{pid}")

@@ -1,0 +1,37 @@
+"""Collection in actor processes: TorchRL's multi-process collectors driving vaco's rollout collector.
+
+* :class:`ActorCollector` (actors.py): the collector TorchRL builds in each worker process;
+* :class:`ActorPool` (pool.py): W actors behind ``MultiSyncCollector`` / ``MultiAsyncCollector``,
+  with the policy-version buffer shipped by TorchRL's weight-sync scheme;
+* :class:`ParallelRolloutDataModule` (module.py): the data module, ``mode: sync | async``.
+
+See docs/async.md. Imports are lazy: an actor process needs only actors.py (no Lightning).
+"""
+
+__all__ = [
+    "ActorCollector",
+    "ActorFailure",
+    "ActorPool",
+    "ActorSpec",
+    "ParallelRolloutDataModule",
+    "actor_seed",
+    "split_envs",
+]
+
+_WHERE = {
+    "ActorCollector": "actors",
+    "ActorSpec": "actors",
+    "actor_seed": "actors",
+    "ActorFailure": "pool",
+    "ActorPool": "pool",
+    "split_envs": "pool",
+    "ParallelRolloutDataModule": "module",
+}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f"vaco.data.parallel.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'vaco.data.parallel' has no attribute {name!r}")
