@@ -100,6 +100,19 @@ def _fit(tmp_path: Path, *extra: str) -> subprocess.Popen:
                             text=True, start_new_session=True)
 
 
+def _communicate(proc: subprocess.Popen, timeout: float = 120) -> str:
+    """Wait for the run to exit; if it does not, dump its threads' stacks (SIGUSR1, see vaco.cli)
+    into the failure message before killing it."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        err = proc.communicate()[1]
+        raise AssertionError(f"the run did not exit within {timeout} s; its stacks:\n{err[-8000:]}") from None
+
+
 def _version(ckpt: Path) -> int:
     return int(torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]["version"])
 
@@ -135,7 +148,7 @@ def test_killed_actor_stops_cleanly_then_resume_continues_and_ctrl_c_stops(tmp_p
     actors = _actors(proc.pid)
     assert len(actors) == 2, children
     os.kill(actors[1], signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
+    err = _communicate(proc)
     assert proc.returncode != 0
     assert "an actor process stopped" in err and "resume with `--ckpt_path" in err, err[-3000:]
     time.sleep(1.0)
@@ -151,7 +164,7 @@ def test_killed_actor_stops_cleanly_then_resume_continues_and_ctrl_c_stops(tmp_p
 
     # 3. Ctrl-C (SIGINT to the process group) stops it cleanly
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    err = _communicate(proc)
     assert proc.returncode == 1, err[-3000:]
     assert "Detected KeyboardInterrupt" in err
     time.sleep(1.0)

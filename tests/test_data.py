@@ -11,7 +11,7 @@ from gymnasium.wrappers.vector import NormalizeReward
 
 from vaco.data.collector import RolloutCollector
 from vaco.data.envs import make_vector_env, validate_env_id
-from vaco.data.normalization import RewardScaler, RunningMeanStd, normalize_observation
+from vaco.data.normalization import RewardScaler, RunningMeanStd, batch_moments, normalize_observation
 from vaco.data.policy_buffer import PolicyVersionBuffer
 from vaco.networks import GaussianActor, gaussian_entropy, gaussian_log_prob
 
@@ -29,6 +29,19 @@ def test_running_mean_std_matches_gymnasium():
     x = torch.randn(4, 5) * 50
     expect = np.clip((x.numpy() - theirs.mean) / np.sqrt(theirs.var + 1e-8), -10, 10)
     np.testing.assert_allclose(normalize_observation(x.double(), ours.mean, ours.var).numpy(), expect, rtol=1e-10)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64, 1000])
+def test_chunked_batch_moments_equal_a_float64_loop(chunk_rows):
+    """Large batches are summarised in chunks (no float64 copy of the whole batch): same moments."""
+    x = (torch.randn(250, 3) * torch.tensor([1.0, 10.0, 0.1]) + 5).float()
+    rows = x.double().tolist()
+    mean = [sum(r[j] for r in rows) / len(rows) for j in range(3)]
+    var = [sum((r[j] - mean[j]) ** 2 for r in rows) / len(rows) for j in range(3)]
+    m, v, count = batch_moments(x, chunk_rows=chunk_rows)
+    assert count == 250 and m.dtype == torch.float64
+    np.testing.assert_allclose(m.numpy(), mean, rtol=1e-12)
+    np.testing.assert_allclose(v.numpy(), var, rtol=1e-12)
 
 
 def test_reward_scaler_matches_gymnasium_vector_normalize_reward():
@@ -66,11 +79,15 @@ def test_unknown_env_id_names_the_field():
 
 
 # ---------------------------------------------------------------- the policy-version buffer
-def _filled_buffer(K=3, pushes=4, obs_dim=11, act_dim=3):
+class _OtherActor(GaussianActor):
+    """Any actor other than vaco's own MLP: the mixture falls back to vmap over functional_call."""
+
+
+def _filled_buffer(K=3, pushes=4, obs_dim=11, act_dim=3, actor_cls=GaussianActor):
     torch.manual_seed(0)
     actors, buffer = [], None
     for v in range(pushes):
-        actor = GaussianActor(obs_dim, act_dim)
+        actor = actor_cls(obs_dim, act_dim)
         with torch.no_grad():
             actor.log_std.fill_(-0.1 * v)
         buffer = buffer or PolicyVersionBuffer(actor, obs_dim, K)
@@ -96,8 +113,9 @@ def test_assignment_is_uniform_over_filled_slots():
     assert abs(int(counts[0]) - 10_000) < 400  # ~4 sigma
 
 
-def test_mixture_equals_each_version_acting_alone():
-    buffer, actors = _filled_buffer(K=4, pushes=4)
+@pytest.mark.parametrize("actor_cls", [GaussianActor, _OtherActor], ids=["batched-matmul", "vmap"])
+def test_mixture_equals_each_version_acting_alone(actor_cls):
+    buffer, actors = _filled_buffer(K=4, pushes=4, actor_cls=actor_cls)
     slots = torch.tensor([0, 3, 1, 1, 2, 0])
     obs = torch.randn(6, 11) * 3
     loc, scale = buffer.mixture(slots)(obs)

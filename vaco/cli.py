@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import warnings
 
@@ -180,6 +182,10 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__.strip() + "\n\nSubcommands: fit, validate, evaluate, sweep, report. Run `vaco fit --help` for options.")
         return None
     _quiet()
+    if from_command_line and hasattr(signal, "SIGUSR1"):
+        # `kill -USR1 <pid>` prints every thread's Python stack to stderr: a stuck run can be
+        # diagnosed without stopping it (the tests use it when a run does not exit in time)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         VacoCLI(args=None if from_command_line else argv)
     except ConfigurationError as err:

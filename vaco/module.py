@@ -28,7 +28,7 @@ from vaco._checks import NonFiniteInputError
 from vaco.advantages import GAE, AdvantageModule, VTrace
 from vaco.data.module import learner_policy
 from vaco.data.normalization import EPS as OBS_EPS
-from vaco.data.normalization import OBS_CLIP, RunningMeanStd
+from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
 
@@ -371,9 +371,9 @@ class VacoModule(L.LightningModule):
 
     def _update_obs_rms(self, obs: torch.Tensor) -> None:
         """Fold this iteration's observations into the statistics; identical on every DDP rank."""
-        obs = obs.double()
-        moments = torch.stack([obs.mean(0), obs.var(0, unbiased=False)])
-        count = torch.tensor(float(obs.shape[0]), dtype=torch.float64)
+        mean, var, rows = batch_moments(obs)
+        moments = torch.stack([mean, var])
+        count = torch.tensor(rows, dtype=torch.float64)
         if self.trainer.world_size > 1:
             all_moments = self.all_gather(moments)  # [world, 2, obs_dim]
             all_counts = self.all_gather(count)

@@ -1071,6 +1071,11 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
     out.mkdir(parents=True, exist_ok=True)
 
     def save(fig, name: str) -> str:
+        from matplotlib.ticker import EngFormatter
+
+        for ax in fig.axes:  # 50k, 100k, ... instead of colliding 50000100000 tick labels
+            if ax.get_xlabel() == "env steps":
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         fig.savefig(out / name, dpi=dpi, bbox_inches="tight")
         plt.close(fig)
         return name

@@ -33,6 +33,24 @@ def merge_moments(mean_a, var_a, count_a, mean_b, var_b, count_b):
     return mean, m2 / total, total
 
 
+def batch_moments(x: torch.Tensor, chunk_rows: int = 65_536) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """float64 mean and population variance over the first dim of ``x`` ``[rows, ...]``.
+
+    Up to ``chunk_rows`` rows this is ``x.double().mean(0), x.double().var(0)``; larger inputs are
+    summarised chunk by chunk and merged (Chan et al.), so a paper-scale batch (500 x 1,000
+    Humanoid observations) never has a float64 copy of the whole batch in memory (~2.8 GB of
+    temporaries at that size).
+    """
+    rows = x.shape[0]
+    mean = var = None
+    count = 0.0
+    for start in range(0, rows, chunk_rows):
+        part = x[start:start + chunk_rows].to(torch.float64)
+        m, v, c = part.mean(0), part.var(0, unbiased=False), float(part.shape[0])
+        mean, var, count = (m, v, c) if mean is None else merge_moments(mean, var, count, m, v, c)
+    return mean, var, count
+
+
 class RunningMeanStd(nn.Module):
     """Running mean and variance of a stream of ``[..., *shape]`` samples (float64 buffers).
 
@@ -48,8 +66,7 @@ class RunningMeanStd(nn.Module):
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
-        x = x.reshape(-1, *self.mean.shape).to(torch.float64)
-        self.update_from_moments(x.mean(0), x.var(0, unbiased=False), float(x.shape[0]))
+        self.update_from_moments(*batch_moments(x.reshape(-1, *self.mean.shape)))
 
     @torch.no_grad()
     def update_from_moments(self, mean: torch.Tensor, var: torch.Tensor, count: float) -> None:

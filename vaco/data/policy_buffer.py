@@ -6,9 +6,9 @@ it was trained to). Before each collection phase every actor (one sub-environmen
 a version drawn uniformly from the buffer and keeps it for its whole rollout segment.
 
 Acting with K versions costs one call, not K: the assigned parameters are gathered per env
-once per rollout and the mixture is evaluated with ``torch.func.vmap`` over
-``functional_call``; when every env holds the same version (always so for K = 1) the plain
-module is called. K = 1 is ordinary synchronous on-policy training.
+once per rollout and the mixture is evaluated in one batched call: one ``baddbmm`` per layer
+for vaco's MLP actor, ``torch.func.vmap`` over ``functional_call`` for any other actor; when
+every env holds the same version (always so for K = 1) the plain module is called. K = 1 is ordinary synchronous on-policy training.
 """
 
 from __future__ import annotations
@@ -113,20 +113,59 @@ class MixturePolicy:
             self._forward = self._module
         else:
             per_env = buffer.params(slots)  # gathered once per rollout: [N, *param_shape]
-            template = buffer.template
-
-            def one_env(params, obs):
-                return functional_call(template, params, (obs.unsqueeze(0),))
-
-            batched = vmap(one_env, in_dims=(0, 0))
-
-            def forward(obs):
-                loc, scale = batched(per_env, obs)
-                return loc.squeeze(1), scale.squeeze(1)
-
-            self._forward = forward
+            self._forward = _batched_mlp_actor(buffer.template, per_env) or _vmapped(buffer.template, per_env)
 
     @torch.no_grad()
     def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loc, scale)`` for raw observations ``[N, obs_dim]`` (same as ``normalize_observation``)."""
         return self._forward(((obs - self._shift) * self._inv_scale).clamp_(-OBS_CLIP, OBS_CLIP))
+
+
+def _vmapped(template: nn.Module, per_env: dict[str, torch.Tensor]):
+    """Any actor: ``vmap`` over envs of ``functional_call`` with each env's parameters."""
+
+    def one_env(params, obs):
+        return functional_call(template, params, (obs.unsqueeze(0),))
+
+    batched = vmap(one_env, in_dims=(0, 0))
+
+    def forward(obs):
+        loc, scale = batched(per_env, obs)
+        return loc.squeeze(1), scale.squeeze(1)
+
+    return forward
+
+
+def _batched_mlp_actor(template: nn.Module, per_env: dict[str, torch.Tensor]):
+    """vaco's :class:`~vaco.networks.GaussianActor` (a Linear/Tanh MLP and a state-independent
+    log std) as one ``baddbmm`` per layer over the envs' own weights; ``None`` for any other actor.
+
+    Written by hand because ``vmap`` re-traces ``functional_call`` on every step: for 64 envs on
+    HalfCheetah its dispatch overhead cost ~20% of collection throughput at K = 16. Same
+    arithmetic as ``nn.Linear`` (``x @ W.T + b``) per env.
+    """
+    from vaco.networks import GaussianActor
+
+    if type(template) is not GaussianActor or not all(isinstance(m, (nn.Linear, nn.Tanh)) for m in template.mean):
+        return None
+    layers = []  # (weight transposed [N, in, out], bias [N, 1, out]) or None for tanh
+    for i, module in enumerate(template.mean):
+        if isinstance(module, nn.Linear):
+            weight = per_env[f"mean.{i}.weight"].transpose(1, 2).contiguous()
+            bias = per_env[f"mean.{i}.bias"].unsqueeze(1) if module.bias is not None else None
+            layers.append((weight, bias))
+        else:
+            layers.append(None)
+    scale = per_env["log_std"].exp()  # [N, act]: state-independent, once per rollout
+
+    def forward(obs):
+        h = obs.unsqueeze(1)  # [N, 1, obs_dim]
+        for layer in layers:
+            if layer is None:
+                h = torch.tanh(h)
+            else:
+                weight, bias = layer
+                h = torch.bmm(h, weight) if bias is None else torch.baddbmm(bias, h, weight)
+        return h.squeeze(1), scale
+
+    return forward
