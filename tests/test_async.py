@@ -95,9 +95,15 @@ def _fit(tmp_path: Path, *extra: str) -> subprocess.Popen:
         "--trainer.default_root_dir", str(tmp_path), *extra,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    # own session: the test can send Ctrl-C to the whole process group, as a terminal does
+    # own session: the test can send Ctrl-C to the whole process group, as a terminal does. SIGINT
+    # back to its default in the child: a test run started in the background by a non-interactive
+    # shell (`make test &`, some CI runners) inherits SIGINT ignored, and so would the run
     return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _communicate(proc: subprocess.Popen, timeout: float = 120) -> str:
