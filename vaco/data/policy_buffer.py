@@ -8,7 +8,8 @@ a version drawn uniformly from the buffer and keeps it for its whole rollout seg
 Acting with K versions costs one call, not K: the assigned parameters are gathered per env
 once per rollout and the mixture is evaluated in one batched call: one ``baddbmm`` per layer
 for vaco's MLP actor, ``torch.func.vmap`` over ``functional_call`` for any other actor; when
-every env holds the same version (always so for K = 1) the plain module is called. K = 1 is ordinary synchronous on-policy training.
+every env holds the same version (always so for K = 1) the plain module is called. K = 1 is
+ordinary synchronous on-policy training.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.func import functional_call, vmap
 
 from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP
+from vaco.networks import GaussianActor
 
 __all__ = ["PolicyVersionBuffer", "MixturePolicy"]
 
@@ -144,8 +146,6 @@ def _batched_mlp_actor(template: nn.Module, per_env: dict[str, torch.Tensor]):
     HalfCheetah its dispatch overhead cost ~20% of collection throughput at K = 16. Same
     arithmetic as ``nn.Linear`` (``x @ W.T + b``) per env.
     """
-    from vaco.networks import GaussianActor
-
     if type(template) is not GaussianActor or not all(isinstance(m, (nn.Linear, nn.Tanh)) for m in template.mean):
         return None
     layers = []  # (weight transposed [N, in, out], bias [N, 1, out]) or None for tanh
