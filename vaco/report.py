@@ -962,39 +962,25 @@ def ablations(report: Report) -> dict[str, Ablation]:
     """The runs of each ablation: delta (TV-filter algorithms with >= 2 deltas, at the reference
     rho_bar), rho_bar (V-trace algorithms with >= 2 values, at the reference delta), realignment
     (objectives run both with V-trace and with GAE, at the reference delta and rho_bar)."""
-    out = {}
-    by_algo = _groups(
-        [
-            r
-            for r in report.runs
-            if r.delta is not None and (r.rho_bar is None or r.rho_bar == report.ref_rho_bar)
-        ],
-        lambda r: r.algorithm,
-    )
-    runs = [r for rs in by_algo.values() if len({r.delta for r in rs}) > 1 for r in rs]
-    out["delta"] = Ablation(
-        "delta",
-        "delta ablation",
-        runs,
-        lambda r: f"{r.algorithm} delta={r.delta:g}",
-        "needs runs of a TV-filter algorithm with at least two values of delta",
-    )
-    by_algo = _groups(
-        [
-            r
-            for r in report.runs
-            if r.rho_bar is not None and (r.delta is None or r.delta == report.ref_delta)
-        ],
-        lambda r: r.algorithm,
-    )
-    runs = [r for rs in by_algo.values() if len({r.rho_bar for r in rs}) > 1 for r in rs]
-    out["rho_bar"] = Ablation(
-        "rho_bar",
-        "rho_bar ablation",
-        runs,
-        lambda r: f"{r.algorithm} rho_bar={r.rho_bar:g}",
-        "needs runs of a V-trace algorithm with at least two values of rho_bar",
-    )
+    def varied(axis: str, other: str, kind: str) -> Ablation:
+        """Runs of each algorithm run with >= 2 values of ``axis``, where ``other`` (if it applies)
+        is at its reference value."""
+        reference = getattr(report, f"ref_{other}")
+        candidates = [
+            r for r in report.runs
+            if getattr(r, axis) is not None and getattr(r, other) in (None, reference)
+        ]
+        by_algo = _groups(candidates, lambda r: r.algorithm)
+        runs = [r for rs in by_algo.values() if len({getattr(r, axis) for r in rs}) > 1 for r in rs]
+        return Ablation(
+            axis,
+            f"{axis} ablation",
+            runs,
+            lambda r: f"{r.algorithm} {axis}={getattr(r, axis):g}",
+            f"needs runs of a {kind} algorithm with at least two values of {axis}",
+        )
+
+    out = {"delta": varied("delta", "rho_bar", "TV-filter"), "rho_bar": varied("rho_bar", "delta", "V-trace")}
     by_obj = _groups(report.main_runs(), lambda r: r.objective)
     runs = [r for rs in by_obj.values() if len({r.realign for r in rs}) > 1 for r in rs]
     out["realign"] = Ablation(
