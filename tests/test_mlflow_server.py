@@ -4,27 +4,13 @@ against the store a sweep wrote; the sweep's runs, params and metrics come back 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
+from mlflow_server import mlflow_server
 from sweep_fixture import FIRST, ITERATIONS, SECOND, interrupted_sweep
-
-MLFLOW = str(Path(sys.executable).with_name("mlflow"))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(base: str, path: str, **query) -> dict:
@@ -44,54 +30,11 @@ def _post(base: str, path: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 def test_mlflow_server_shows_the_sweep_runs(tmp_path_factory, tmp_path):
     sweep = interrupted_sweep(tmp_path_factory)
     assert sweep.resumed_rc == 0, sweep.resumed_log
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no background job workers
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen(
-        [
-            MLFLOW,
-            "server",
-            "--backend-store-uri",
-            sweep.uri,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        cwd=sweep.root,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # bounded wait for the server to answer
-            assert server.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not start in 120 s"
-            time.sleep(0.5)
-
+    with mlflow_server(sweep.uri, sweep.root, tmp_path / "server.log") as base:
         experiment = _get(base, "/api/2.0/mlflow/experiments/get-by-name", experiment_name=sweep.experiment)[
             "experiment"
         ]
@@ -142,18 +85,3 @@ def test_mlflow_server_shows_the_sweep_runs(tmp_path_factory, tmp_path):
             },
         )["runs"]
         assert [r["info"]["run_name"] for r in by_params] == [SECOND]
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        deadline = time.monotonic() + 30
-        while _group_alive(server.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _group_alive(server.pid):
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
-    assert server.returncode is not None
-    assert not _group_alive(server.pid), "server processes left behind"

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import tempfile
 
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
+
+from vaco.checkpoint import SafeCheckpointIO
 
 __all__ = ["IterationCheckpoint", "VacoProgressBar", "SaveConfigToMLflow"]
 
@@ -15,7 +18,8 @@ __all__ = ["IterationCheckpoint", "VacoProgressBar", "SaveConfigToMLflow"]
 class IterationCheckpoint(ModelCheckpoint):
     """Keeps ``last.ckpt`` up to date every ``every_n_iterations`` rollout batches and at the end.
 
-    Lightning's own schedule counts optimiser steps, and with manual optimisation an iteration
+    Writes are atomic and reads safe (:class:`vaco.checkpoint.SafeCheckpointIO`, installed on the
+    trainer's strategy here). Lightning's own schedule counts optimiser steps, and with manual optimisation an iteration
     holds ``update_epochs * num_minibatches`` of them; here the unit is the iteration. The
     directory defaults to ``checkpoints/<mlflow run id>/`` under the trainer's root dir.
 
@@ -31,6 +35,9 @@ class IterationCheckpoint(ModelCheckpoint):
         self.every_n_iterations = every_n_iterations
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        # atomic writes and safe reads (vaco.checkpoint) unless the user chose their own CheckpointIO
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = SafeCheckpointIO()
         if self.dirpath is None:
             run = getattr(trainer.logger, "version", None) or "run"
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints", str(run))

@@ -6,25 +6,24 @@ import argparse
 import os
 import sys
 
-import numpy as np
-import torch
-
-from vaco.data.module import learner_policy, run_episodes
-from vaco.data.normalization import RunningMeanStd
-from vaco.networks import GaussianActor
+# torch, MuJoCo and the networks are imported inside the functions: `vaco evaluate --help` and a
+# bad argument answer at once
 
 __all__ = ["load_policy", "main"]
 
 
 def load_policy(ckpt_path: str):
     """The learner of a checkpoint as ``(env_id, policy)``; ``policy`` maps raw obs to (loc, scale)."""
-    if not os.path.isfile(ckpt_path):
-        raise FileNotFoundError(f"`--ckpt`: no checkpoint at {ckpt_path}")
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    from vaco.checkpoint import CheckpointError, load_checkpoint
+    from vaco.data.module import learner_policy
+    from vaco.data.normalization import RunningMeanStd
+    from vaco.networks import GaussianActor
+
+    ckpt = load_checkpoint(ckpt_path, field="--ckpt")  # weights_only: never runs code from the file
     hparams = ckpt.get("hyper_parameters", {})
     spec = hparams.get("env_spec")
     if spec is None:
-        raise ValueError(f"`--ckpt`: {ckpt_path} is not a vaco MuJoCo checkpoint (no env_spec)")
+        raise CheckpointError(f"`--ckpt`: {ckpt_path} is not a vaco MuJoCo checkpoint (no env_spec)")
     actor = GaussianActor(spec["obs_dim"], spec["act_dim"], tuple(hparams.get("hidden_sizes", (64, 64))))
     state = ckpt["state_dict"]
     actor.load_state_dict({k[len("actor."):]: v for k, v in state.items() if k.startswith("actor.")})
@@ -36,21 +35,30 @@ def load_policy(ckpt_path: str):
     return spec["env_id"], actor
 
 
-def _video_writer(path: str):
-    """A frame recorder, or a clear reason why none is available here."""
-    backend = os.environ.get("MUJOCO_GL")
-    if backend is None:
-        os.environ["MUJOCO_GL"] = backend = "egl"
+VIDEO_FORMATS = (".mp4", ".gif")
+
+
+def check_video_writer(path: str) -> None:
+    """Raise ``ValueError`` unless a writer for ``path``'s extension is installed (before rendering)."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in VIDEO_FORMATS:
+        raise ValueError(f"`--video`: {path!r} must end in .mp4 or .gif")
     try:
-        import imageio.v2 as imageio  # noqa: F401
-    except ImportError as err:
-        raise RuntimeError("--video needs imageio: pip install 'vaco[video]'") from err
-    return backend
+        import imageio.v2  # noqa: F401
+    except ImportError:
+        raise ValueError("`--video` needs imageio: pip install -e '.[video]'") from None
+    if ext == ".mp4":
+        try:
+            import imageio_ffmpeg  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                f"`--video`: writing {path!r} needs ffmpeg: pip install -e '.[video]' (or write a .gif)"
+            ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vaco evaluate", description=__doc__)
-    parser.add_argument("--ckpt", required=True, help="a checkpoint written by `vaco fit`")
+    parser.add_argument("--ckpt", required=True, help="a checkpoint written by `vaco fit` (loaded safely: tensors and plain values only)")
     parser.add_argument("--episodes", type=int, default=10, help="episodes to run (E)")
     parser.add_argument("--envs", type=int, default=10, help="envs run side by side")
     parser.add_argument("--seed", type=int, default=0)
@@ -59,20 +67,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("`--episodes` must be >= 1")
-    torch.set_num_threads(1)
-    env_id, policy = load_policy(args.ckpt)
+    try:
+        if args.video:
+            check_video_writer(args.video)
+        import torch
+
+        torch.set_num_threads(1)
+        env_id, policy = load_policy(args.ckpt)
+    except ValueError as err:  # CheckpointError is one
+        print(f"vaco evaluate: error: {err}", file=sys.stderr)
+        return 2
+    from vaco.data.module import run_episodes
+
     returns = run_episodes(env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed, deterministic=args.deterministic)
     print(
         f"{env_id}: return {returns.mean():.1f} +- {returns.std():.1f} "
         f"(min {returns.min():.1f}, max {returns.max():.1f}) over {len(returns)} episodes"
     )
     if args.video:
+        backend = os.environ.setdefault("MUJOCO_GL", "egl")
         try:
-            backend = _video_writer(args.video)
             frames = _record(env_id, policy, args.seed, args.deterministic)
         except Exception as err:  # noqa: BLE001 - report any renderer failure plainly
             print(
-                f"no video: offscreen rendering is unavailable here (MUJOCO_GL={os.environ.get('MUJOCO_GL')}): "
+                f"no video: offscreen rendering is unavailable here (MUJOCO_GL={backend}): "
                 f"{type(err).__name__}: {err}. Install an EGL or OSMesa driver and set MUJOCO_GL=egl or osmesa.",
                 file=sys.stderr,
             )
@@ -84,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-@torch.no_grad()
-def _record(env_id: str, policy, seed: int, deterministic: bool, max_frames: int = 1000) -> list[np.ndarray]:
+def _record(env_id: str, policy, seed: int, deterministic: bool, max_frames: int = 1000) -> list:
     import gymnasium as gym
+    import numpy as np
+    import torch
 
     env = gym.make(env_id, render_mode="rgb_array")
     try:
@@ -95,7 +114,8 @@ def _record(env_id: str, policy, seed: int, deterministic: bool, max_frames: int
         frames = [env.render()]
         low, high = env.action_space.low, env.action_space.high
         for _ in range(max_frames):
-            loc, scale = policy(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0))
+            with torch.no_grad():
+                loc, scale = policy(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0))
             action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator)
             obs, _, term, trunc, _ = env.step(np.clip(action.squeeze(0).numpy(), low, high))
             frames.append(env.render())

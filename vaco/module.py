@@ -22,10 +22,10 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from vaco._checks import NonFiniteInputError
-from vaco.advantages import GAE, AdvantageModule, VTrace
+from vaco.advantages import AdvantageModule, VTrace
 from vaco.data.module import learner_policy
 from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
@@ -123,6 +123,7 @@ class VacoModule(L.LightningModule):
         self.register_buffer("version", torch.zeros((), dtype=torch.long))
         self._generator = torch.Generator()
         self._restored = False
+        self._saved_budget: int | None = None
         self.last_eval_return = float("nan")
         self.progress: dict[str, str] = {}
         if env_spec is not None:
@@ -175,6 +176,37 @@ class VacoModule(L.LightningModule):
             data.push_policy(self.actor, self.obs_rms.mean, self.obs_rms.var, int(self.version))
         if self.logger is not None and self.global_rank == 0:
             self.logger.log_hyperparams(self.run_params())
+            # the budget can grow on resume: its history is a metric (logged where it changes), not
+            # an immutable param
+            budget = self._budget()
+            if budget != self._saved_budget:
+                steps = int(self.version) * data.batch_size * self.trainer.world_size
+                self.logger.log_metrics({"time/total_steps": float(budget)}, step=steps)
+
+    def _budget(self) -> int:
+        data = self.trainer.datamodule
+        return data.num_iterations() * data.batch_size * self.trainer.world_size
+
+    def run_definition(self, data) -> dict[str, Any]:
+        """The fields that make a run what it is, by config path: a resumed run must match them.
+
+        Everything but the budget (``data.total_steps``), evaluation and logging: the objective
+        and advantage with their arguments, the update's hyperparameters, the network, the task,
+        K, the batch shape and the seed.
+        """
+        out: dict[str, Any] = {}
+        for name, module in (("objective", self.objective), ("advantage", self.advantage)):
+            out[f"model.init_args.{name}"] = f"{type(module).__module__}.{type(module).__qualname__}"
+            for key, value in vars(module).items():
+                if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool)):
+                    out[f"model.init_args.{name}.init_args.{key}"] = value
+        for key, value in self.hparams.items():
+            if key not in ("env_spec", "algorithm_name"):
+                out[f"model.init_args.{key}"] = list(value) if isinstance(value, (list, tuple)) else value
+        for key in getattr(data, "defining_fields", ()):
+            value = getattr(data, key)
+            out[f"data.init_args.{key}"] = dict(value) if isinstance(value, dict) else value
+        return out
 
     def run_params(self) -> dict[str, Any]:
         """The coordinates a user compares runs by, as flat MLflow params."""
@@ -443,6 +475,8 @@ class VacoModule(L.LightningModule):
             "python_rng": list(random.getstate()[1]),
             "algorithm": self.algorithm,
             "mlflow_run_id": getattr(self.logger, "run_id", None),
+            "definition": self.run_definition(self.trainer.datamodule),
+            "total_steps": self._budget(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -456,6 +490,7 @@ class VacoModule(L.LightningModule):
             _set_numpy_rng_state(state["numpy_rng"])
             random.setstate((3, tuple(state["python_rng"]), None))
             self._restored = True
+            self._saved_budget = state.get("total_steps")
 
 
 # Checkpoints hold only tensors and plain Python values, so Lightning (and torch.load) can read

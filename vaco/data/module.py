@@ -41,6 +41,9 @@ class RolloutDataModule(L.LightningDataModule):
         env_kwargs: extra keyword arguments for ``gymnasium.make``.
     """
 
+    # what a resumed run may not change (the module adds its own); see VacoModule.run_definition
+    defining_fields = ("env_id", "num_envs", "num_steps", "policy_buffer_size", "scale_reward", "gamma", "seed", "env_kwargs")
+
     def __init__(
         self,
         env_id: str = "Hopper-v5",

@@ -17,15 +17,16 @@ constructor and four adaptations:
 * the batch goes out through one shared-memory TensorDict updated in place (TorchRL's
   ``use_buffers`` protocol: the first batch is moved to shared memory, later ones only signal);
 * ``("collector", "traj_ids")`` is added, which TorchRL's multi-collectors count frames with;
-* ``state_dict()`` is pickled into one byte tensor, because the worker loop converts the state
-  to a ``TensorDict``, which rounds Python floats to float32 and would break exact resumption.
+* ``state_dict()`` is packed into tensors with :func:`vaco.checkpoint.pack_state` (plain values
+  as JSON in a byte tensor), because the worker loop converts the state to a ``TensorDict``,
+  which rounds Python floats to float32 and would break exact resumption. No pickle: the state
+  comes back from a checkpoint through the same safe loader as everything else.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import pickle
 import signal
 import sys
 from collections import OrderedDict
@@ -37,6 +38,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data.utils import CloudpickleWrapper
 
+from vaco.checkpoint import pack_state, unpack_state
 from vaco.data.collector import RolloutCollector
 from vaco.data.envs import make_vector_env
 
@@ -177,18 +179,16 @@ class ActorCollector(RolloutCollector):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> OrderedDict:
-        """The collector's state pickled into one byte tensor.
+        """The collector's state as tensors (:func:`~vaco.checkpoint.pack_state`).
 
         TorchRL's worker loop ships the state through a ``TensorDict``, which turns Python floats
         into float32 tensors: the reward scaler's float64 statistics would come back rounded and
-        a resumed run would drift from one that never stopped.
+        a resumed run would drift from one that never stopped. Packed, every value is exact.
         """
-        state = dict(super().state_dict(), episodes=self._episodes.copy())
-        blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
-        return OrderedDict(pickled=torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+        return pack_state(dict(super().state_dict(), episodes=self._episodes.copy()))
 
     def load_state_dict(self, state_dict) -> None:
-        state = pickle.loads(bytes(torch.as_tensor(state_dict["pickled"]).numpy()))
+        state = unpack_state(state_dict)
         self._episodes = np.asarray(state.pop("episodes"), dtype=np.int64).copy()
         super().load_state_dict(state)
 

@@ -20,6 +20,9 @@ import torch
 from torchrl.collectors.distributed import DistributedCollector
 
 from vaco.data.parallel.actors import ActorCollector
+from vaco.data.parallel.torchrl_compat import check_torchrl_version
+
+check_torchrl_version()
 
 __all__ = ["VacoDistributedCollector", "run_remote_actor"]
 

@@ -42,6 +42,8 @@ class ParallelRolloutDataModule(RolloutDataModule):
         **kwargs: the arguments of :class:`~vaco.data.RolloutDataModule`.
     """
 
+    defining_fields = RolloutDataModule.defining_fields + ("num_workers", "mode", "backend")
+
     def __init__(
         self,
         env_id: str = "Hopper-v5",

@@ -24,7 +24,6 @@ import atexit
 import copy
 import functools
 import os
-import queue
 import sys
 import time
 from collections import OrderedDict
@@ -33,11 +32,16 @@ from typing import Any, Literal
 
 import torch
 from tensordict import TensorDictBase
-from torchrl._utils import _check_for_faulty_process
-from torchrl.collectors import BaseCollector, MultiAsyncCollector, MultiSyncCollector
-from torchrl.weight_update import MultiProcessWeightSyncScheme
+from torchrl.collectors import BaseCollector, MultiSyncCollector
 
 from vaco.data.parallel.actors import ActorCollector, ActorSpec, exit_with_parent
+from vaco.data.parallel.torchrl_compat import (
+    AckWithLivenessScheme,
+    BackpressureMultiAsyncCollector,
+    check_actors_alive,
+    find_free_port,
+    stop_weight_receivers,
+)
 from vaco.data.policy_buffer import PolicyVersionBuffer
 
 __all__ = ["ActorPool", "ActorFailure", "split_envs", "validate_mode"]
@@ -76,45 +80,6 @@ def validate_mode(mode: str, staleness_limit: int | None) -> None:
         raise ValueError("`data.staleness_limit` only applies to `data.mode: async`")
     if staleness_limit is not None and not (isinstance(staleness_limit, int) and staleness_limit >= 0):
         raise ValueError(f"`data.staleness_limit` must be an integer >= 0 or null, got {staleness_limit!r}")
-
-
-class _AckWithLivenessScheme(MultiProcessWeightSyncScheme):
-    """TorchRL's queue-based scheme, but waiting for acknowledgements notices dead actors.
-
-    torchrl 0.14's ``MultiProcessWeightSyncScheme.send`` waits for each worker's ack with
-    ``queue.get(timeout=None)``: if an actor has died, the learner blocks forever. Here the wait
-    polls and checks the worker processes in between, so a crash surfaces as an error.
-    """
-
-    _POLL_SECONDS = 1.0
-
-    def _wait_for_ack(self, worker_ids=None, timeout=None) -> None:
-        targets = list(self._ack_queues) if worker_ids is None else (
-            [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
-        )
-        procs = getattr(self.context, "procs", ())
-        for worker in targets:
-            while True:
-                try:
-                    self._ack_queues[worker].get(timeout=self._POLL_SECONDS)
-                    break
-                except queue.Empty:
-                    _check_for_faulty_process(procs)
-
-
-class _BackpressureMultiAsyncCollector(MultiAsyncCollector):
-    """``MultiAsyncCollector`` whose output queue holds one batch per worker.
-
-    In torchrl 0.14 the queue holds a single batch; a worker that finishes while it is full waits
-    1 s, then throws its batch away and collects another. With a learner slower than the actors
-    (the usual case) the actors then burn CPU on data nobody trains on. A worker never has more
-    than one undelivered batch (it waits for "continue" after delivering), so a queue of
-    ``num_workers`` never fills: each actor runs at most one batch ahead, then waits.
-    """
-
-    @property
-    def _queue_len(self) -> int:
-        return self.num_workers
 
 
 class ActorPool(BaseCollector):
@@ -168,7 +133,7 @@ class ActorPool(BaseCollector):
         self.iteration = 0
         self.last_collect_seconds = 0.0
         self.dropped_batches = 0  # async + staleness_limit: actor batches discarded as too old
-        self.collector: MultiSyncCollector | MultiAsyncCollector | None = None
+        self.collector: MultiSyncCollector | BackpressureMultiAsyncCollector | None = None
         self._stream: Iterator[TensorDictBase] | None = None
         self._pending_state: dict | None = None
         self.last_checkpoint: Callable[[], str] | None = None  # named in the error if an actor dies
@@ -198,7 +163,7 @@ class ActorPool(BaseCollector):
             use_buffers=True,
             num_threads=threads,  # TorchRL would otherwise resize this process's thread pool
             num_sub_threads=1,  # one torch thread per actor: they step envs, the net is tiny
-            weight_sync_schemes={"policy": _AckWithLivenessScheme()},
+            weight_sync_schemes={"policy": AckWithLivenessScheme()},
             init_fn=functools.partial(exit_with_parent, os.getpid()),
         )
         try:
@@ -212,7 +177,7 @@ class ActorPool(BaseCollector):
                     **common,
                 )
             else:
-                self.collector = _BackpressureMultiAsyncCollector(
+                self.collector = BackpressureMultiAsyncCollector(
                     self.specs, frames_per_batch=self.envs_per_actor * self.num_steps, **common
                 )
         finally:
@@ -225,7 +190,6 @@ class ActorPool(BaseCollector):
             self._pending_state = None
 
     def _distributed_collector(self, factory):
-        from torchrl.collectors.distributed.default_configs import _find_free_port
         from torchrl.weight_update import DistributedWeightSyncScheme
 
         from vaco.data.parallel.distributed import VacoDistributedCollector
@@ -245,7 +209,7 @@ class ActorPool(BaseCollector):
             sync=sync,
             launcher=self.launcher,
             backend="gloo",
-            tcp_port=self.tcp_port or _find_free_port(),
+            tcp_port=self.tcp_port or find_free_port(),
             weight_sync_schemes={"policy": DistributedWeightSyncScheme(backend="gloo", sync=True)},
         )
 
@@ -269,7 +233,7 @@ class ActorPool(BaseCollector):
             if self.backend == "distributed":
                 self.collector.raise_if_rank_died()
             else:
-                _check_for_faulty_process(self.collector.procs)
+                check_actors_alive(self.collector.procs)
         except RuntimeError as err:
             raise self._failure(err) from err
 
@@ -368,10 +332,7 @@ class ActorPool(BaseCollector):
         local = collector.alive_jobs() if self.backend == "distributed" else []
         try:
             if self.backend == "distributed":
-                # the ranks' weight-receiver threads block on the scheme's TCPStore; without a "stop"
-                # they are still blocked when the learner's store closes, and the rank aborts
-                for scheme in (collector._weight_sync_schemes or {}).values():
-                    scheme._send_instruction("stop")
+                stop_weight_receivers(collector)
                 collector.shutdown(timeout=timeout)
             else:
                 collector.shutdown(timeout=timeout, raise_on_error=raise_on_error)

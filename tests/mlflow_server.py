@@ -1,0 +1,80 @@
+"""A real `mlflow server` process on a free 127.0.0.1 port, for the tests that need one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+MLFLOW = str(Path(sys.executable).with_name("mlflow"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def start_server(backend_uri: str, port: int, cwd: Path, log_path: Path, timeout: float = 120) -> subprocess.Popen:
+    """Start `mlflow server` and wait (bounded) until /health answers."""
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no background job workers
+    log = open(log_path, "a")
+    server = subprocess.Popen(
+        [MLFLOW, "server", "--backend-store-uri", backend_uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    log.close()
+    deadline = time.monotonic() + timeout
+    while True:
+        assert server.poll() is None, Path(log_path).read_text()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return server
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        assert time.monotonic() < deadline, f"mlflow server did not start in {timeout} s"
+        time.sleep(0.3)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """SIGTERM the server's process group, then SIGKILL what is left; assert nothing remains."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+    deadline = time.monotonic() + 30
+    while group_alive(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if group_alive(server.pid):
+        os.killpg(server.pid, signal.SIGKILL)
+    assert not group_alive(server.pid), "server processes left behind"
+
+
+@contextlib.contextmanager
+def mlflow_server(backend_uri: str, cwd: Path, log_path: Path):
+    """Yields the server's base URL."""
+    port = free_port()
+    server = start_server(backend_uri, port, cwd, log_path)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_server(server)

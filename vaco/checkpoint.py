@@ -1,0 +1,176 @@
+"""Checkpoints: what they may hold, how vaco reads them (never running code), how it writes them.
+
+A vaco checkpoint is a ``torch.save`` zip archive of nested dicts and lists of **tensors and plain
+values** (str, int, float, bool, None): the networks' weights, optimiser and scheduler state,
+RNG states, the collector's env snapshots and counters, hyperparameters. Nothing else is written,
+so everything vaco reads goes through ``torch.load(weights_only=True)``, PyTorch's restricted
+unpickler that cannot import a module or call a function. A file that needs more than that (a
+pickled class, a ``__reduce__`` payload) is refused before any of it is used.
+
+Writes are atomic: the archive goes to a temporary file beside the target, is flushed to disk,
+and replaces the target in one ``os.replace``. A crash, a kill or a full disk during a write
+leaves the previous ``last.ckpt`` whole.
+
+:class:`SafeCheckpointIO` is Lightning's seam for both (a ``CheckpointIO`` plugin); vaco's
+checkpoint callback installs it, so ``vaco fit --ckpt_path`` loads through it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import zipfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+__all__ = ["CheckpointError", "load_checkpoint", "save_atomic", "SafeCheckpointIO", "pack_state", "unpack_state"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint could not be used: missing, empty, truncated, corrupted, or unsafe (the message says which)."""
+
+
+def load_checkpoint(path: str | os.PathLike, *, field: str = "checkpoint", map_location: Any = "cpu") -> dict:
+    """Read a checkpoint with PyTorch's restricted unpickler (``weights_only=True``).
+
+    Args:
+        path: the file.
+        field: how the user named it (``--ckpt_path``, ``--ckpt``), for the error message.
+        map_location: where tensors go (default: the CPU, so a GPU-trained file loads anywhere).
+
+    Raises:
+        CheckpointError: one line naming ``field`` and the file, saying what is wrong.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"`{field}`: no checkpoint at {path}")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"`{field}`: {path} is empty (0 bytes): the write that made it never finished")
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"`{field}`: {path} is truncated or not a checkpoint ({size} bytes, no zip end record): "
+            "use an earlier checkpoint"
+        )
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        detail = str(err).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+        raise CheckpointError(
+            f"`{field}`: refused {path}: it holds something other than tensors and plain values "
+            f"({detail}). Loading it could run code, and vaco never does; a checkpoint written by "
+            "vaco holds only tensors and plain values"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"`{field}`: {path} is corrupted ({first}): use an earlier checkpoint") from None
+
+
+def save_atomic(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file in the same directory, fsync, then ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint I/O with vaco's guarantees: atomic local writes, safe reads.
+
+    Remote URLs (``s3://``, ...) are written by Lightning's own transactional writer.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        if storage_options is not None:
+            raise TypeError(f"`storage_options` is not supported by {type(self).__name__}")
+        save_atomic(checkpoint, path)
+
+    def load_checkpoint(self, path, map_location: Any = "cpu", weights_only: bool | None = None) -> dict[str, Any]:
+        if weights_only is False:
+            raise CheckpointError("vaco loads checkpoints with weights_only=True only")
+        return load_checkpoint(path, field="ckpt_path", map_location=map_location or "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Nested state as tensors. TorchRL's worker processes ship a collector's state through a
+# TensorDict, which turns Python floats into float32 tensors and cannot hold 128-bit ints (numpy's
+# PCG64 state) or None. ``pack_state`` keeps such a state exact without pickle: the structure and
+# plain values go into one JSON document (floats round-trip exactly through ``repr``), stored as a
+# uint8 tensor, and every tensor or array stays a tensor beside it.
+
+_TENSOR = "__tensor__"
+
+
+def pack_state(state: Any) -> OrderedDict:
+    """Encode nested dicts (str keys) / lists / tuples of tensors, arrays and plain values as tensors."""
+    tensors: list[torch.Tensor] = []
+
+    def encode(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x.detach().cpu().clone())
+            return {_TENSOR: len(tensors) - 1}
+        if isinstance(x, np.ndarray):
+            tensors.append(torch.from_numpy(np.array(x, copy=True)))
+            return {_TENSOR: len(tensors) - 1}
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, dict):
+            if not all(isinstance(k, str) for k in x):
+                raise TypeError(f"pack_state: dict keys must be strings, got {list(x)[:3]}")
+            if _TENSOR in x:
+                raise ValueError(f"pack_state: {_TENSOR!r} is a reserved key")
+            return {k: encode(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [encode(v) for v in x]
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        raise TypeError(f"pack_state: cannot store a {type(x).__name__} (tensors and plain values only)")
+
+    document = json.dumps(encode(state)).encode()
+    packed = OrderedDict(json=torch.frombuffer(bytearray(document), dtype=torch.uint8))
+    packed.update((f"tensor_{i}", t) for i, t in enumerate(tensors))
+    return packed
+
+
+def unpack_state(packed: dict) -> Any:
+    """Inverse of :func:`pack_state` (tensors come back as tensors, tuples as lists)."""
+    document = bytes(torch.as_tensor(packed["json"], dtype=torch.uint8).numpy()).decode()
+
+    def decode(x: Any) -> Any:
+        if isinstance(x, dict):
+            if set(x) == {_TENSOR}:
+                return torch.as_tensor(packed[f"tensor_{x[_TENSOR]}"])
+            return {k: decode(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [decode(v) for v in x]
+        return x
+
+    return decode(json.loads(document))

@@ -1,0 +1,268 @@
+"""``vaco fit``: LightningCLI with vaco's defaults, checks before any work, and one-line errors.
+
+    vaco fit --config configs/env/hopper.yaml --config configs/algo/vaco.yaml
+    vaco fit --config configs/demo.yaml --print_config
+    vaco fit --config ... --ckpt_path checkpoints/<run>/last.ckpt   # resume, same MLflow run
+
+Before any env starts or any MLflow run exists, a run is checked in this order: the config parses
+(an unknown field is one line with a did-you-mean); every constructor validates its own fields;
+the cross-field checks (``model.check_data``); the tracking store answers; a checkpoint to resume
+from loads safely and defines the same run. Each failure is one line naming the field, exit 2.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+import threading
+import warnings
+
+import lightning as L
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from vaco.callbacks import IterationCheckpoint, SaveConfigToMLflow, VacoProgressBar
+from vaco.checkpoint import CheckpointError, load_checkpoint
+from vaco.config_errors import ConfigurationError, one_line
+from vaco.tracking import (
+    DEFAULT_TRACKING_URI,
+    TrackingStoreError,
+    check_tracking_store,
+    tracking_uri,
+)
+
+__all__ = ["VacoCLI", "ConfigurationError", "main", "DEFAULT_TRACKING_URI", "tracking_uri"]
+
+
+class VacoArgumentParser(LightningArgumentParser):
+    """Lightning's parser, reporting a parse error as one line (no screenful of usage first)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # `--seed_everythin 3` must not silently mean seed_everything
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:
+            return super().error(message, ex)
+        options = [o for action in self._actions for o in action.option_strings]
+        prog = "vaco fit"
+        print(f"{prog}: error: {one_line(message, options)}\n(`{prog} --help` lists the fields)", file=sys.stderr)
+        sys.exit(2)
+
+
+class VacoCLI(LightningCLI):
+    """LightningCLI with vaco's defaults: CPU, one epoch over the run's iterations, MLflow, checkpoints.
+
+    The model and the data are chosen with ``class_path``/``init_args`` (``vaco.VacoModule`` with
+    ``vaco.data.RolloutDataModule`` for MuJoCo; the LLM track brings its own pair).
+    """
+
+    def __init__(self, args=None, run: bool = True) -> None:
+        super().__init__(
+            model_class=L.LightningModule,
+            datamodule_class=L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            parser_class=VacoArgumentParser,
+            save_config_callback=SaveConfigToMLflow,
+            save_config_kwargs={"save_to_log_dir": False, "overwrite": True},
+            trainer_defaults={
+                "max_epochs": 1,
+                "accelerator": "cpu",
+                "devices": 1,
+                "num_sanity_val_steps": 0,
+                "enable_model_summary": False,
+                "log_every_n_steps": 1,
+                "logger": {
+                    "class_path": "vaco.logger.VacoMLFlowLogger",
+                    "init_args": {"experiment_name": "vaco", "tracking_uri": tracking_uri(), "log_model": True},
+                },
+            },
+            seed_everything_default=1,
+            auto_configure_optimizers=False,
+            args=args,
+            run=run,
+        )
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--torch_threads",
+            type=int,
+            default=1,
+            help="torch intra-op threads. 1 by default: env stepping shares the cores, and two torch "
+            "threads competing with it made an update 20x slower on a 2-core machine.",
+        )
+        parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(VacoProgressBar, "progress_bar")
+        parser.link_arguments("seed_everything", "data.init_args.seed")
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        # vaco trains; Lightning's validate/test/predict loops have nothing to run here
+        return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        threads = config.get("torch_threads", 1)
+        if not (isinstance(threads, int) and threads >= 1):
+            raise ConfigurationError(f"`torch_threads` must be an integer >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
+        self._resume_state = _read_resume_checkpoint(config)
+        _check_tracking(config)
+        _continue_mlflow_run(config, self._resume_state)
+
+    def before_fit(self) -> None:
+        """Cross-field checks and the resume check, after the classes exist but before any env
+        starts or any MLflow run is created (the logger creates its run lazily)."""
+        check = getattr(self.model, "check_data", None)
+        try:
+            if check is not None:
+                check(self.datamodule)
+            if self._resume_state is not None:
+                _check_same_run(self.model, self.datamodule, self._resume_state)
+        except ValueError as err:
+            raise ConfigurationError(str(err)) from err
+
+    def _instantiate_trainer(self, config, callbacks):
+        if config.get("enable_progress_bar") is False:  # e.g. sweeps writing to log files
+            callbacks = [c for c in callbacks if not isinstance(c, VacoProgressBar)]
+        return super()._instantiate_trainer(config, callbacks)
+
+    def instantiate_classes(self) -> None:
+        """Report a bad value as one line naming the field, not a jsonargparse traceback."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(_config_error(err)) from err
+
+    def after_fit(self) -> None:
+        if self.trainer.global_rank != 0:
+            return
+        model, logger = self.model, self.trainer.logger
+        lines = ["", "vaco: training finished."]
+        final = getattr(model, "last_eval_return", None)
+        if final is not None:
+            lines.append(f"  final eval/return: {final:.1f}")
+        ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
+        if ckpt:
+            lines.append(f"  checkpoint: {ckpt}")
+        run_id = getattr(logger, "run_id", None)
+        if run_id:
+            uri = getattr(logger, "_tracking_uri", tracking_uri())
+            lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
+            lines.append(f"  open it with: mlflow ui --backend-store-uri {uri}")
+        if ckpt and hasattr(model, "actor"):  # `vaco evaluate` runs MuJoCo policies
+            lines.append(f"  evaluate it with: vaco evaluate --ckpt {ckpt}")
+        print("\n".join(lines), flush=True)
+
+
+def _config_error(err: Exception) -> str:
+    """The validators' own messages, without jsonargparse's union bookkeeping around them."""
+    text = str(err)
+    reasons = [
+        line.strip()[2:]
+        for line in text.splitlines()
+        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
+    ]
+    return "; ".join(reasons) if reasons else one_line(text)
+
+
+def _read_resume_checkpoint(config) -> dict | None:
+    """The checkpoint given as ``--ckpt_path``, loaded safely (a bad file is one line, exit 2)."""
+    ckpt_path = config.get("ckpt_path")
+    if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc", "registry"):
+        return None
+    try:
+        return load_checkpoint(str(ckpt_path), field="ckpt_path")
+    except CheckpointError as err:
+        raise ConfigurationError(str(err)) from None
+
+
+def _logger_config(config):
+    logger = config.get("trainer", {}).get("logger")
+    # the parsed logger is a jsonargparse Namespace (a dict only when it comes from the defaults)
+    if not isinstance(logger, (dict, Namespace)) or "MLFlowLogger" not in str(logger.get("class_path", "")):
+        return None
+    if logger.get("init_args") is None:
+        logger["init_args"] = type(logger)()
+    return logger["init_args"]
+
+
+def _check_tracking(config) -> None:
+    init_args = _logger_config(config)
+    if init_args is None:
+        return
+    uri = init_args.get("tracking_uri") or tracking_uri()
+    field = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") == uri else "trainer.logger.init_args.tracking_uri"
+    try:
+        check_tracking_store(uri, field)
+    except TrackingStoreError as err:
+        raise ConfigurationError(str(err)) from None
+
+
+def _continue_mlflow_run(config, state: dict | None) -> None:
+    """Resuming from a checkpoint logs into the MLflow run that wrote it (unless a run is given)."""
+    init_args = _logger_config(config)
+    if state is None or init_args is None or init_args.get("run_id"):
+        return
+    run_id = state.get("vaco", {}).get("mlflow_run_id")
+    if run_id:
+        init_args["run_id"] = run_id
+
+
+def _check_same_run(model, datamodule, state: dict) -> None:
+    """Refuse to resume a checkpoint into a different experiment (only the budget may change)."""
+    saved = state.get("vaco", {}).get("definition")
+    definition = getattr(model, "run_definition", None)
+    if saved is None or definition is None:
+        return
+    now = definition(datamodule)
+    for key in sorted(set(saved) | set(now)):
+        if saved.get(key) != now.get(key):
+            raise ValueError(
+                f"`{key}` cannot change when resuming (the checkpoint's run has {saved.get(key)!r}, the config "
+                f"{now.get(key)!r}); only `data.init_args.total_steps` and the evaluation and logging fields "
+                "may change. Start a new run for a different setting"
+            )
+
+
+def _quiet() -> None:
+    """Silence notices that say nothing to a vaco user (we use ``dataloader_iter`` on purpose:
+    it is how the collection of batch T+1 waits until the update on batch T is done)."""
+    for message in (
+        ".*dataloader_iter.*",
+        ".*`isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+        ".*The number of training batches .* is smaller than the logging interval.*",
+        ".*does not have many workers which may be a bottleneck.*",
+        ".*LightningCLI's args parameter is intended to run from within Python.*",
+    ):
+        warnings.filterwarnings("ignore", message=message)
+    # vaco prints its own summary; Lightning's "`Trainer.fit` stopped: `max_epochs=1` reached." says
+    # nothing to a user whose run is counted in env steps
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+        lambda record: "litlogger" not in record.getMessage() and "`max_epochs=" not in record.getMessage()
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``vaco fit ARGS`` (``argv`` without the word ``fit``)."""
+    argv = list(sys.argv[2:] if argv is None else argv)
+    _quiet()
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        # `kill -USR1 <pid>` prints every thread's Python stack to stderr: a stuck run can be
+        # diagnosed without stopping it (the tests use it when a run does not exit in time)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        VacoCLI(args=["fit", *argv])
+    except (ConfigurationError, CheckpointError, TrackingStoreError) as err:
+        print(f"vaco fit: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

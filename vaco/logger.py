@@ -1,0 +1,107 @@
+"""vaco's MLflow logger: Lightning's ``MLFlowLogger`` that never loses a metric and lets a budget grow.
+
+Two things Lightning's logger does not do:
+
+* **Outages.** MLflow's client retries a failed request (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
+  exponential backoff), which rides out a server restart. If a request still fails, the batch of
+  metrics is kept and sent with the next one; a run that ends with metrics still unsent writes
+  them to ``unsent-metrics-<run id>.jsonl`` in the working directory and says so. Training goes on.
+* **Resume with a larger budget.** MLflow params are immutable, so the budget (``total_steps``)
+  is not a param: it is the tag ``total_steps`` (the current budget) and the metric
+  ``time/total_steps`` (its history, at the env step where it changed). Every other param that a
+  resumed run logs again must have the value it had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+__all__ = ["VacoMLFlowLogger", "GROWABLE_PARAMS"]
+
+# hyperparameters that may change when a run is resumed, kept out of MLflow's immutable params
+GROWABLE_PARAMS = ("total_steps",)
+
+
+class VacoMLFlowLogger(MLFlowLogger):
+    """``lightning.pytorch.loggers.MLFlowLogger`` with buffered metrics and a growable budget.
+
+    Takes exactly Lightning's arguments (``experiment_name``, ``run_name``, ``tracking_uri``,
+    ``tags``, ``run_id``, ``log_model``, ...).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unsent: list[tuple[dict[str, float], int | None]] = []
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ params
+    @rank_zero_only
+    def log_hyperparams(self, params) -> None:
+        from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+        params = _flatten_dict(_convert_params(params))
+        budget = {k: v for k, v in params.items() if k.rsplit("/", 1)[-1] in GROWABLE_PARAMS}
+        params = {k: v for k, v in params.items() if k not in budget}
+        logged = self.experiment.get_run(self.run_id).data.params
+        changed = [k for k, v in params.items() if k in logged and logged[k] != str(v)[:250]]
+        if changed:
+            key = changed[0]
+            raise ValueError(
+                f"`{key}` cannot change when a run resumes (the run logged {logged[key]!r}, this config has "
+                f"{str(params[key])!r}): start a new run instead"
+            )
+        super().log_hyperparams({k: v for k, v in params.items() if k not in logged})
+        for key, value in budget.items():
+            self.experiment.set_tag(self.run_id, key.rsplit("/", 1)[-1], str(value))
+
+    # ------------------------------------------------------------------ metrics
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self._unsent.append((dict(metrics), step))
+        self._flush()
+
+    def _flush(self) -> bool:
+        while self._unsent:
+            metrics, step = self._unsent[0]
+            try:
+                super().log_metrics(metrics, step)
+            except Exception as err:  # noqa: BLE001 - MlflowException, ConnectionError, ...
+                if self.last_error is None:
+                    print(
+                        f"vaco: could not send metrics to MLflow ({type(err).__name__}: {str(err)[:200]}); "
+                        "keeping them and retrying with the next ones",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                self.last_error = str(err)
+                return False
+            self._unsent.pop(0)
+            if self.last_error is not None:
+                print("vaco: MLflow is reachable again; the kept metrics were sent", file=sys.stderr, flush=True)
+                self.last_error = None
+        return True
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if self._unsent and not self._flush():
+            path = os.path.abspath(f"unsent-metrics-{self.run_id}.jsonl")
+            with open(path, "a") as f:
+                for metrics, step in self._unsent:
+                    f.write(json.dumps({"step": step, "metrics": metrics}) + "\n")
+            print(
+                f"vaco: {len(self._unsent)} metric batches could not be sent to MLflow; they are in {path}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._unsent.clear()
+        try:
+            super().finalize(status)
+        except Exception as err:  # noqa: BLE001 - the run's data is on disk; say so, do not mask the run's own error
+            print(f"vaco: could not mark the MLflow run {self.run_id} as ended: {err}", file=sys.stderr, flush=True)

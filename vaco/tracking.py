@@ -1,0 +1,119 @@
+"""Where runs are tracked: the MLflow tracking URI, and a fast check that the store is usable.
+
+Every vaco command resolves the store here (``MLFLOW_TRACKING_URI``, else a local SQLite file;
+MLflow 3.14+ refuses the old file store). :func:`check_tracking_store` runs before any env or
+MLflow run exists, so a dead server or a typo costs seconds, not MLflow's four minutes of
+retries. Imports nothing heavy (``vaco --help`` imports it).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+__all__ = ["DEFAULT_TRACKING_URI", "TrackingStoreError", "tracking_uri", "check_tracking_store"]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+ENV_VAR = "MLFLOW_TRACKING_URI"
+_DB_SCHEMES = ("postgresql", "mysql", "mssql")
+
+
+class TrackingStoreError(RuntimeError):
+    """The tracking store cannot be used (the message names the setting and what to do)."""
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a local SQLite store."""
+    return os.environ.get(ENV_VAR) or DEFAULT_TRACKING_URI
+
+
+def _field(uri: str, field: str | None) -> str:
+    if field:
+        return field
+    return ENV_VAR if os.environ.get(ENV_VAR) == uri else "trainer.logger.init_args.tracking_uri"
+
+
+def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.0) -> None:
+    """Raise :class:`TrackingStoreError` in at most ~``timeout`` s if ``uri`` cannot be used.
+
+    Checks: a known scheme; for SQLite, that the file's directory exists and is writable and the
+    file (if any) is a SQLite database; for an HTTP server, that it answers MLflow's ``/health``;
+    for a database URL, that a connection opens.
+    """
+    name = _field(uri, field)
+    scheme = urlparse(uri).scheme.split("+")[0]
+    hint = f"set {ENV_VAR} to a reachable server (http://host:port) or a local store such as {DEFAULT_TRACKING_URI}"
+    if scheme in ("", "file"):
+        raise TrackingStoreError(
+            f"`{name}`={uri!r}: MLflow 3.14+ refuses the file store; {hint}"
+        )
+    if scheme == "sqlite":
+        _check_sqlite(uri, name)
+    elif scheme in ("http", "https"):
+        _check_http(uri, name, timeout, hint)
+    elif scheme in _DB_SCHEMES:
+        _check_database(uri, name, timeout)
+    elif scheme not in ("databricks", "databricks-uc", "uc"):
+        raise TrackingStoreError(
+            f"`{name}`={uri!r}: unknown scheme {scheme!r} (expected sqlite, http(s), postgresql, mysql "
+            f"or databricks); {hint}"
+        )
+
+
+def _check_sqlite(uri: str, name: str) -> None:
+    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+    if not path or path == ":memory:":
+        return
+    file = Path(path)
+    parent = file.parent if str(file.parent) else Path(".")
+    if not parent.is_dir():
+        raise TrackingStoreError(f"`{name}`={uri!r}: directory {parent} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK) or (file.exists() and not os.access(file, os.W_OK)):
+        raise TrackingStoreError(f"`{name}`={uri!r}: {file} is not writable; choose a path you can write to")
+    if file.exists() and file.stat().st_size > 0:
+        with open(file, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise TrackingStoreError(f"`{name}`={uri!r}: {file} exists and is not a SQLite database")
+        try:
+            sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=5).close()
+        except sqlite3.Error as err:
+            raise TrackingStoreError(f"`{name}`={uri!r}: cannot open {file}: {err}") from None
+
+
+def _check_http(uri: str, name: str, timeout: float, hint: str) -> None:
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):  # noqa: S310 - the user's own server
+            return
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            raise TrackingStoreError(
+                f"`{name}`={uri!r}: the server refused access (HTTP {err.code}); set MLFLOW_TRACKING_USERNAME "
+                "and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+            ) from None
+        return  # it answers: a proxy without /health is still a server
+    except (urllib.error.URLError, TimeoutError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise TrackingStoreError(
+            f"`{name}`={uri!r}: no MLflow server answers there ({reason}); start one (`mlflow server "
+            f"--host 127.0.0.1 --port PORT --backend-store-uri ...`) or {hint}"
+        ) from None
+
+
+def _check_database(uri: str, name: str, timeout: float) -> None:
+    try:
+        import sqlalchemy
+    except ImportError:  # MLflow needs it for database stores; it will say so itself
+        return
+    connect_args = {"connect_timeout": int(timeout)} if uri.startswith(("postgresql", "mysql")) else {}
+    try:
+        engine = sqlalchemy.create_engine(uri, connect_args=connect_args)
+        with engine.connect():
+            pass
+    except Exception as err:  # noqa: BLE001 - any driver's failure, reported in one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise TrackingStoreError(f"`{name}`: cannot connect to the tracking database ({first})") from None
