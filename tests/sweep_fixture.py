@@ -128,7 +128,7 @@ def interrupted_sweep(tmp_path_factory) -> TinySweep:
     sweep.stopped_log = log.read_text()
     sweep.leftover_processes = _processes_mentioning(str(sweep.out))
     if ckpt.exists():
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
         sweep.second_version_at_stop = int(state["state_dict"]["version"])
     sweep.second_runs_at_stop = [(r.info.run_id, r.info.status) for r in sweep.cell_runs(SECOND)]
     sweep.first_runs_at_stop = [(r.info.run_id, r.info.status) for r in sweep.cell_runs(FIRST)]

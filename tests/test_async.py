@@ -120,7 +120,7 @@ def _communicate(proc: subprocess.Popen, timeout: float = 120) -> str:
 
 
 def _version(ckpt: Path) -> int:
-    return int(torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]["version"])
+    return int(torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]["version"])
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen, ckpt: Path, above: int, timeout: float = 180) -> int:

@@ -115,7 +115,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mlf
     module, data, trainer = build_run(tmp_path, mlflow_uri, objective=NaNAfter(), advantage=GAE())
     with pytest.raises(NonFiniteLossError, match=r"iteration 3, epoch 0, minibatch 0.*last good checkpoint"):
         trainer.fit(module, data)
-    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    ckpt = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
     assert int(ckpt["state_dict"]["version"]) == 2
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     run = mlflow.MlflowClient(mlflow_uri).get_run(trainer.logger.run_id)

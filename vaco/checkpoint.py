@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import tempfile
 import zipfile
 from collections import OrderedDict
@@ -62,7 +63,9 @@ def load_checkpoint(path: str | os.PathLike, *, field: str = "checkpoint", map_l
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        detail = str(err).split("WeightsUnpickler error:")[-1].strip().splitlines()[0]
+        text = str(err).split("WeightsUnpickler error:")[-1].strip()
+        found = re.search(r"GLOBAL (\S+)", text)
+        detail = f"it would import and call `{found.group(1)}`" if found else text.splitlines()[0][:200]
         raise CheckpointError(
             f"`{field}`: refused {path}: it holds something other than tensors and plain values "
             f"({detail}). Loading it could run code, and vaco never does; a checkpoint written by "
@@ -162,6 +165,11 @@ def pack_state(state: Any) -> OrderedDict:
 
 def unpack_state(packed: dict) -> Any:
     """Inverse of :func:`pack_state` (tensors come back as tensors, tuples as lists)."""
+    if "json" not in packed:
+        raise ValueError(
+            f"not a packed state (keys {sorted(packed)[:4]}): an older vaco stored actor states as a pickle, "
+            "which is never loaded; resume that run with the vaco version that wrote it, or start afresh"
+        )
     document = bytes(torch.as_tensor(packed["json"], dtype=torch.uint8).numpy()).decode()
 
     def decode(x: Any) -> Any:

@@ -105,13 +105,22 @@ class VacoCLI(LightningCLI):
         # vaco trains; Lightning's validate/test/predict loops have nothing to run here
         return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
 
+    def _parse_ckpt_path(self) -> None:
+        """Read ``--ckpt_path`` once, safely, before anything else happens.
+
+        Lightning's version loads the checkpoint and merges its model hyperparameters over the
+        config. vaco keeps the config as given and instead refuses a resume whose run-defining
+        fields differ from the checkpoint's (:func:`_check_same_run`), so nothing changes silently.
+        """
+        config = self.config.get(self.config.get("subcommand") or "", None) if self.config.get("subcommand") else None
+        self._resume_state = _read_resume_checkpoint(config) if config is not None else None
+
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         threads = config.get("torch_threads", 1)
         if not (isinstance(threads, int) and threads >= 1):
             raise ConfigurationError(f"`torch_threads` must be an integer >= 1, got {threads!r}")
         torch.set_num_threads(threads)
-        self._resume_state = _read_resume_checkpoint(config)
         _check_tracking(config)
         _continue_mlflow_run(config, self._resume_state)
 

@@ -4,7 +4,8 @@ Two things Lightning's logger does not do:
 
 * **Outages.** MLflow's client retries a failed request (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
   exponential backoff), which rides out a server restart. If a request still fails, the batch of
-  metrics is kept and sent with the next one; a run that ends with metrics still unsent writes
+  metrics is kept and sent with the next one; a run that ends with metrics still unsent retries
+  for ~30 s, then writes
   them to ``unsent-metrics-<run id>.jsonl`` in the working directory and says so. Training goes on.
 * **Resume with a larger budget.** MLflow params are immutable, so the budget (``total_steps``)
   is not a param: it is the tag ``total_steps`` (the current budget) and the metric
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +37,8 @@ class VacoMLFlowLogger(MLFlowLogger):
     Takes exactly Lightning's arguments (``experiment_name``, ``run_name``, ``tracking_uri``,
     ``tags``, ``run_id``, ``log_model``, ...).
     """
+
+    FINAL_RETRY_SECONDS = (1, 2, 4, 8, 15)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -90,6 +94,10 @@ class VacoMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
+        for wait in self.FINAL_RETRY_SECONDS:  # the run is over: give a restarting server a moment
+            if not self._unsent or self._flush():
+                break
+            time.sleep(wait)
         if self._unsent and not self._flush():
             path = os.path.abspath(f"unsent-metrics-{self.run_id}.jsonl")
             with open(path, "a") as f:

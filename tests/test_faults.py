@@ -1,0 +1,318 @@
+"""Faults a user meets, one test each, named after the fault; each asserts that nothing is lost.
+
+Everything is real: checkpoint files written by real runs, `vaco` subprocesses, a real MLflow
+SQLite store and a real `mlflow server`, real SIGKILLs. docs/reliability.md is the table of these.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from mlflow_server import free_port, start_server, stop_server
+
+from conftest import CONFIGS, VACO, metric_histories, run_cli
+from vaco.checkpoint import CheckpointError, load_checkpoint, pack_state, save_atomic, unpack_state
+
+ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
+ALGO = str(CONFIGS / "algo" / "vaco.yaml")
+# a tiny VACO run: 2 envs x 64 steps, K = 4, 6 iterations, a checkpoint every iteration
+TINY = [
+    "--config", ENV, "--config", ALGO,
+    "--data.init_args.num_envs", "2", "--data.init_args.num_steps", "64",
+    "--data.init_args.total_steps", str(2 * 64 * 6), "--data.init_args.policy_buffer_size", "4",
+    "--data.init_args.eval_every", "3", "--data.init_args.eval_episodes", "2", "--data.init_args.eval_envs", "2",
+    "--model.init_args.update_epochs", "2", "--model.init_args.num_minibatches", "4",
+    "--checkpoint.every_n_iterations", "1", "--trainer.enable_progress_bar", "false",
+]
+
+
+class Payload:
+    """Unpickling this creates a file: the proof that a loader ran code from a checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def _malicious(path: Path, marker: Path, template: dict | None = None) -> Path:
+    state = dict(template or {"state_dict": {}, "hyper_parameters": {}})
+    state["payload"] = Payload(marker)
+    torch.save(state, path)
+    return path
+
+
+def _one_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip() and "Seed set to" not in line]
+    return lines[-1] if lines else ""
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """One real `vaco fit` run, shared: its checkpoint, store and run id."""
+    root = tmp_path_factory.mktemp("finished")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    out = run_cli("fit", *TINY, cwd=root, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.returncode == 0, out.stderr[-3000:]
+    ckpt = next(root.glob("checkpoints/*/last.ckpt"))
+    return root, uri, ckpt
+
+
+def _runs(uri: str) -> list:
+    client = mlflow.MlflowClient(uri)
+    return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+# ---------------------------------------------------------------- malicious checkpoints
+def test_malicious_checkpoint_given_to_evaluate_is_refused_and_its_payload_not_run(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = _malicious(tmp_path / "evil.ckpt", marker)
+    out = run_cli("evaluate", "--ckpt", str(evil), cwd=tmp_path)
+    assert out.returncode == 2
+    assert "refused" in out.stderr and str(evil) in out.stderr and "--ckpt" in out.stderr
+    assert not marker.exists()
+
+
+def test_malicious_checkpoint_given_to_fit_is_refused_before_any_run(tmp_path, finished_run):
+    _, _, good = finished_run
+    marker = tmp_path / "pwned"
+    # a real checkpoint with one extra object: everything else about it is valid
+    evil = _malicious(tmp_path / "evil.ckpt", marker, load_checkpoint(good))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli("fit", *TINY, "--ckpt_path", str(evil), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert _one_line(out.stderr).startswith("vaco fit: error: `ckpt_path`: refused")
+    assert not marker.exists()
+    assert not (tmp_path / "mlflow.db").exists() or _runs(uri) == []
+
+
+def test_malicious_checkpoint_in_a_sweep_cell_is_refused_and_the_cell_fails(tmp_path):
+    cell = "vaco-inverted_pendulum-K2-s1"  # a cell of configs/sweeps/tiny.yaml
+    marker = tmp_path / "pwned"
+    (tmp_path / "out" / cell / "checkpoints").mkdir(parents=True)
+    _malicious(tmp_path / "out" / cell / "checkpoints" / "last.ckpt", marker)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(
+        "sweep", "--config", str(CONFIGS / "sweeps" / "tiny.yaml"), "--out", str(tmp_path / "out"),
+        "--only", cell, "--jobs", "1", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri},
+    )
+    assert out.returncode != 0
+    logs = "".join(p.read_text() for p in (tmp_path / "out" / cell).glob("*.log"))
+    assert "refused" in out.stdout + out.stderr + logs
+    assert not marker.exists()
+
+
+def test_actor_state_in_the_old_pickled_form_is_refused_and_its_payload_not_run(tmp_path):
+    marker = tmp_path / "pwned"
+    blob = pickle.dumps({"episodes": Payload(marker)})
+    with pytest.raises(ValueError, match="not a packed state"):
+        unpack_state({"pickled": torch.frombuffer(bytearray(blob), dtype=torch.uint8)})
+    assert not marker.exists()
+
+
+def test_actor_state_round_trips_exactly_as_tensors_and_plain_values():
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    state = {
+        "iteration": 3, "seed": 5, "reward_scaler": {"mean": 0.1 + 1e-17, "var": 1 / 3, "count": 2049.0},
+        "envs": [{"mj_state": torch.randn(5, dtype=torch.float64), "elapsed_steps": None, "rng": rng.bit_generator.state}],
+        "episodes": np.arange(3),
+    }
+    packed = pack_state(state)
+    assert all(isinstance(v, torch.Tensor) for v in packed.values())
+    back = unpack_state(packed)
+    assert back["reward_scaler"] == state["reward_scaler"]  # exact float64, not rounded to float32
+    assert back["envs"][0]["rng"] == state["envs"][0]["rng"]  # 128-bit PCG64 state
+    assert torch.equal(back["envs"][0]["mj_state"], state["envs"][0]["mj_state"])
+    assert back["envs"][0]["elapsed_steps"] is None and back["iteration"] == 3
+    assert back["episodes"].tolist() == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- truncated, empty, interrupted writes
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_damaged_checkpoint_is_reported_naming_the_file(tmp_path, finished_run, damage):
+    _, _, good = finished_run
+    data = good.read_bytes()
+    bad = tmp_path / f"{damage}.ckpt"
+    bad.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
+    expected = "truncated" if damage == "truncated" else "empty"
+    out = run_cli("evaluate", "--ckpt", str(bad), cwd=tmp_path)
+    assert out.returncode == 2 and expected in out.stderr and str(bad) in out.stderr
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli("fit", *TINY, "--ckpt_path", str(bad), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.returncode == 2
+    line = _one_line(out.stderr)
+    assert line.startswith("vaco fit: error: `ckpt_path`") and expected in line and str(bad) in line
+
+
+def test_write_that_fails_midway_leaves_the_previous_checkpoint_loadable(tmp_path):
+    path = tmp_path / "last.ckpt"
+    save_atomic({"version": torch.tensor(1), "weights": torch.ones(1000)}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise OSError(28, "No space left on device")  # as a full disk fails a write midway
+
+    with pytest.raises(OSError, match="No space left"):
+        save_atomic({"weights": torch.zeros(1000), "version": Unpicklable()}, path)
+    assert int(load_checkpoint(path)["version"]) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no partial file left behind
+
+
+_WRITER = """
+import sys, torch
+from vaco.checkpoint import save_atomic
+path, version = sys.argv[1], 0
+while True:
+    version += 1
+    save_atomic({"version": torch.tensor(version), "weights": torch.full((8_000_000,), float(version))}, path)
+    print(version, flush=True)
+"""
+
+
+def test_checkpoint_writer_killed_midway_leaves_a_whole_checkpoint(tmp_path):
+    path = tmp_path / "last.ckpt"
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(3):  # three whole writes, then kill it in the middle of the next ones
+            assert writer.stdout.readline()
+        time.sleep(0.05)
+        writer.send_signal(signal.SIGKILL)
+    finally:
+        writer.kill()
+        writer.wait()
+    state = load_checkpoint(path)
+    version = int(state["version"])
+    assert version >= 3 and bool((state["weights"] == version).all())
+
+
+# ---------------------------------------------------------------- tracking store
+def test_dead_tracking_server_fails_fast_naming_the_setting(tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    start = time.monotonic()
+    out = run_cli("fit", *TINY, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri}, timeout=120)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 2
+    line = _one_line(out.stderr)
+    assert "`MLFLOW_TRACKING_URI`" in line and "no MLflow server answers" in line
+    assert elapsed < 60, f"took {elapsed:.0f} s (MLflow's own retries take ~250 s)"
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    "uri,message",
+    [("file:///tmp/mlruns", "refuses the file store"), ("sqlite:////no/such/dir/m.db", "does not exist"), ("ftp://x", "unknown scheme")],
+)
+def test_unusable_tracking_uri_is_one_line_before_any_work(tmp_path, uri, message):
+    out = run_cli("fit", *TINY, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.returncode == 2 and message in _one_line(out.stderr)
+
+
+ITERATIONS = 80
+
+
+@pytest.mark.slow
+def test_tracking_server_restart_mid_run_loses_no_metric(tmp_path):
+    """The server dies after the run's third iteration and comes back on the same port; every
+    metric of the run reaches the store (kept while it was down, sent when it returned)."""
+    db = f"sqlite:///{tmp_path / 'server.db'}"
+    port = free_port()
+    server = start_server(db, port, tmp_path, tmp_path / "server.log")
+    uri = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1",
+               MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5")
+    slow = [*TINY, "--data.init_args.total_steps", str(2 * 64 * ITERATIONS)]
+    fit = subprocess.Popen([VACO, "fit", *slow], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(tmp_path.glob("checkpoints/*/epoch=*"))) + len(list(tmp_path.glob("checkpoints/*/last.ckpt"))) == 0:
+            assert fit.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        stop_server(server)  # the run goes on without a server while it restarts (a few seconds)
+        server = start_server(db, port, tmp_path, tmp_path / "server.log")
+        output, _ = fit.communicate(timeout=300)
+    finally:
+        if fit.poll() is None:
+            fit.kill()
+    try:
+        assert fit.returncode == 0, output[-3000:]
+        run = _runs(uri)[0]
+        history = metric_histories(uri, run.info.run_id)
+        assert [s for s, _ in history["train/tv"]] == [128 * i for i in range(1, ITERATIONS + 1)]
+        assert "could not send metrics" in output and "reachable again" in output
+        assert run.info.status == "FINISHED"
+    finally:
+        stop_server(server)
+
+
+# ---------------------------------------------------------------- config errors
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        (["--model.init_args.num_minibatches", "7"], "`model.num_minibatches` (7) must divide the batch"),
+        (["--data.init_args.num_envz", "3"], "`data.init_args.num_envz`: vaco.data.RolloutDataModule has no field 'num_envz'. Did you mean num_envs?"),
+        (["--data.init_args.policy_buffer_size", "0"], "`data.policy_buffer_size` (K) must be an integer >= 1"),
+        (["--seed_everythin", "3"], "unknown option --seed_everythin. Did you mean --seed_everything?"),
+    ],
+    ids=["cross-field", "misspelt-field", "bad-value", "abbreviated-option"],
+)
+def test_config_error_is_one_line_and_leaves_no_mlflow_run(tmp_path, override, field):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli("fit", *TINY, *override, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and field in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "usage:" not in out.stderr
+    assert not (tmp_path / "mlflow.db").exists() or _runs(uri) == []
+    assert not (tmp_path / "checkpoints").exists()
+
+
+# ---------------------------------------------------------------- kill and resume
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, finished_run):
+    _, reference_uri, reference_ckpt = finished_run
+    reference_run = reference_ckpt.parent.name
+    reference = metric_histories(reference_uri, reference_run)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    fit = subprocess.Popen([VACO, "fit", *TINY], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        ckpt = None
+        while True:  # kill it once a checkpoint past iteration 3 exists
+            found = list(tmp_path.glob("checkpoints/*/last.ckpt"))
+            if found:
+                try:
+                    if int(load_checkpoint(found[0])["state_dict"]["version"]) >= 3:
+                        ckpt = found[0]
+                        break
+                except CheckpointError:
+                    pass
+            assert fit.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+            time.sleep(0.1)
+        fit.send_signal(signal.SIGKILL)
+    finally:
+        fit.kill()
+        fit.wait()
+    assert int(load_checkpoint(ckpt)["state_dict"]["version"]) < 6
+    out = run_cli("fit", *TINY, "--ckpt_path", str(ckpt), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = _runs(uri)
+    assert len(runs) == 1  # the same MLflow run
+    resumed = metric_histories(uri, runs[0].info.run_id)
+    assert resumed.keys() == reference.keys()
+    for key, values in reference.items():
+        # iterations after the last checkpoint were logged twice: with the same values
+        assert sorted(set(resumed[key])) == values, key
