@@ -13,9 +13,9 @@ export MKL_NUM_THREADS ?= 1
 .PHONY: help venv install test test-fast demo bench clean
 
 help:
-	@echo "make demo   - create .venv, install, train VACO (K=4) on Hopper-v5 for a few minutes"
+	@echo "make demo   - create .venv, install, train VACO (K=4) on Hopper-v5 (~1.5 min on 2 CPU cores)"
 	@echo "make test   - create .venv, install, run the test suite"
-	@echo "make bench  - throughput benchmark (prints a table, writes benchmarks/results/throughput.json)"
+	@echo "make bench  - start-up times of the commands, then the throughput benchmark (writes benchmarks/results/throughput.json)"
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,7 @@ demo: $(STAMP)
 	$(BIN)/vaco fit --config configs/demo.yaml
 
 bench: $(STAMP)
+	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/throughput.py
 
 clean:

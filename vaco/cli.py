@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import os
+import signal
 import sys
 
 from vaco.config_errors import did_you_mean
@@ -49,6 +51,10 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int | None:
+    if argv is None and hasattr(signal, "SIGUSR1"):
+        # `kill -USR1 <pid>` prints every thread's Python stack to stderr: a stuck run can be
+        # diagnosed without stopping it (the tests use it when a run does not exit in time)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     # as `python -m` does: a class_path to the user's own module (my_objectives.ClippedIS) resolves
     # from the directory vaco runs in

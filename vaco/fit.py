@@ -12,12 +12,9 @@ from loads safely and defines the same run. Each failure is one line naming the 
 
 from __future__ import annotations
 
-import faulthandler
 import logging
 import os
-import signal
 import sys
-import threading
 import warnings
 
 import lightning as L
@@ -163,7 +160,7 @@ class VacoCLI(LightningCLI):
         if run_id:
             uri = getattr(logger, "_tracking_uri", tracking_uri())
             lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
-            lines.append(f"  open it with: mlflow ui --backend-store-uri {uri}")
+            lines.append("  open it with: vaco ui" + ("" if uri == tracking_uri() else f" --store {uri}"))
         if ckpt and hasattr(model, "actor"):  # `vaco evaluate` runs MuJoCo policies
             lines.append(f"  evaluate it with: vaco evaluate --ckpt {ckpt}")
         print("\n".join(lines), flush=True)
@@ -219,8 +216,19 @@ def _continue_mlflow_run(config, state: dict | None) -> None:
     if state is None or init_args is None or init_args.get("run_id"):
         return
     run_id = state.get("vaco", {}).get("mlflow_run_id")
-    if run_id:
-        init_args["run_id"] = run_id
+    if not run_id:
+        return
+    import mlflow
+
+    uri = init_args.get("tracking_uri") or tracking_uri()
+    try:
+        mlflow.MlflowClient(uri).get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        raise ConfigurationError(
+            f"`ckpt_path`: its MLflow run {run_id} is not in the tracking store {uri}; set MLFLOW_TRACKING_URI "
+            "to the store the run was tracked in, or pass --trainer.logger.init_args.run_id to log elsewhere"
+        ) from None
+    init_args["run_id"] = run_id
 
 
 def _check_same_run(model, datamodule, state: dict) -> None:
@@ -237,6 +245,41 @@ def _check_same_run(model, datamodule, state: dict) -> None:
                 f"{now.get(key)!r}); only `data.init_args.total_steps` and the evaluation and logging fields "
                 "may change. Start a new run for a different setting"
             )
+
+
+_HELP_HEADER = """usage: vaco fit --config FILE [--config FILE ...] [--FIELD VALUE ...] [--ckpt_path CKPT] [--print_config]
+
+Trains one run. Configs compose left to right; any field can be set on the command line with its
+dotted name (--data.init_args.policy_buffer_size 4 or, shorter, --data.policy_buffer_size 4).
+A field of a chosen class: `vaco fit --model.objective.help vaco.objectives.TVFilter`.
+
+  --config FILE         a YAML file (configs/env/*.yaml, configs/algo/*.yaml, your own)
+  --print_config        print the resolved config and exit
+  --ckpt_path CKPT      resume from a checkpoint, in the same MLflow run (a larger
+                        data.total_steps extends a finished run)
+  --seed_everything N   the run's seed (default 1)
+  --torch_threads N     torch intra-op threads (default 1)
+  --checkpoint.every_n_iterations N   checkpoint period in iterations (default 10)
+  --trainer.*           Lightning Trainer options (accelerator, devices, strategy, ...):
+                        `vaco fit --help-all` lists them all
+"""
+
+
+def _help() -> str:
+    """vaco's own fields: the MuJoCo model and data classes, as jsonargparse documents them."""
+    import contextlib
+    import io
+
+    sections = [_HELP_HEADER]
+    for key, class_path in (("model", "vaco.VacoModule"), ("data", "vaco.data.RolloutDataModule")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            VacoCLI(args=["fit", f"--{key}.help", class_path])
+        text = out.getvalue()
+        body = text[text.index("\n\n", text.index("usage:")) + 2:] if "usage:" in text else text
+        sections.append(f"{key} ({class_path}; --{key} chooses another class):\n" + body.split("\n", 2)[-1])
+    sections.append("The LLM track's classes: `vaco fit --model.help vaco.llm.module.RLVRModule`, `--data.help vaco.llm.data.GSM8kDataModule`.")
+    return "\n".join(sections)
 
 
 def _quiet() -> None:
@@ -261,10 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     """``vaco fit ARGS`` (``argv`` without the word ``fit``)."""
     argv = list(sys.argv[2:] if argv is None else argv)
     _quiet()
-    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
-        # `kill -USR1 <pid>` prints every thread's Python stack to stderr: a stuck run can be
-        # diagnosed without stopping it (the tests use it when a run does not exit in time)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if argv in (["-h"], ["--help"]):
+        print(_help())
+        return 0
+    if argv and argv[0] == "--help-all":  # Lightning's complete list (every Trainer flag)
+        argv = ["--help", *argv[1:]]
     try:
         VacoCLI(args=["fit", *argv])
     except (ConfigurationError, CheckpointError, TrackingStoreError) as err:

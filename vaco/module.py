@@ -491,6 +491,25 @@ class VacoModule(L.LightningModule):
             random.setstate((3, tuple(state["python_rng"]), None))
             self._restored = True
             self._saved_budget = state.get("total_steps")
+            if self._trainer is not None and self._saved_budget is not None and self._budget() > self._saved_budget:
+                _reopen_finished_epoch(checkpoint)
+
+
+def _reopen_finished_epoch(checkpoint: dict[str, Any]) -> None:
+    """A finished run resumed with a larger budget: mark its one epoch (the whole run) unfinished.
+
+    A vaco run is one Lightning epoch whose length is the number of iterations. A checkpoint
+    written at the end has that epoch completed, and Lightning would stop at once
+    (``max_epochs=1``); reopened, it resumes mid-epoch like an interrupted run, and the collector
+    (restored with the new ``num_iterations``) yields the remaining iterations.
+    """
+    loop = checkpoint.get("loops", {}).get("fit_loop", {})
+    epochs = loop.get("epoch_progress")
+    if not epochs or epochs["current"]["completed"] < 1:
+        return
+    for scope in ("current", "total"):
+        epochs[scope]["completed"] = epochs[scope]["processed"] = epochs[scope]["completed"] - 1
+    loop.get("epoch_loop.batch_progress", {})["is_last_batch"] = False
 
 
 # Checkpoints hold only tensors and plain Python values, so Lightning (and torch.load) can read

@@ -71,7 +71,7 @@ _TOP_FIELDS = (
     "description",
 )
 _AXIS_DEFAULTS = {"K": [1], "seed": [1]}
-_LOGGER = "lightning.pytorch.loggers.MLFlowLogger"
+_LOGGER = "vaco.logger.VacoMLFlowLogger"
 _VTRACE = "vaco.advantages.VTrace"
 _GAE = "vaco.advantages.GAE"
 CELL_TAG = "vaco.sweep.cell"
@@ -143,6 +143,7 @@ class Block:
     delta: tuple[float, ...] | None = None
     rho_bar: tuple[float, ...] | None = None
     realign: tuple[bool, ...] | None = None
+    extra: tuple[tuple[str, tuple], ...] = ()  # (dotted `vaco fit` key, values): any other axis
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,10 +159,11 @@ class Cell:
     rho_bar: float | None
     realign: bool
     label_suffix: str = ""  # "-delta0.4-rho2" where delta/rho differ from the config's value
+    extra: tuple[tuple[str, Any], ...] = ()  # values of the dotted-key axes
 
     @property
     def id(self) -> str:
-        name = self.algorithm.replace("+", "_")
+        name = self.algorithm.split("[")[0].replace("+", "_")
         return f"{name}-{self.env}-K{self.K}{self.label_suffix}-s{self.seed}"
 
     @property
@@ -177,6 +179,7 @@ class Cell:
             "rho_bar": self.rho_bar,
             "realign": self.realign,
             "seed": self.seed,
+            **dict(self.extra),
         }
 
     def tags(self, settings: str) -> dict[str, str]:
@@ -240,6 +243,10 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     if not isinstance(grid, dict) or not grid:
         raise SweepError("`grid` must be a mapping of block name -> axes, with at least one block")
     blocks = [_load_block(str(name), body, defaults, algorithms, envs) for name, body in grid.items()]
+    for block in blocks:
+        for key, _ in block.extra:
+            if key in overrides:
+                raise SweepError(f"`grid.{block.name}.{key}` is also in `overrides`: keep it in one place")
     out = Path(output_dir) if output_dir else Path(raw.get("output_dir") or Path("sweeps") / experiment)
     return Sweep(
         path=path,
@@ -267,9 +274,15 @@ def _configs_dir(path: Path, given: str | None) -> Path:
     return found
 
 
-def _import(class_path: str):
+def _import(class_path: str, where: str = "class_path"):
     module, _, name = class_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise SweepError(
+            f"`{where}`: cannot import {class_path!r} ({err}); run `vaco sweep` from the directory that holds "
+            "the module (it is on the import path there, as for `vaco fit`), or install it"
+        ) from None
 
 
 def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
@@ -278,7 +291,8 @@ def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
         config = yaml.safe_load(file.read_text())
         init = config["model"]["init_args"]
         objective, advantage = init["objective"]["class_path"], init["advantage"]["class_path"]
-        objective_params = inspect.signature(_import(objective)).parameters
+        where = f"{file}: model.init_args.objective.class_path"
+        objective_params = inspect.signature(_import(objective, where)).parameters
         out[file.stem] = Algorithm(
             name=file.stem,
             config=config,
@@ -286,7 +300,7 @@ def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
             advantage=advantage,
             takes_delta="delta" in objective_params,
             objective_takes_rho_bar="rho_bar" in objective_params,
-            realign_optional=not getattr(_import(objective), "reestimate_advantage", False)
+            realign_optional=not getattr(_import(objective, where), "reestimate_advantage", False)
             and advantage in (_VTRACE, _GAE),
         )
     return out
@@ -348,8 +362,16 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
         raise SweepError(f"`grid.{name}` must be a mapping of axis -> values")
     for source, where in ((body, f"grid.{name}"), (defaults, "defaults")):
         for key in source:
-            if key not in AXES:
-                raise SweepError(f"`{where}`: unknown field `{key}` (the axes are {', '.join(AXES)})")
+            if key not in AXES and "." not in str(key):
+                raise SweepError(
+                    f"`{where}`: unknown field `{key}` (the axes are {', '.join(AXES)}, or any dotted "
+                    "`vaco fit` key such as model.init_args.lr)"
+                )
+    extra = []
+    for key in dict.fromkeys([k for k in (*defaults, *body) if "." in str(k)]):
+        _load_overrides({key: None})  # the same reserved-key check as `overrides`
+        raw = body.get(key, defaults.get(key))
+        extra.append((str(key), tuple(dict.fromkeys(_as_list(name, key, raw)))))
     values = {}
     for axis in AXES:
         raw = body.get(axis, defaults.get(axis, _AXIS_DEFAULTS.get(axis)))
@@ -359,7 +381,7 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
             values[axis] = None
             continue
         values[axis] = _check_values(name, axis, _as_list(name, axis, raw), algorithms, envs)
-    block = Block(name=name, **values)
+    block = Block(name=name, **values, extra=tuple(extra))
     algos = [algorithms[a] for a in block.algorithm]
     if block.delta is not None and not any(a.takes_delta for a in algos):
         raise SweepError(f"`grid.{name}.delta`: none of {list(block.algorithm)} has a TV threshold")
@@ -388,9 +410,13 @@ def expand(sweep: Sweep) -> list[Cell]:
             block.realign or (None,),
             block.delta or (None,),
             block.rho_bar or (None,),
+            itertools.product(*(values for _, values in block.extra)),
         )
-        for name, env, K, seed, realign, delta, rho_bar in product:
+        keys = [key for key, _ in block.extra]
+        for name, env, K, seed, realign, delta, rho_bar, extra in product:
             cell = _make_cell(sweep, sweep.algorithms[name], env, K, seed, realign, delta, rho_bar)
+            if keys:
+                cell = _with_extra(cell, tuple(zip(keys, extra)))
             cells.setdefault(cell.id, cell)
     return list(cells.values())
 
@@ -416,6 +442,16 @@ def _make_cell(sweep: Sweep, algo: Algorithm, env, K, seed, realign, delta, rho_
     else:
         rho_bar = None
     return Cell(label, base.name, env, K, seed, delta, rho_bar, realigned, suffix)
+
+
+def _with_extra(cell: Cell, extra: tuple[tuple[str, Any], ...]) -> Cell:
+    """A dotted-key axis makes a variant of the algorithm: ``vaco[lr=0.0001]`` is compared with
+    ``vaco[lr=0.0003]`` by the report as two algorithms, never averaged together."""
+    short = ",".join(f"{key.rsplit('.', 1)[-1]}={_fmt(value)}" for key, value in extra)
+    suffix = "".join(f"-{key.rsplit('.', 1)[-1]}{_fmt(value)}" for key, value in extra)
+    return dataclasses.replace(
+        cell, algorithm=f"{cell.algorithm}[{short}]", label_suffix=cell.label_suffix + suffix, extra=extra
+    )
 
 
 def _twin(algorithms: dict[str, Algorithm], algo: Algorithm, realigned: bool) -> Algorithm | None:
@@ -469,7 +505,7 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
     )
     config.setdefault("checkpoint", {})["dirpath"] = str(cell_dir / "checkpoints")
     config.setdefault("progress_bar", {})["refresh_rate"] = 0  # logs without carriage-return noise
-    for key, value in sweep.overrides.items():
+    for key, value in (*sweep.overrides.items(), *cell.extra):
         _set_dotted(config, key, copy.deepcopy(value))
     return config
 
@@ -525,10 +561,9 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
         except _Parsed:
             continue
         except (Exception, SystemExit) as err:  # jsonargparse's ArgumentError names the key
-            lines = [ln for ln in str(err).splitlines() if ln.strip() and "Given value" not in ln]
-            raise SweepError(
-                f"`overrides`: `vaco fit` rejects the config of cell {cell.id}:\n  " + "\n  ".join(lines[:12])
-            ) from None
+            from vaco.config_errors import one_line
+
+            raise SweepError(f"cell {cell.id}: `vaco fit` rejects its config: {one_line(str(err))}") from None
 
 
 # ---------------------------------------------------------------------------------------- MLflow

@@ -1,0 +1,133 @@
+"""The `vaco` command as a user meets it: help that shows vaco, fast commands, clear refusals, `vaco ui`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from mlflow_server import free_port
+
+from conftest import CONFIGS, VACO, run_cli
+
+PROBE = """
+import json, sys
+from vaco.cli import main
+try:
+    main({argv!r})
+except SystemExit:
+    pass
+print(json.dumps({{"torch": "torch" in sys.modules, "lightning": "lightning" in sys.modules}}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["sweep", "--help"], ["report", "--help"], ["evaluate", "--help"], ["ui", "--help"]])
+def test_help_imports_neither_torch_nor_lightning(argv):
+    out = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stderr.strip().splitlines()[-1]) == {"torch": False, "lightning": False}
+    assert "usage" in out.stdout
+
+
+def test_the_command_list_is_the_same_everywhere():
+    top = run_cli("--help")
+    listed = [line.split()[0] for line in top.stdout.split("commands:")[1].split("examples:")[0].splitlines() if line.strip()]
+    assert listed == ["fit", "evaluate", "sweep", "report", "ui"]
+    wrong = run_cli("validate")
+    assert wrong.returncode == 2 and "fit, evaluate, sweep, report, ui" in wrong.stderr
+    typo = run_cli("fti")
+    assert typo.returncode == 2 and "Did you mean fit?" in typo.stderr
+
+
+def test_fit_help_lists_vacos_own_fields_with_their_docs_and_defaults():
+    out = run_cli("fit", "--help")
+    assert out.returncode == 0
+    for field in ("--model.num_minibatches", "--model.update_epochs", "--data.policy_buffer_size", "--data.eval_envs", "--data.total_steps"):
+        assert field in out.stdout, field
+    assert "K, how many recent policies the actors draw from" in out.stdout
+    assert "default: 32" in out.stdout
+    assert "limit_val_batches" not in out.stdout  # Lightning's whole list is behind --help-all
+    assert "limit_val_batches" in run_cli("fit", "--help-all").stdout
+
+
+def test_video_without_an_mp4_writer_fails_before_rendering(tmp_path):
+    # imageio's ffmpeg backend made unimportable in this process only
+    code = (
+        "import sys; sys.modules['imageio_ffmpeg'] = None\n"
+        "from vaco.cli import main\n"
+        f"sys.exit(main(['evaluate', '--ckpt', {str(tmp_path / 'none.ckpt')!r}, '--video', 'x.mp4']))\n"
+    )
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "pip install -e '.[video]'" in out.stderr and "x.mp4" in out.stderr
+    assert "return" not in out.stdout  # no episode was run, nothing rendered
+    assert time.monotonic() - start < 60
+
+
+def test_fit_ends_with_vacos_summary_not_lightnings_notice(tmp_path):
+    out = run_cli(
+        "fit", "--config", str(CONFIGS / "env" / "inverted_pendulum.yaml"), "--config", str(CONFIGS / "algo" / "ppo_clip.yaml"),
+        "--data.init_args.num_envs", "2", "--data.init_args.num_steps", "64", "--data.init_args.total_steps", "128",
+        "--model.init_args.num_minibatches", "2", "--model.init_args.update_epochs", "1",
+        "--data.init_args.eval_episodes", "1", "--trainer.enable_progress_bar", "false",
+        cwd=tmp_path, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout + out.stderr
+    assert "max_epochs=1" not in text and "vaco: training finished." in out.stdout
+    assert "vaco evaluate --ckpt" in out.stdout and "vaco ui" in out.stdout
+
+
+def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.MlflowClient(uri).create_experiment("vaco")  # a store with something in it
+    port = free_port()
+    ui = subprocess.Popen(
+        [VACO, "ui", "--port", str(port)], cwd=tmp_path, env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while f"http://127.0.0.1:{port}" not in line:
+            assert ui.poll() is None and time.monotonic() < deadline, line
+            line = ui.stdout.readline()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:
+            assert page.status == 200 and b"<html" in page.read(2000).lower()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search", data=b'{"max_results": 10}',
+            headers={"Content-Type": "application/json"}, method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as found:
+            assert "vaco" in [e["name"] for e in json.loads(found.read())["experiments"]]
+        ui.send_signal(signal.SIGINT)  # Ctrl-C
+        assert ui.wait(timeout=60) == 0
+    finally:
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()
+    deadline = time.monotonic() + 30
+    while _serving(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _serving(port), "a UI process outlived `vaco ui`"
+
+
+def _serving(port: int) -> list[str]:
+    """Live processes started for this port (the UI's server and its workers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"--port {port}" in cmd or f"127.0.0.1:{port}" in cmd:
+            found.append(cmd)
+    return found

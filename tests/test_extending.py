@@ -1,0 +1,175 @@
+"""docs/extending.md, followed literally; and resuming a run with a larger budget.
+
+The doc test takes every ``<!-- file: NAME -->`` block out of the page, writes it into an empty
+temporary directory (with ``configs/`` linked in, as in a clone), and runs every
+``<!-- run -->`` command from there with no PYTHONPATH, for a tiny budget.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+
+import mlflow
+import pytest
+import yaml
+
+from conftest import REPO, VACO, metric_histories
+
+DOC = REPO / "docs" / "extending.md"
+# a tiny budget appended to every `vaco fit` of the doc
+TINY_FIT = [
+    "--data.init_args.num_envs", "2", "--data.init_args.num_steps", "64", "--data.init_args.total_steps", "384",
+    "--data.init_args.eval_every", "0", "--data.init_args.eval_episodes", "2", "--data.init_args.eval_envs", "2",
+    "--model.init_args.update_epochs", "2", "--model.init_args.num_minibatches", "4",
+    "--trainer.enable_progress_bar", "false",
+]
+
+
+def doc_blocks() -> tuple[dict[str, str], list[list[str]]]:
+    text = DOC.read_text()
+    files = dict(re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, flags=re.S))
+    commands = []
+    for block in re.findall(r"<!-- run -->\n```bash\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            line = line.split("#")[0].strip()
+            if line:
+                commands.append(shlex.split(line))
+    return files, commands
+
+
+def _run(args: list[str], cwd, uri: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """The doc's files in an empty directory, beside a link to the repo's configs."""
+    root = tmp_path_factory.mktemp("my_project")
+    files, commands = doc_blocks()
+    assert {"my_objectives.py", "clipped_is.yaml", "my_advantages.py", "ppo_td0.yaml", "lr_sweep.yaml"} <= set(files)
+    for name, body in files.items():
+        (root / name).write_text(body)
+    (root / "configs").symlink_to(REPO / "configs")
+    return root, commands, f"sqlite:///{root / 'mlflow.db'}"
+
+
+def _commands(commands, verb: str) -> list[list[str]]:
+    return [[VACO, *c[1:]] for c in commands if c[0].endswith("vaco") and c[1] == verb]
+
+
+def test_the_doc_objective_and_advantage_train_from_the_users_directory(project):
+    root, commands, uri = project
+    fits = _commands(commands, "fit")
+    assert len(fits) == 2
+    for command in fits:
+        out = _run([*command, *TINY_FIT], root, uri)
+        assert out.returncode == 0, out.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
+    params = {r.data.params["algorithm"]: r.data.params for r in runs}
+    assert params["clipped_is"]["objective"] == "ClippedIS" and params["clipped_is"]["objective.truncation"] == "2.0"
+    assert params["ppo_td0"]["advantage_estimator"] == "TD0"
+    assert all(r.info.status == "FINISHED" for r in runs)
+
+
+def test_the_doc_objective_validates_its_field(project):
+    root, commands, uri = project
+    command = _commands(commands, "fit")[0]
+    out = _run([*command, *TINY_FIT, "--model.init_args.objective.init_args.truncation", "0"], root, uri)
+    assert out.returncode == 2 and "`truncation` must be > 0, got 0" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_doc_sweep_axis_lists_its_cells_and_runs(project):
+    root, commands, uri = project
+    sweeps = _commands(commands, "sweep")
+    dry = next(c for c in sweeps if "--dry-run" in c)
+    out = _run(dry, root, uri)
+    assert out.returncode == 0, out.stderr
+    assert "18 cells" in out.stdout and "vaco-inverted_pendulum-K4-lr0.0001-s1" in out.stdout
+    # the same file at a tiny budget, two cells of it
+    config = yaml.safe_load((root / "lr_sweep.yaml").read_text())
+    config["overrides"].update({
+        "data.init_args.num_envs": 2, "data.init_args.num_steps": 64, "data.init_args.total_steps": 256,
+        "data.init_args.eval_episodes": 2, "data.init_args.eval_envs": 2,
+        "model.init_args.update_epochs": 1, "model.init_args.num_minibatches": 2,
+    })
+    (root / "tiny_lr_sweep.yaml").write_text(yaml.safe_dump(config))
+    run = next(c for c in sweeps if "--dry-run" not in c)
+    tiny = [a.replace("lr_sweep.yaml", "tiny_lr_sweep.yaml") for a in run]
+    out = _run([*tiny, "--only", "vaco-*-lr0.0001-s1", "--only", "vaco-*-lr0.001-s1"], root, uri)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("vaco-lr").experiment_id])
+    assert sorted(r.data.params["lr"] for r in runs) == ["0.0001", "0.001"]
+    assert sorted(r.data.params["algorithm"] for r in runs) == ["vaco[lr=0.0001]", "vaco[lr=0.001]"]
+    assert {r.data.tags["vaco.model.init_args.lr"] for r in runs} == {"0.0001", "0.001"}
+
+
+def test_a_sweep_with_an_unimportable_class_path_starts_nothing(tmp_path):
+    (tmp_path / "configs" / "algo").mkdir(parents=True)
+    (tmp_path / "configs" / "env").symlink_to(REPO / "configs" / "env")
+    (tmp_path / "configs" / "algo" / "mine.yaml").write_text(
+        "model:\n  class_path: vaco.VacoModule\n  init_args:\n"
+        "    objective: {class_path: not_here.Objective}\n    advantage: {class_path: vaco.advantages.GAE}\n"
+    )
+    (tmp_path / "configs" / "sweeps").mkdir()
+    (tmp_path / "configs" / "sweeps" / "s.yaml").write_text(
+        "experiment: broken\ngrid:\n  main: {algorithm: mine, env: inverted_pendulum}\n"
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = _run([VACO, "sweep", "--config", "configs/sweeps/s.yaml"], tmp_path, uri)
+    assert out.returncode == 2
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "mine.yaml: model.init_args.objective.class_path" in lines[0]
+    assert "cannot import 'not_here.Objective'" in lines[0] and "Traceback" not in out.stderr
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+# ---------------------------------------------------------------- resume with a larger budget
+BASE = [
+    "--config", str(REPO / "configs" / "env" / "inverted_pendulum.yaml"),
+    "--config", str(REPO / "configs" / "algo" / "vaco.yaml"),
+    *TINY_FIT, "--data.init_args.policy_buffer_size", "2",
+]
+
+
+def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_cannot_change(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = _run([VACO, "fit", *BASE, "--data.init_args.total_steps", "256"], tmp_path, uri)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpt = str(next(tmp_path.glob("checkpoints/*/last.ckpt")))
+    run_id = next(tmp_path.glob("checkpoints/*")).name
+
+    for change, field in (
+        (["--seed_everything", "2"], "`data.init_args.seed` cannot change"),
+        (["--model.init_args.objective.init_args.delta", "0.4"], "`model.init_args.objective.init_args.delta` cannot change"),
+    ):
+        out = _run([VACO, "fit", *BASE, "--data.init_args.total_steps", "512", *change, "--ckpt_path", ckpt], tmp_path, uri)
+        assert out.returncode == 2
+        errors = [line for line in out.stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and field in errors[0], out.stderr[-2000:]
+
+    longer = _run([VACO, "fit", *BASE, "--data.init_args.total_steps", "512", "--ckpt_path", ckpt], tmp_path, uri)
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]  # the same MLflow run
+    history = metric_histories(uri, run_id)
+    assert [s for s, _ in history["train/tv"]] == [128 * i for i in range(1, 5)]  # 2 iterations, then 2 more
+    assert history["time/total_steps"] == [(0, 256.0), (256, 512.0)]  # the budget's history
+    assert runs[0].data.tags["total_steps"] == "512" and "total_steps" not in runs[0].data.params
+    assert runs[0].info.status == "FINISHED"
+
+
+def test_the_readme_example_is_the_docs_example():
+    """The README's "Adding an objective" blocks are the doc's, so the doc test runs them too."""
+    readme = dict(re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S))
+    files, _ = doc_blocks()
+    assert readme and all(files[name] == body for name, body in readme.items())
+    assert ".venv/bin/vaco fit --config configs/env/inverted_pendulum.yaml --config clipped_is.yaml" in (REPO / "README.md").read_text()

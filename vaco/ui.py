@@ -1,0 +1,101 @@
+"""``vaco ui``: the MLflow UI on the store ``vaco fit`` writes to, on 127.0.0.1, stopped by Ctrl-C.
+
+    vaco ui                      # http://127.0.0.1:5000, store: MLFLOW_TRACKING_URI or sqlite:///mlflow.db
+    vaco ui --port 5001 --store sqlite:///results/mlflow.db
+    vaco ui --host 0.0.0.0       # only when you mean to expose it (no authentication)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from vaco.tracking import TrackingStoreError, check_tracking_store, tracking_uri
+
+__all__ = ["main"]
+
+
+def _absolute(uri: str) -> str:
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vaco ui", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--store", default=None, help="tracking store (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the UI to answer")
+    args = parser.parse_args(argv)
+    store = _absolute(args.store or tracking_uri())
+    if store.startswith(("http://", "https://")):
+        print(f"vaco ui: the store is already a server: open {store}")
+        return 0
+    try:
+        check_tracking_store(store, "--store" if args.store else None)
+    except TrackingStoreError as err:
+        print(f"vaco ui: error: {err}", file=sys.stderr)
+        return 2
+    if store.startswith("sqlite:///") and not Path(store[len("sqlite:///"):]).exists():
+        print(f"vaco ui: error: `--store`: {store} has no runs yet (run `vaco fit` first)", file=sys.stderr)
+        return 2
+    mlflow = str(Path(sys.executable).with_name("mlflow"))
+    command = [mlflow, "ui", "--backend-store-uri", store, "--host", args.host, "--port", str(args.port), "--workers", "1"]
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    server = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: stopped as one
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
+    try:
+        deadline = time.monotonic() + args.timeout
+        while stop["signal"] is None:
+            if server.poll() is not None:
+                print(f"vaco ui: error: the MLflow UI exited (code {server.returncode}); is port {args.port} free?", file=sys.stderr)
+                return 1
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    print(f"vaco ui: error: no answer from {url} in {args.timeout:.0f} s", file=sys.stderr)
+                    return 1
+                time.sleep(0.3)
+        if stop["signal"] is None:
+            print(f"vaco ui: {url}  (store {store}; Ctrl-C stops it)", flush=True)
+        while stop["signal"] is None and server.poll() is None:
+            time.sleep(0.2)
+        return 0
+    finally:
+        _stop(server)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:  # gunicorn/uvicorn workers share the group: nothing may outlive the UI
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
