@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 from rliable import library, metrics
-from sweep_fixture import full_sweep
+from sweep_fixture import FIRST, SECOND, full_sweep
 
 from vaco import report as R
 
@@ -234,13 +234,19 @@ def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
 
     client = mlflow.MlflowClient(sweep.uri)
     exp = client.get_experiment_by_name(sweep.experiment)
-    reports = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.report` = 'true'")
-    assert len(reports) == 1 and reports[0].info.status == "FINISHED"
-    logged = {a.path for a in client.list_artifacts(reports[0].info.run_id, "report")}
+    # the sweep is one parent run with its cells nested under it; the report lives on the parent
+    parents = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0].info.run_id
+    assert parents[0].data.tags["vaco.sweep.name"] == sweep.experiment and "main" in parents[0].data.tags["vaco.sweep.grid"]
+    cells = client.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
+    assert len(cells) == 5 and {r.data.tags["vaco.sweep.cell"] for r in cells} >= {FIRST, SECOND}
+    logged = {a.path for a in client.list_artifacts(parent, "report")}
     assert {f"report/{n}" for n in (*R.FIGURES, "summary.md")} <= logged
-    # a second report reuses the same MLflow run, and the report run is never read as a training run
+    # a second report goes to the same parent run, and the parent is never read as a training run
     assert vaco_main(["report", "--experiment", sweep.experiment, "--out", str(out), "--reps", "50"]) == 0
-    assert len(client.search_runs([exp.experiment_id], filter_string="tags.`vaco.report` = 'true'")) == 1
+    assert len(client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'")) == 1
+    assert not client.search_runs([exp.experiment_id], filter_string="tags.`vaco.report` = 'true'")
     assert "5 finished runs" in (out / "summary.md").read_text()
 
 

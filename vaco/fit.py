@@ -25,6 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from vaco.callbacks import IterationCheckpoint, SaveConfigToMLflow, VacoProgressBar
 from vaco.checkpoint import CheckpointError, load_checkpoint
 from vaco.config_errors import ConfigurationError, one_line
+from vaco.logger import VacoMLFlowLogger
 from vaco.tracking import (
     DEFAULT_TRACKING_URI,
     TrackingStoreError,
@@ -125,6 +126,9 @@ class VacoCLI(LightningCLI):
         """Cross-field checks and the resume check, after the classes exist but before any env
         starts or any MLflow run is created (the logger creates its run lazily)."""
         check = getattr(self.model, "check_data", None)
+        name = getattr(self.model, "default_run_name", None)
+        if isinstance(self.trainer.logger, VacoMLFlowLogger) and name is not None:
+            self.trainer.logger.default_run_name = name(self.datamodule)
         try:
             if check is not None:
                 check(self.datamodule)

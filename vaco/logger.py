@@ -29,6 +29,13 @@ __all__ = ["VacoMLFlowLogger", "GROWABLE_PARAMS"]
 
 # hyperparameters that may change when a run is resumed, kept out of MLflow's immutable params
 GROWABLE_PARAMS = ("total_steps",)
+# MLflow 3's experiment kind: without it the UI opens an experiment on its GenAI pages
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
+def _internal(key: str) -> bool:
+    """Params that say how the code is wired, not what a researcher compares by."""
+    return key.startswith("_") or key.split("/")[0] in ("env_spec",)
 
 
 class VacoMLFlowLogger(MLFlowLogger):
@@ -44,6 +51,30 @@ class VacoMLFlowLogger(MLFlowLogger):
         super().__init__(*args, **kwargs)
         self._unsent: list[tuple[dict[str, float], int | None]] = []
         self.last_error: str | None = None
+        self.default_run_name: str | None = None  # from the run's coordinates, set by `vaco fit`
+        self._prepared = False
+
+    # ------------------------------------------------------------------ the experiment and the run
+    @property
+    def experiment(self):
+        """Lightning's client; on first use, the experiment is marked as model training and a
+        new run is named after its coordinates (made unique within the experiment)."""
+        if not self._prepared and rank_zero_only.rank == 0:
+            self._prepared = True
+            self._prepare()
+        return super().experiment
+
+    def _prepare(self) -> None:
+        import mlflow
+
+        client = mlflow.MlflowClient(self._tracking_uri)
+        found = client.get_experiment_by_name(self._experiment_name)
+        experiment_id = found.experiment_id if found else client.create_experiment(self._experiment_name)
+        tags = found.tags if found else {}
+        if EXPERIMENT_KIND_TAG not in tags:  # a kind the user chose stays
+            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        if self._run_id is None and self._run_name is None and self.default_run_name:
+            self._run_name = unique_run_name(client, experiment_id, self.default_run_name)
 
     # ------------------------------------------------------------------ params
     @rank_zero_only
@@ -52,7 +83,11 @@ class VacoMLFlowLogger(MLFlowLogger):
 
         params = _flatten_dict(_convert_params(params))
         budget = {k: v for k, v in params.items() if k.rsplit("/", 1)[-1] in GROWABLE_PARAMS}
-        params = {k: v for k, v in params.items() if k not in budget}
+        internal = {k: v for k, v in params.items() if _internal(k) and k not in budget}
+        params = {k: v for k, v in params.items() if k not in budget and k not in internal}
+        for key, value in internal.items():
+            if not key.startswith("_") and value is not None:  # `_instantiator` and the like: dropped
+                self.experiment.set_tag(self.run_id, "vaco." + key.replace("/", "."), str(value)[:5000])
         logged = self.experiment.get_run(self.run_id).data.params
         changed = [k for k, v in params.items() if k in logged and logged[k] != str(v)[:250]]
         if changed:
@@ -113,3 +148,17 @@ class VacoMLFlowLogger(MLFlowLogger):
             super().finalize(status)
         except Exception as err:  # noqa: BLE001 - the run's data is on disk; say so, do not mask the run's own error
             print(f"vaco: could not mark the MLflow run {self.run_id} as ended: {err}", file=sys.stderr, flush=True)
+
+
+def unique_run_name(client, experiment_id: str, base: str) -> str:
+    """``base``, or ``base (2)``, ``base (3)``, ... : the first name no run of the experiment has."""
+    escaped = base.replace("'", "\\'")
+    taken = {
+        r.info.run_name
+        for r in client.search_runs([experiment_id], filter_string=f"attributes.run_name LIKE '{escaped}%'", max_results=1000)
+    }
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base} ({n})"
+    return name

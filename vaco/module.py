@@ -13,6 +13,7 @@ the objective module (PPO-clip, PPO-KL, SPO, IMPALA, TV filter):
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 import time
@@ -186,6 +187,17 @@ class VacoModule(L.LightningModule):
     def _budget(self) -> int:
         data = self.trainer.datamodule
         return data.num_iterations() * data.batch_size * self.trainer.world_size
+
+    def default_run_name(self, data) -> str:
+        """The MLflow run's name from its coordinates: ``vaco Hopper-v5 K=4 s3``; delta and rho_bar
+        appear where they differ from their defaults (``vaco Hopper-v5 K=4 delta=0.4 s3``)."""
+        parts = [self.algorithm, data.env_id, f"K={data.policy_buffer_size}"]
+        for module, name in ((self.objective, "delta"), (self.advantage, "rho_bar")):
+            value = getattr(module, name, None)
+            default = inspect.signature(type(module).__init__).parameters.get(name)
+            if value is not None and default is not None and value != default.default:
+                parts.append(f"{name}={value:g}")
+        return " ".join(parts) + f" s{data.seed}"
 
     def run_definition(self, data) -> dict[str, Any]:
         """The fields that make a run what it is, by config path: a resumed run must match them.

@@ -1313,11 +1313,21 @@ def _rliable_version() -> str:
 
 
 def log_report(experiment: str, out: str | os.PathLike, uri: str | None = None) -> str:
-    """Log the folder as artifacts ``report/`` of the experiment's ``report`` run (made once, reused)."""
+    """Log the folder as artifacts ``report/`` of the sweep's parent run, beside the runs it
+    summarises; an experiment without one (runs made by hand) gets a ``report`` run, made once."""
     import mlflow
 
     client = mlflow.MlflowClient(uri or tracking_uri())
     exp = client.get_experiment_by_name(experiment)
+    parent = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'", max_results=1)
+    if parent:
+        run_id = parent[0].info.run_id
+        status = parent[0].info.status
+        client.log_artifacts(run_id, str(out), artifact_path="report")
+        if status == "RUNNING":  # a sweep still running keeps its parent open
+            return run_id
+        client.set_terminated(run_id, status)
+        return run_id
     found = client.search_runs(
         [exp.experiment_id], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1
     )

@@ -76,6 +76,8 @@ _VTRACE = "vaco.advantages.VTrace"
 _GAE = "vaco.advantages.GAE"
 CELL_TAG = "vaco.sweep.cell"
 SETTINGS_TAG = "vaco.sweep.settings"
+PARENT_TAG = "vaco.sweep.parent"  # "true" on the sweep's parent run; its cells are nested under it
+PARENT_RUN_ID_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
 # fields a cell's coordinates or the sweep itself set; an override of them is an error
 _RESERVED = (
     "seed_everything",
@@ -203,6 +205,7 @@ class Sweep:
     algorithms: dict[str, Algorithm]
     envs: dict[str, dict]
     description: str = ""
+    parent_run_id: str | None = None  # the sweep's parent MLflow run (set when the sweep starts)
 
     @property
     def settings(self) -> str:
@@ -496,7 +499,10 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
                 "init_args": {
                     "experiment_name": sweep.experiment,
                     "run_name": cell.run_name,
-                    "tags": cell.tags(sweep.settings),
+                    "tags": {
+                        **cell.tags(sweep.settings),
+                        **({PARENT_RUN_ID_TAG: sweep.parent_run_id} if sweep.parent_run_id else {}),
+                    },
                     "tracking_uri": tracking_uri,
                     "log_model": True,
                 },
@@ -900,13 +906,44 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import mlflow
 
+    from vaco.logger import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
     client = mlflow.MlflowClient(uri)
     if client.get_experiment_by_name(sweep.experiment) is None:  # once, before cells race to create it
-        client.create_experiment(sweep.experiment)
+        client.create_experiment(sweep.experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    sweep.parent_run_id = parent_run(client, sweep, cells)
+    status = "FAILED"
     try:
-        return _Runner(sweep, uri, jobs, args.grace, args.status_every).run(todo)
+        rc = _Runner(sweep, uri, jobs, args.grace, args.status_every).run(todo)
+        status = {0: "FINISHED", 130: "KILLED"}.get(rc, "FAILED")
+        return rc
     finally:
+        client.set_terminated(sweep.parent_run_id, status)
         lock.close()
+
+
+def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
+    """The sweep's parent run (made once, found again on a rerun): its cells are MLflow child
+    runs of it, so the UI groups them, and `vaco report` logs its figures to it."""
+    exp = client.get_experiment_by_name(sweep.experiment)
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    grid = json.dumps({b.name: {k: v for k, v in dataclasses.asdict(b).items() if v not in (None, ())} for b in sweep.blocks}, default=str)
+    tags = {
+        PARENT_TAG: "true",
+        "vaco.sweep.name": sweep.experiment,
+        "vaco.sweep.file": str(sweep.path),
+        "vaco.sweep.grid": grid[:5000],
+        "vaco.sweep.cells": str(len(expand(sweep))),
+        SETTINGS_TAG: sweep.settings,
+    }
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+    else:
+        run_id = client.create_run(exp.experiment_id, run_name=f"sweep {sweep.experiment}", tags=tags).info.run_id
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    return run_id
 
 
 if __name__ == "__main__":

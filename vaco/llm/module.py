@@ -209,6 +209,11 @@ class RLVRModule(L.LightningModule):
                 params[f"objective.{key}"] = value
         return params
 
+    def default_run_name(self, data) -> str:
+        """The MLflow run's name from its coordinates, e.g. ``vaco_grpo gsm8k N=4 delta=0.05 s1``."""
+        delta = getattr(self.objective, "delta", None)
+        return f"{self.algorithm} gsm8k N={self.num_minibatches}" + (f" delta={delta:g}" if delta is not None else "") + f" s{data.seed}"
+
     def on_fit_end(self) -> None:
         if self.global_rank == 0 and not math.isnan(self.last_eval_accuracy):
             print(
