@@ -209,7 +209,7 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "final eval/return" in out.stdout and "mlflow ui --backend-store-uri" in out.stdout
+    assert "final eval/return" in out.stdout and "open it with: vaco ui" in out.stdout
     client = mlflow.MlflowClient(mlflow_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("cli-test").experiment_id])
     assert run.info.status == "FINISHED"

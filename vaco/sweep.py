@@ -569,7 +569,7 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
         except (Exception, SystemExit) as err:  # jsonargparse's ArgumentError names the key
             from vaco.config_errors import one_line
 
-            raise SweepError(f"cell {cell.id}: `vaco fit` rejects its config: {one_line(str(err))}") from None
+            raise SweepError(f"`overrides`: `vaco fit` rejects the config of cell {cell.id}: {one_line(str(err))}") from None
 
 
 # ---------------------------------------------------------------------------------------- MLflow
