@@ -67,6 +67,7 @@ def build_run(
     run_id: str | None = None,
     callbacks: tuple = (),
     devices: int = 1,
+    accelerator: str = "cpu",
     seed: int = 3,
     experiment: str = "test",
 ):
@@ -94,7 +95,7 @@ def build_run(
     checkpoint = IterationCheckpoint(every_n_iterations=every_n_iterations, dirpath=str(tmp_path / "ckpt"))
     trainer = L.Trainer(
         max_epochs=1,
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=devices,
         logger=logger,
         callbacks=[checkpoint, *callbacks],

@@ -171,3 +171,34 @@ def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path
     assert evals == [0, 2, 4]
     params = mlflow_store.get_run(run_id).data.params
     assert (params["algorithm"], params["N"], params["delta"]) == ("vaco_grpo", "2", "0.05")
+
+
+def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env):
+    """VACO-GRPO with a lagged second minibatch (N = 2): micro-batching changes nothing, because
+    the TV filter tests the whole minibatch's TV, measured before the micro-batched backward."""
+    args = ("--data.init_args.num_steps", "2", "--model.init_args.num_minibatches", "2",
+            "--model.init_args.objective.init_args.delta", "0.01")
+    main(fit_args(setting, tmp_path / "full", *args, objective="vaco_grpo.yaml"))
+    main(fit_args(setting, tmp_path / "micro", *args, "--model.init_args.micro_batch_size", "2", objective="vaco_grpo.yaml"))
+    full, micro = final_policy_state(tmp_path / "full"), final_policy_state(tmp_path / "micro")
+    for key in full:
+        torch.testing.assert_close(full[key], micro[key], atol=1e-5, rtol=1e-4)
+    client = mlflow.MlflowClient(tracking_uri=mlflow_env)
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    for run in runs:  # re-scored behaviour log-probs: pi/beta compares one computation with itself
+        assert run.data.metrics["lag/rescore_tv"] < 1e-5
+
+
+def test_tv_filter_uses_the_minibatch_tv_when_given():
+    from vaco.objectives import TVFilter
+
+    # a minibatch of 8: the first half alone has TV 0.03 > delta/2 = 0.025, the whole 0.015 < 0.025
+    ratio = torch.tensor([1.06, 0.94, 1.06, 0.94, 1.0, 1.0, 1.0, 1.0])
+    log_prob = ratio.log()
+    advantage = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    half = {"log_prob": log_prob[:4], "behavior_log_prob": torch.zeros(4), "advantage": advantage[:4]}
+    whole_tv = 0.5 * (ratio - 1).abs().mean()
+    assert 0.01 < float(whole_tv) < 0.025 < float(0.5 * (ratio[:4] - 1).abs().mean())
+    objective = TVFilter(delta=0.05, normalize_advantage=False)
+    assert float(objective(half)["filter_fraction"]) == 1.0  # micro-batch TV: every sample filtered
+    assert float(objective({**half, "minibatch_tv": whole_tv})["filter_fraction"]) == 0.0

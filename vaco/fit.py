@@ -20,6 +20,7 @@ import warnings
 import lightning as L
 import torch
 from jsonargparse import Namespace
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vaco.callbacks import IterationCheckpoint, SaveConfigToMLflow, VacoProgressBar
@@ -140,7 +141,14 @@ class VacoCLI(LightningCLI):
     def _instantiate_trainer(self, config, callbacks):
         if config.get("enable_progress_bar") is False:  # e.g. sweeps writing to log files
             callbacks = [c for c in callbacks if not isinstance(c, VacoProgressBar)]
-        return super()._instantiate_trainer(config, callbacks)
+        try:
+            return super()._instantiate_trainer(config, callbacks)
+        except MisconfigurationException as err:  # e.g. `--trainer.accelerator gpu` on a machine without one
+            accelerator = config.get("accelerator")
+            raise ConfigurationError(
+                f"`trainer.accelerator` ({accelerator}): {str(err).splitlines()[0]} To train on the CPU, "
+                "leave it out or pass --trainer.accelerator cpu (configs/hardware/gpu.yaml is for machines with a GPU)"
+            ) from None
 
     def instantiate_classes(self) -> None:
         """Report a bad value as one line naming the field, not a jsonargparse traceback."""

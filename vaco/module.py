@@ -13,6 +13,7 @@ the objective module (PPO-clip, PPO-KL, SPO, IMPALA, TV filter):
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import random
@@ -251,6 +252,7 @@ class VacoModule(L.LightningModule):
         data = self.trainer.datamodule
         collect_seconds = data.collector.last_collect_seconds
         start = time.perf_counter()
+        batch = self.transfer_batch(batch)
         N, T = batch.batch_size
         flat = batch.reshape(-1)
         self._freeze_normalizer()
@@ -275,31 +277,39 @@ class VacoModule(L.LightningModule):
         steps = 0
         optimizer = self.optimizers()
         size = flat.numel() // self.hparams.num_minibatches
+        # no host sync per minibatch: a non-finite loss is found on the device, its step is skipped
+        # by the fused Adam kernel (`found_inf`, as under AMP), and the run stops after the epochs
+        first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
+        orders = []
         for epoch in range(self.hparams.update_epochs):
-            order = torch.randperm(flat.numel(), generator=self._generator)
+            # drawn on the CPU generator, whatever the device: the same run on any device
+            order = torch.randperm(flat.numel(), generator=self._generator).to(self.device, non_blocking=True)
+            orders.append(order)
             for k in range(self.hparams.num_minibatches):
                 if self.objective.reestimate_advantage:
                     self._reestimate(batch, flat, train)
                 idx = order[k * size:(k + 1) * size]
                 # a plain dict: building a TensorDict per minibatch costs more than the gather
                 minibatch = {key: value[idx] for key, value in train.items()}
-                try:
-                    out = self.objective(self._minibatch(minibatch))
-                except NonFiniteInputError as err:
-                    raise self._non_finite(epoch, k, str(err)) from err
+                out = self.objective(self._minibatch(minibatch), check_finite=False)
                 loss = sum(v for key, v in out.items() if key.startswith("loss_"))
-                if not torch.isfinite(loss):
-                    raise self._non_finite(epoch, k, f"loss {float(loss)}, {_describe(out)}")
+                finite = torch.isfinite(loss)
+                first_bad = torch.where((first_bad < 0) & ~finite, steps, first_bad)
                 optimizer.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 if self.hparams.max_grad_norm is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
+                optimizer.optimizer.found_inf = (~finite).float()
                 optimizer.step()
                 for key, value in out.items():
                     sums[key] = sums.get(key, 0.0) + value.detach()
                 steps += 1
+        optimizer.optimizer.found_inf = None
+        if int(first_bad) >= 0:  # the iteration's one sync for the check
+            raise self._diagnose(int(first_bad), orders, size, train)
         self.lr_schedulers().step()
-        means = {key: float(value) / steps for key, value in sums.items()}
+        totals = torch.stack([value.float() for value in sums.values()]).cpu().tolist()  # one transfer
+        means = {key: total / steps for key, total in zip(sums, totals)}
         self.objective.update_coefficients(means)
 
         # -- after the update: forward lag, new normaliser statistics, a new policy version
@@ -346,10 +356,32 @@ class VacoModule(L.LightningModule):
         self._log(metrics, env_steps)
 
     # ------------------------------------------------------------------ pieces
+    def transfer_batch(self, batch: TensorDictBase) -> TensorDictBase:
+        """The rollout batch on the learner's device, once per iteration; the advantage and every
+        epoch run there. Collection stays on the CPU (see ``PolicyVersionBuffer``). From pinned
+        memory the copy to a GPU is asynchronous; on the CPU this is a no-op move."""
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device, non_blocking=True)
+
+    @torch.no_grad()
+    def _diagnose(self, step: int, orders, size: int, train) -> NonFiniteLossError:
+        """Name what made step ``step``'s loss non-finite: rerun that minibatch with the checks on."""
+        epoch, k = divmod(step, self.hparams.num_minibatches)
+        idx = orders[epoch][k * size:(k + 1) * size]
+        minibatch = {key: value[idx] for key, value in train.items()}
+        try:
+            out = self.objective(self._minibatch(minibatch), check_finite=True)
+            detail = f"loss {float(sum(v for key, v in out.items() if key.startswith('loss_')))}, {_describe(out)}"
+        except NonFiniteInputError as err:
+            detail = str(err)
+        return self._non_finite(epoch, k, detail)
+
     def _non_finite(self, epoch: int, minibatch: int, detail: str) -> NonFiniteLossError:
         return NonFiniteLossError(
             f"non-finite loss at iteration {int(self.version) + 1}, epoch {epoch}, minibatch {minibatch}: "
-            f"{detail}. Nothing was applied; the last good checkpoint is kept{_checkpoint_hint(self.trainer)}."
+            f"{detail}. That step was skipped and the run stops; the last good checkpoint is kept"
+            f"{_checkpoint_hint(self.trainer)}."
         )
 
     def _normalize(self, obs: torch.Tensor) -> torch.Tensor:
@@ -417,7 +449,7 @@ class VacoModule(L.LightningModule):
         """Fold this iteration's observations into the statistics; identical on every DDP rank."""
         mean, var, rows = batch_moments(obs)
         moments = torch.stack([mean, var])
-        count = torch.tensor(rows, dtype=torch.float64)
+        count = torch.tensor(rows, dtype=torch.float64, device=moments.device)
         if self.trainer.world_size > 1:
             all_moments = self.all_gather(moments)  # [world, 2, obs_dim]
             all_counts = self.all_gather(count)
@@ -455,10 +487,12 @@ class VacoModule(L.LightningModule):
         return version == last or (data.eval_every > 0 and version % data.eval_every == 0)
 
     def policy(self):
-        """The learner as a function of raw observations -> (loc, scale)."""
+        """The learner as a function of raw observations -> (loc, scale), on the CPU where the
+        evaluation envs step (a copy when the learner is on an accelerator)."""
+        actor = self.actor if self.device.type == "cpu" else copy.deepcopy(self.actor).cpu()
         if self.hparams.normalize_observation:
-            return learner_policy(self.actor, self.obs_rms.mean, self.obs_rms.var)
-        return self.actor
+            return learner_policy(actor, self.obs_rms.mean.cpu(), self.obs_rms.var.cpu())
+        return actor
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

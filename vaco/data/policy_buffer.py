@@ -37,6 +37,12 @@ class PolicyVersionBuffer(nn.Module):
     Everything is a registered buffer, so ``state_dict()`` checkpoints the whole buffer and a
     worker process can receive it as plain tensors.
 
+    Who owns which copy: the learner (``VacoModule``) owns the training weights, on its device
+    (a GPU, say); this buffer owns CPU copies of the last K versions, made by :meth:`push`. The
+    actors act on the CPU, where the envs step: a 64x64 MLP per env step is cheaper there than a
+    host-device round trip per step, and actor processes and the weight-sync schemes (TorchRL's)
+    then only ever see CPU tensors.
+
     Args:
         actor: the learner's actor (its architecture is copied; its weights are not shared).
         obs_dim: observation size (for the stored normaliser statistics).
@@ -48,7 +54,7 @@ class PolicyVersionBuffer(nn.Module):
         if not (isinstance(capacity, int) and capacity >= 1):
             raise ValueError(f"`policy_buffer_size` (K) must be an integer >= 1, got {capacity!r}")
         self.capacity = capacity
-        self.template = copy.deepcopy(actor).requires_grad_(False)
+        self.template = copy.deepcopy(actor).requires_grad_(False).cpu()
         self._names = [name for name, _ in self.template.named_parameters()]
         for name, p in self.template.named_parameters():
             self.register_buffer(_buffer_name(name), torch.zeros(capacity, *p.shape, dtype=p.dtype))
@@ -67,7 +73,7 @@ class PolicyVersionBuffer(nn.Module):
 
     @torch.no_grad()
     def push(self, actor: nn.Module, obs_mean: torch.Tensor, obs_var: torch.Tensor, version: int) -> None:
-        """Store a new version, overwriting the oldest when full."""
+        """Store a new version (copied to the CPU from wherever the learner is), overwriting the oldest when full."""
         slot = int(self.cursor)
         for name, p in actor.named_parameters():
             getattr(self, _buffer_name(name))[slot].copy_(p.detach())

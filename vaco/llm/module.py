@@ -31,6 +31,7 @@ from vaco.llm.policy import check_model_dir, completion_log_probs, encode_prompt
 from vaco.llm.reward import gsm8k_reward
 from vaco.module import NonFiniteLossError
 from vaco.objectives import Objective, PPOClip, TVFilter
+from vaco.objectives.functional import total_variation
 
 __all__ = ["RLVRModule"]
 
@@ -68,11 +69,17 @@ class RLVRModule(L.LightningModule):
         eval_max_completion_length: the same for greedy evaluation (default: max_completion_length).
         micro_batch_size: sequences per forward/backward (gradient accumulation inside a
             minibatch, to fit a GPU); default: the whole minibatch. The loss stays the token mean
-            over the minibatch; the TV filter then tests TV per micro-batch.
+            over the minibatch, and the TV filter still tests the minibatch's TV: it is measured in
+            one no-grad pass before the micro-batched backward (one optimiser step per minibatch
+            makes that exact).
         generation_batch_size: sequences generated at once (default: one minibatch, P x G).
         eval_batch_size: prompts decoded at once during evaluation.
         dtype: weights' dtype (``float32``; ``bfloat16`` on GPUs, as the paper trains).
         gradient_checkpointing: trade compute for memory in the backward pass.
+        rescore_behavior: replace the behaviour log-probs of the KV-cached generation pass by the
+            training forward's (no grad), so that pi/beta compares one computation with itself: in
+            bfloat16 the two passes differ, which would show up as lag at lag 0.
+            ``lag/rescore_tv`` logs the TV between the two.
         algorithm_name: the ``algorithm`` MLflow param; default ``grpo`` for PPOClip,
             ``vaco_grpo`` for TVFilter.
     """
@@ -96,6 +103,7 @@ class RLVRModule(L.LightningModule):
         eval_batch_size: int = 256,
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
+        rescore_behavior: bool = True,
         algorithm_name: str | None = None,
     ) -> None:
         super().__init__()
@@ -258,6 +266,8 @@ class RLVRModule(L.LightningModule):
             "train/truncated_fraction": float(torch.cat([m["truncated"] for m in minibatches]).float().mean()),
             "train/prompt_truncated": float(sum(m["prompt_truncated"] for m in minibatches)),
             "lag/forward_tv": tvs[-1],
+            **({"lag/rescore_tv": float(torch.stack([m["rescore_tv"] for m in minibatches]).mean())}
+               if minibatches[0]["rescore_tv"] is not None else {}),
             "lag/forward_tv_mean": sum(tvs) / len(tvs),
             "perf/generate_seconds": generate_seconds,
             "perf/update_seconds": update_seconds,
@@ -291,17 +301,39 @@ class RLVRModule(L.LightningModule):
         reward = torch.tensor([gsm8k_reward(x, t) for x, t in zip(texts, targets)], device=self.device).view(-1, G)
         groups = self.advantage(TensorDict({"reward": reward}, batch_size=reward.shape))
         mask = out["completion_mask"]
+        behavior_log_prob, rescore_tv = out["behavior_log_prob"], None
+        if self.hparams.rescore_behavior:
+            rescored = self._score({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+                                    "completion_ids": out["completion_ids"], "completion_mask": mask})
+            rescore_tv = total_variation(rescored - behavior_log_prob, mask)
+            behavior_log_prob = rescored
         return {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
             "completion_ids": out["completion_ids"],
             "completion_mask": mask,
-            "behavior_log_prob": out["behavior_log_prob"],
+            "behavior_log_prob": behavior_log_prob,
+            "rescore_tv": rescore_tv,
             "advantage": self.advantage.per_token(groups["advantage"].reshape(-1), mask),
             "reward": reward,
             "truncated": out["truncated"],
             "prompt_truncated": n_truncated,
         }
+
+    @torch.no_grad()
+    def _score(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The training forward's log-probs of the completions ``[B, T]``, no grad, micro-batched."""
+        B = mb["completion_ids"].shape[0]
+        micro = self.hparams.micro_batch_size or B
+        out = torch.zeros(mb["completion_ids"].shape, dtype=torch.float32, device=mb["completion_ids"].device)
+        for i in range(0, B, micro):
+            part = _trim({key: mb[key][i:i + micro] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")})
+            log_prob, _ = completion_log_probs(
+                self.policy, part["prompt_ids"], part["prompt_mask"], part["completion_ids"], part["completion_mask"],
+                temperature=self.hparams.temperature,
+            )
+            out[i:i + micro, : log_prob.shape[-1]] = log_prob
+        return out
 
     def _train_minibatch(self, mb: dict[str, Any], k: int) -> dict[str, float]:
         """One optimiser step on one minibatch (micro-batched), token-mean loss over the minibatch."""
@@ -311,6 +343,10 @@ class RLVRModule(L.LightningModule):
         micro = self.hparams.micro_batch_size or B
         total_tokens = mb["completion_mask"].sum().clamp(min=1)
         entropy_grad = self.objective.entropy_coef > 0 and not self.objective.entropy_in_surrogate
+        minibatch_tv = None
+        if micro < B and isinstance(self.objective, TVFilter):
+            # the filter's test is on the minibatch's TV (one optimiser step), not each micro-batch's
+            minibatch_tv = total_variation(self._score(mb) - mb["behavior_log_prob"], mb["completion_mask"])
         sums: dict[str, torch.Tensor] = {}
         for i in range(0, B, micro):
             part = _trim({key: mb[key][i:i + micro] for key in _SEQUENCE_KEYS})
@@ -318,17 +354,16 @@ class RLVRModule(L.LightningModule):
                 self.policy, part["prompt_ids"], part["prompt_mask"], part["completion_ids"], part["completion_mask"],
                 temperature=self.hparams.temperature, with_entropy=True, entropy_grad=entropy_grad,
             )
-            td = TensorDict(
-                {
-                    "log_prob": log_prob,
-                    "behavior_log_prob": part["behavior_log_prob"],
-                    "advantage": part["advantage"],
-                    "entropy": entropy,
-                    "mask": part["completion_mask"],
-                },
-                batch_size=log_prob.shape,
-            )
-            out = self.objective(td)
+            inputs = {
+                "log_prob": log_prob,
+                "behavior_log_prob": part["behavior_log_prob"],
+                "advantage": part["advantage"],
+                "entropy": entropy,
+                "mask": part["completion_mask"],
+            }
+            if minibatch_tv is not None:
+                inputs["minibatch_tv"] = minibatch_tv
+            out = self.objective(inputs)
             weight = part["completion_mask"].sum() / total_tokens
             loss = sum(v for key, v in out.items() if key.startswith("loss_"))
             if not torch.isfinite(loss):
@@ -428,7 +463,8 @@ def _trim(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = dict(part)
     out["prompt_ids"], out["prompt_mask"] = part["prompt_ids"][:, prompt_start:], part["prompt_mask"][:, prompt_start:]
     for key in ("completion_ids", "completion_mask", "behavior_log_prob", "advantage"):
-        out[key] = part[key][:, :completion_end]
+        if key in part:
+            out[key] = part[key][:, :completion_end]
     return out
 
 

@@ -111,8 +111,12 @@ class Objective(nn.Module):
         """
 
     # ------------------------------------------------------------------ shared
-    def forward(self, batch: TensorDictBase | Mapping[str, torch.Tensor]) -> TensorDictBase:
-        """Losses and diagnostics of one minibatch (a TensorDict or a plain dict of tensors)."""
+    def forward(self, batch: TensorDictBase | Mapping[str, torch.Tensor], check_finite: bool = True) -> TensorDictBase:
+        """Losses and diagnostics of one minibatch (a TensorDict or a plain dict of tensors).
+
+        ``check_finite``: raise, naming the input, if the loss is NaN or inf. That costs a host
+        sync; the trainer turns it off and checks once per iteration on the device instead.
+        """
         log_prob = batch.get("log_prob")
         behavior_log_prob = batch.get("behavior_log_prob")
         advantage = batch.get("advantage")
@@ -147,7 +151,7 @@ class Objective(nn.Module):
             out["loss_value"] = self.value_coef * self._value_loss(value, batch, mask)
         # NaN/inf inputs make the loss non-finite: check that one number on every minibatch and
         # name the culprit only then (checking every input first costs a sync per tensor)
-        if not bool(torch.isfinite(sum(out.values()))):
+        if check_finite and not bool(torch.isfinite(sum(out.values()))):
             self._check_inputs(batch, value)
 
         with torch.no_grad():

@@ -44,6 +44,8 @@ def tv_filter_mask(
     *,
     delta: float,
     mask: torch.Tensor | None = None,
+    tv: torch.Tensor | None = None,
+    check_finite: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """VACO's TV filter: which samples keep their gradient.
 
@@ -60,6 +62,11 @@ def tv_filter_mask(
         advantages: the (possibly normalised) advantage, or the full gradient coefficient.
         delta: the TV threshold (the constraint is ``tv <= delta / 2``), > 0.
         mask: optional validity mask; filtered-out padding stays ``keep=True`` (it has no gradient).
+        tv: the TV to compare against ``delta / 2``; default: measured on these samples. When
+            these samples are a micro-batch of a minibatch (gradient accumulation), pass the
+            whole minibatch's TV: the paper's test is per minibatch (one optimiser step).
+        check_finite: raise on NaN/inf inputs, naming them (a host sync; the trainer checks the
+            loss on the device instead).
 
     Returns:
         ``(keep, tv)``: ``keep`` is a bool tensor like ``log_ratio`` (True = gradient kept) and
@@ -67,9 +74,10 @@ def tv_filter_mask(
     """
     _checks.same_shape(log_ratio=log_ratio, advantages=advantages, mask=mask)
     _checks.positive(delta=delta)
-    _checks.all_finite(log_ratio=log_ratio, advantages=advantages)
+    if check_finite:
+        _checks.all_finite(log_ratio=log_ratio, advantages=advantages)
     log_ratio, advantages = log_ratio.detach(), advantages.detach()
-    tv = total_variation(log_ratio, mask)
+    tv = total_variation(log_ratio, mask) if tv is None else tv.detach()
     raises_tv = advantages * torch.sign(log_ratio) > 0  # sign(r - 1) == sign(log r)
     keep = ~(raises_tv & (tv > delta / 2))
     if mask is not None:

@@ -51,7 +51,12 @@ class TVFilter(Objective):
         coefficient = advantage
         if c_h > 0:
             coefficient = advantage - c_h * ((1 + log_prob.detach()) if self.sign_test == "exact" else 1.0)
-        keep, _ = tv_filter_mask(log_ratio, coefficient, delta=self.delta, mask=batch.get("mask", None))
+        # `minibatch_tv`: given by a trainer that micro-batches one minibatch (the test is per
+        # minibatch); non-finite inputs are caught on the loss by the base class
+        keep, _ = tv_filter_mask(
+            log_ratio, coefficient, delta=self.delta, mask=batch.get("mask", None),
+            tv=batch.get("minibatch_tv", None), check_finite=False,
+        )
         ratio = torch.where(keep, ratio, ratio.detach())
         log_prob = torch.where(keep, log_prob, log_prob.detach())
         return -ratio * (advantage - c_h * log_prob), {"filtered": ~keep}
