@@ -1402,7 +1402,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_mlflow:
         run_id = log_report(args.experiment, out, uri)
         print(
-            f"  logged as artifacts report/ of MLflow run {run_id} ('report') in experiment '{args.experiment}'"
+            f"  logged as artifacts report/ of MLflow run {run_id} (the sweep's parent run, or a 'report' run) in experiment '{args.experiment}'"
         )
     return 0
 
