@@ -25,7 +25,7 @@ def finished_runs(experiment: str) -> set[tuple[str, int, int]]:
     """(algorithm, N, seed) of the FINISHED runs already in the tracking store."""
     import mlflow
 
-    from vaco.cli import tracking_uri
+    from vaco.tracking import tracking_uri
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri())
     found = client.get_experiment_by_name(experiment)

@@ -163,7 +163,7 @@ def figure(path: str, experiments: list[str], tables: dict, runs: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     import mlflow
 
-    from vaco.cli import tracking_uri
+    from vaco.tracking import tracking_uri
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiments", nargs="+", default=["vaco-llm-cpu"])

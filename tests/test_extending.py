@@ -105,7 +105,8 @@ def test_the_doc_sweep_axis_lists_its_cells_and_runs(project):
     out = _run([*tiny, "--only", "vaco-*-lr0.0001-s1", "--only", "vaco-*-lr0.001-s1"], root, uri)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     client = mlflow.MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("vaco-lr").experiment_id])
+    runs = [r for r in client.search_runs([client.get_experiment_by_name("vaco-lr").experiment_id])
+            if "vaco.sweep.cell" in r.data.tags]  # the cells (not the sweep's parent run)
     assert sorted(r.data.params["lr"] for r in runs) == ["0.0001", "0.001"]
     assert sorted(r.data.params["algorithm"] for r in runs) == ["vaco[lr=0.0001]", "vaco[lr=0.001]"]
     assert {r.data.tags["vaco.model.init_args.lr"] for r in runs} == {"0.0001", "0.001"}

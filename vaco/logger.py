@@ -25,12 +25,12 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
 __all__ = ["VacoMLFlowLogger", "GROWABLE_PARAMS"]
 
 # hyperparameters that may change when a run is resumed, kept out of MLflow's immutable params
 GROWABLE_PARAMS = ("total_steps",)
-# MLflow 3's experiment kind: without it the UI opens an experiment on its GenAI pages
-EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
 def _internal(key: str) -> bool:

@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vaco.tracking import PARENT_TAG, REPORT_TAG, search_all_runs, tracking_uri
+
 __all__ = [
     "AGGREGATES",
     "SECTIONS",
@@ -75,7 +77,6 @@ __all__ = [
 ]
 
 METRIC_KEYS = ("eval/return", "lag/forward_tv", "train/tv", "train/filter_fraction", "train/clip_fraction")
-REPORT_TAG = "vaco.report"
 SECTIONS = (
     "Runs",
     "Normalisation",
@@ -155,10 +156,6 @@ def _number(text: str | None) -> float | None:
     return float(text)
 
 
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
-
-
 def load_runs(
     experiment: str, uri: str | None = None, include_unfinished: bool = False
 ) -> tuple[list[Run], list[str]]:
@@ -176,13 +173,7 @@ def load_runs(
         raise ValueError(
             f"`--experiment`: no MLflow experiment named '{experiment}' in {uri or tracking_uri()}"
         )
-    found, token = [], None
-    while True:
-        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
-        found.extend(page)
-        token = page.token
-        if not token:
-            break
+    found = search_all_runs(client, [exp.experiment_id])
     notes: list[str] = []
     statuses = Counter()
     kept: dict[tuple, object] = {}
@@ -1319,7 +1310,7 @@ def log_report(experiment: str, out: str | os.PathLike, uri: str | None = None) 
 
     client = mlflow.MlflowClient(uri or tracking_uri())
     exp = client.get_experiment_by_name(experiment)
-    parent = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'", max_results=1)
+    parent = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
     if parent:
         run_id = parent[0].info.run_id
         status = parent[0].info.status

@@ -1,4 +1,5 @@
-"""Where runs are tracked: the MLflow tracking URI, and a fast check that the store is usable.
+"""Run metadata in one place: where runs are tracked (the MLflow tracking URI and a fast check
+that the store is usable), the tag names vaco writes, and the paged run search its readers use.
 
 Every vaco command resolves the store here (``MLFLOW_TRACKING_URI``, else a local SQLite file;
 MLflow 3.14+ refuses the old file store). :func:`check_tracking_store` runs before any env or
@@ -15,10 +16,23 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-__all__ = ["DEFAULT_TRACKING_URI", "TrackingStoreError", "tracking_uri", "check_tracking_store"]
+__all__ = [
+    "DEFAULT_TRACKING_URI", "TrackingStoreError", "tracking_uri", "absolute_tracking_uri", "check_tracking_store",
+    "search_all_runs", "CELL_TAG", "SETTINGS_TAG", "PARENT_TAG", "PARENT_RUN_ID_TAG", "REPORT_TAG",
+    "EXPERIMENT_KIND_TAG", "EXPERIMENT_KIND",
+]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 ENV_VAR = "MLFLOW_TRACKING_URI"
+
+# tags vaco writes (the sweep, the report and the logger read and write these names only)
+CELL_TAG = "vaco.sweep.cell"  # the sweep cell id of a run
+SETTINGS_TAG = "vaco.sweep.settings"  # a hash of the sweep's shared overrides
+PARENT_TAG = "vaco.sweep.parent"  # "true" on a sweep's parent run
+PARENT_RUN_ID_TAG = "mlflow.parentRunId"  # MLflow's own nesting: a cell's parent
+REPORT_TAG = "vaco.report"  # "true" on the report run of an experiment without a sweep
+# MLflow 3's experiment kind: without it the UI opens an experiment on its GenAI pages
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 _DB_SCHEMES = ("postgresql", "mysql", "mssql")
 
 
@@ -29,6 +43,27 @@ class TrackingStoreError(RuntimeError):
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` if set, else a local SQLite store."""
     return os.environ.get(ENV_VAR) or DEFAULT_TRACKING_URI
+
+
+def absolute_tracking_uri(uri: str | None = None) -> str:
+    """The tracking URI with a relative SQLite path made absolute: processes started in other
+    directories (sweep cells, launcher jobs) then write to the same store."""
+    uri = uri or tracking_uri()
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def search_all_runs(client, experiment_ids: list[str], filter_string: str = "") -> list:
+    """Every run matching ``filter_string`` (MLflow pages its search at 1,000 runs)."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
 
 
 def _field(uri: str, field: str | None) -> str:

@@ -1,35 +1,13 @@
-"""``vaco sweep``: a grid of ``vaco fit`` runs, one MLflow run per cell, resumable.
+"""The sweep file: loading and validating it, the grid's cells, each cell's ``vaco fit`` config.
 
-    vaco sweep --config configs/sweeps/laptop.yaml [--jobs N] [--dry-run] [--only 'vaco-*']
-
-A sweep file names an MLflow experiment, shared ``overrides`` of ``vaco fit`` fields, and one or
-more grid ``blocks``; each block is a product over the axes ``algorithm`` (a configs/algo/*.yaml
-name), ``env`` (a configs/env/*.yaml name), ``K`` (policy_buffer_size), ``delta`` (TV filter),
-``rho_bar`` (V-trace), ``realign`` (V-trace instead of GAE, or back) and ``seed``. The sweep's
-cells are the union of the blocks' cells, each cell once.
-
-The rule for axes that do not apply: ``delta`` applies only to objectives with a TV threshold,
-``rho_bar`` only to V-trace advantages (IMPALA's objective gets the same value), ``realign`` only
-to objectives that do not re-estimate V-trace themselves (not IMPALA). An axis that does not apply
-to a cell's algorithm is dropped from that cell, so it does not multiply it: ``{algorithm:
-[vaco, ppo_clip], delta: [0.1, 0.2]}`` is three cells. A block whose axis applies to none of its
-algorithms is an error. ``realign`` renames the algorithm: ``vaco`` without realignment is the
-``vaco_no_realign`` cell; ``ppo_clip`` with it is ``ppo_clip+realign``.
-
-Each cell is one ``vaco fit --config <out>/<cell>/config.yaml`` process with one torch thread,
-logging one MLflow run tagged with its coordinates (``vaco.algorithm``, ``vaco.env``, ``vaco.K``,
-``vaco.delta``, ``vaco.rho_bar``, ``vaco.realign``, ``vaco.seed``) and ``vaco.sweep.cell``. A
-cell whose run FINISHED is skipped; a cell with ``<out>/<cell>/checkpoints/last.ckpt`` resumes
-from it into the same MLflow run; a failed cell prints the end of its log and the others go on.
+Imports nothing heavy (``vaco sweep --help`` and ``--dry-run`` stay fast); ``vaco fit``'s parser
+is imported only to validate the cells' configs.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
-import ctypes
 import dataclasses
-import fnmatch
 import hashlib
 import importlib
 import inspect
@@ -37,27 +15,15 @@ import itertools
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
-import time
 import warnings
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = [
-    "AXES",
-    "Cell",
-    "Sweep",
-    "SweepError",
-    "load_sweep",
-    "expand",
-    "cell_config",
-    "main",
-]
+from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, SETTINGS_TAG
+
+__all__ = ["AXES", "Algorithm", "Block", "Cell", "Sweep", "SweepError", "load_sweep", "expand", "cell_config", "validate_with_cli"]
 
 AXES = ("algorithm", "env", "K", "delta", "rho_bar", "realign", "seed")
 _TOP_FIELDS = (
@@ -69,15 +35,13 @@ _TOP_FIELDS = (
     "defaults",
     "grid",
     "description",
+    "launcher",
+    "resources",
 )
 _AXIS_DEFAULTS = {"K": [1], "seed": [1]}
 _LOGGER = "vaco.logger.VacoMLFlowLogger"
 _VTRACE = "vaco.advantages.VTrace"
 _GAE = "vaco.advantages.GAE"
-CELL_TAG = "vaco.sweep.cell"
-SETTINGS_TAG = "vaco.sweep.settings"
-PARENT_TAG = "vaco.sweep.parent"  # "true" on the sweep's parent run; its cells are nested under it
-PARENT_RUN_ID_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
 # fields a cell's coordinates or the sweep itself set; an override of them is an error
 _RESERVED = (
     "seed_everything",
@@ -103,6 +67,7 @@ _RESERVED = (
     "trainer.logger.init_args.tracking_uri",
     "checkpoint.dirpath",
 )
+
 
 
 class SweepError(ValueError):
@@ -205,6 +170,8 @@ class Sweep:
     algorithms: dict[str, Algorithm]
     envs: dict[str, dict]
     description: str = ""
+    launcher: str = "local"
+    resources: dict = dataclasses.field(default_factory=dict)
     parent_run_id: str | None = None  # the sweep's parent MLflow run (set when the sweep starts)
 
     @property
@@ -262,7 +229,32 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
         algorithms=algorithms,
         envs=envs,
         description=str(raw.get("description", "")),
+        launcher=_load_launcher(raw.get("launcher", "local")),
+        resources=_load_resources(raw.get("resources") or {}),
     )
+
+
+LAUNCHERS = ("local", "slurm", "ray")
+
+
+def _load_launcher(value) -> str:
+    if value not in LAUNCHERS:
+        raise SweepError(f"`launcher` must be one of {', '.join(LAUNCHERS)}, got {value!r}")
+    return value
+
+
+def _load_resources(raw) -> dict:
+    from vaco.sweep.launchers import RESOURCE_FIELDS
+
+    if not isinstance(raw, dict):
+        raise SweepError("`resources` must be a mapping, e.g. {cpus: 1, gpus: 0, mem_gb: 8, time_min: 600}")
+    for key, value in raw.items():
+        if key not in RESOURCE_FIELDS:
+            raise SweepError(f"`resources.{key}`: unknown field (known: {', '.join(RESOURCE_FIELDS)})")
+        kind = RESOURCE_FIELDS[key][0]
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise SweepError(f"`resources.{key}` must be a {'non-negative integer' if kind is int else 'string'}, got {value!r}")
+    return dict(raw)
 
 
 def _configs_dir(path: Path, given: str | None) -> Path:
@@ -271,7 +263,7 @@ def _configs_dir(path: Path, given: str | None) -> Path:
     else:  # configs/sweeps/x.yaml -> configs/; else the repository's configs/
         found = path.resolve().parent.parent
         if not (found / "algo").is_dir():
-            found = Path(__file__).resolve().parents[1] / "configs"
+            found = Path(__file__).resolve().parents[2] / "configs"
     if not (found / "algo").is_dir() or not (found / "env").is_dir():
         raise SweepError(f"`configs_dir`: {found} has no algo/ and env/ folders")
     return found
@@ -571,380 +563,3 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
 
             raise SweepError(f"`overrides`: `vaco fit` rejects the config of cell {cell.id}: {one_line(str(err))}") from None
 
-
-# ---------------------------------------------------------------------------------------- MLflow
-def resolve_tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``, with a relative SQLite path made absolute
-    (cells and the report then find the same store whatever their working directory)."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        uri = prefix + str(Path(uri[len(prefix) :]).resolve())
-    return uri
-
-
-def _sqlite_missing(uri: str) -> bool:
-    return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists()
-
-
-def sweep_runs(client, experiment: str) -> list:
-    """Every run of the experiment that carries a sweep cell tag."""
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    runs, token = [], None
-    while True:
-        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
-        runs.extend(r for r in page if CELL_TAG in r.data.tags)
-        token = page.token
-        if not token:
-            return runs
-
-
-# ---------------------------------------------------------------------------------------- running
-@dataclasses.dataclass
-class _Job:
-    cell: Cell
-    proc: subprocess.Popen
-    log: Path
-    started: float
-    resumed: bool
-
-
-def _set_pdeathsig() -> None:  # runs in the child: die with the sweep, even on SIGKILL
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace").replace("\r", "\n")
-    except OSError:
-        return "(no log)"
-    return "\n".join("    " + ln for ln in [ln for ln in text.splitlines() if ln.strip()][-lines:])
-
-
-def _hms(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
-class _Runner:
-    """Runs cells as subprocesses, ``jobs`` at a time; SIGINT/SIGTERM stop it cleanly."""
-
-    def __init__(self, sweep: Sweep, tracking_uri: str, jobs: int, grace: float, status_every: float):
-        import mlflow
-
-        self.sweep, self.uri, self.jobs, self.grace = sweep, tracking_uri, jobs, grace
-        self.status_every = status_every
-        self.client = mlflow.MlflowClient(tracking_uri)
-        self.running: dict[str, _Job] = {}
-        self.done: list[tuple[Cell, float]] = []
-        self.failed: list[Cell] = []
-        self.stop_requested = 0
-        self.total = 0
-
-    def _on_signal(self, signum, _frame) -> None:
-        self.stop_requested += 1
-        name = signal.Signals(signum).name
-        if self.stop_requested == 1:
-            _say(
-                f"{name}: stopping the sweep (running cells are terminated; rerun the same command to resume)"
-            )
-        else:
-            _say(f"{name} again: killing the running cells now")
-
-    def run(self, cells: list[Cell]) -> int:
-        pending = deque(cells)
-        self.total = len(cells)
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        last_status = time.monotonic()
-        try:
-            while (pending or self.running) and not self.stop_requested:
-                while pending and len(self.running) < self.jobs and not self.stop_requested:
-                    self._start(pending.popleft())
-                for job in list(self.running.values()):
-                    if job.proc.poll() is not None:
-                        self._finish(job)
-                if time.monotonic() - last_status >= self.status_every and self.running:
-                    last_status = time.monotonic()
-                    _say(self._status(len(pending), detail=True))
-                time.sleep(0.2)
-        finally:
-            if self.running:
-                self._stop_all()
-            for s, handler in old.items():
-                signal.signal(s, handler)
-        if self.stop_requested:
-            _say(f"stopped: {self._status(len(pending))}. Rerun the same command to resume.")
-            return 130
-        _say(f"sweep finished: {self._status(0)}")
-        if self.failed:
-            _say("failed cells: " + ", ".join(c.id for c in self.failed))
-        return 1 if self.failed else 0
-
-    def _start(self, cell: Cell) -> None:
-        cell_dir = self.sweep.cell_dir(cell)
-        cell_dir.mkdir(parents=True, exist_ok=True)
-        config_path = cell_dir / "config.yaml"
-        config_path.write_text(yaml.safe_dump(cell_config(self.sweep, cell, self.uri), sort_keys=False))
-        ckpt = cell_dir / "checkpoints" / "last.ckpt"
-        command = [sys.executable, "-m", "vaco.cli", "fit", "--config", str(config_path)]
-        resumed = ckpt.is_file()
-        if resumed:
-            command += ["--ckpt_path", str(ckpt)]
-        else:
-            self._close_stale_runs(cell)
-        log = cell_dir / "train.log"
-        env = dict(
-            os.environ,
-            OMP_NUM_THREADS="1",
-            MKL_NUM_THREADS="1",
-            PYTHONUNBUFFERED="1",
-            MLFLOW_TRACKING_URI=self.uri,
-        )
-        with open(log, "a") as fh:
-            fh.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} vaco {' '.join(command[3:])}\n")
-            fh.flush()
-            proc = subprocess.Popen(
-                command,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_set_pdeathsig if sys.platform == "linux" else None,
-            )
-        self.running[cell.id] = _Job(cell, proc, log, time.monotonic(), resumed)
-        _say(f"start  {cell.id}{' (resume from checkpoint)' if resumed else ''}   [{self._status(None)}]")
-
-    def _close_stale_runs(self, cell: Cell) -> None:
-        """A cell that starts afresh marks its earlier runs that never ended (killed before their
-        first checkpoint) as KILLED, so the MLflow UI does not show them as running."""
-        for run in self._cell_runs(cell):
-            if run.info.status == "RUNNING":
-                self.client.set_terminated(run.info.run_id, "KILLED")
-
-    def _cell_runs(self, cell: Cell) -> list:
-        exp = self.client.get_experiment_by_name(self.sweep.experiment)
-        if exp is None:
-            return []
-        return self.client.search_runs([exp.experiment_id], filter_string=f"tags.`{CELL_TAG}` = '{cell.id}'")
-
-    def _finish(self, job: _Job) -> None:
-        del self.running[job.cell.id]
-        seconds = time.monotonic() - job.started
-        code = job.proc.returncode
-        finished = code == 0 and any(r.info.status == "FINISHED" for r in self._cell_runs(job.cell))
-        if finished:
-            self.done.append((job.cell, seconds))
-            _say(f"done   {job.cell.id} in {_hms(seconds)}   [{self._status(None)}]")
-            return
-        if self.stop_requested:
-            return
-        self.failed.append(job.cell)
-        _say(
-            f"FAILED {job.cell.id} (exit code {code}) after {_hms(seconds)}   [{self._status(None)}]\n"
-            f"  last lines of {job.log}:\n{_tail(job.log)}"
-        )
-
-    def _stop_all(self) -> None:
-        for job in self.running.values():
-            _signal_group(job.proc, signal.SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while self.running and time.monotonic() < deadline and self.stop_requested < 2:
-            for job in list(self.running.values()):
-                if job.proc.poll() is not None:
-                    self._finish(job)
-            time.sleep(0.1)
-        for job in list(self.running.values()):
-            _signal_group(job.proc, signal.SIGKILL)
-            job.proc.wait()
-            self._finish(job)
-
-    def _status(self, pending: int | None, detail: bool = False) -> str:
-        done, failed, running = len(self.done), len(self.failed), len(self.running)
-        left = self.total - done - failed
-        text = f"done {done}/{self.total}, running {running}, failed {failed}"
-        if self.done and left > 0:
-            mean = sum(s for _, s in self.done) / len(self.done)
-            now = time.monotonic()
-            busy = sum(max(mean - (now - j.started), 0.0) for j in self.running.values())
-            queued = left - running
-            text += f", ETA {_hms((queued * mean + busy) / self.jobs)}"
-        elif left > 0:
-            text += ", ETA after the first cell"
-        if detail and self.running:
-            now = time.monotonic()
-            text += " | " + ", ".join(f"{j.cell.id} {_hms(now - j.started)}" for j in self.running.values())
-        return text
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-# ---------------------------------------------------------------------------------------- entry point
-def plan(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> dict[str, str]:
-    """Each cell's state: ``finished`` (skipped), ``resume`` (has a checkpoint) or ``new``."""
-    finished = set()
-    if not _sqlite_missing(tracking_uri):
-        import mlflow
-
-        client = mlflow.MlflowClient(tracking_uri)
-        runs = sweep_runs(client, sweep.experiment)
-        other = sorted({r.data.tags.get(SETTINGS_TAG) for r in runs} - {sweep.settings, None})
-        if other:
-            raise SweepError(
-                f"`overrides`: experiment '{sweep.experiment}' already holds sweep runs made with other "
-                f"shared overrides (settings {', '.join(other)}; this file: {sweep.settings}); "
-                "results would mix. Use another `experiment` name."
-            )
-        finished = {r.data.tags[CELL_TAG] for r in runs if r.info.status == "FINISHED"}
-    states = {}
-    for cell in cells:
-        if cell.id in finished:
-            states[cell.id] = "finished"
-        elif (sweep.cell_dir(cell) / "checkpoints" / "last.ckpt").is_file():
-            states[cell.id] = "resume"
-        else:
-            states[cell.id] = "new"
-    return states
-
-
-def _lock(output_dir: Path):
-    import fcntl
-
-    output_dir.mkdir(parents=True, exist_ok=True)
-    handle = open(output_dir / ".sweep.lock", "w")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        raise SweepError(f"another `vaco sweep` is running on {output_dir}") from None
-    return handle
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="vaco sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--config", required=True, help="the sweep file, e.g. configs/sweeps/laptop.yaml")
-    parser.add_argument(
-        "--jobs", type=int, default=None, help="cells run at once (default: the file's `jobs`)"
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="validate, print the cells and their state, run nothing"
-    )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="output folder of cell configs, logs, checkpoints (default: the file's `output_dir`)",
-    )
-    parser.add_argument(
-        "--only",
-        action="append",
-        default=[],
-        metavar="GLOB",
-        help="run only cells whose id matches (repeatable)",
-    )
-    parser.add_argument(
-        "--grace", type=float, default=15.0, help="seconds a stopped cell gets to exit before SIGKILL"
-    )
-    parser.add_argument("--status-every", type=float, default=60.0, help="seconds between progress lines")
-    args = parser.parse_args(argv)
-    try:
-        if args.jobs is not None and args.jobs < 1:
-            raise SweepError(f"`--jobs` must be >= 1, got {args.jobs}")
-        sweep = load_sweep(args.config, args.out)
-        cells = expand(sweep)
-        if args.only:
-            cells = [c for c in cells if any(fnmatch.fnmatch(c.id, g) for g in args.only)]
-            if not cells:
-                raise SweepError(f"`--only {' '.join(args.only)}` matches no cell")
-        uri = resolve_tracking_uri()
-        validate_with_cli(sweep, cells, uri)
-        states = plan(sweep, cells, uri)
-    except SweepError as err:
-        print(f"vaco sweep: {err}", file=sys.stderr)
-        return 2
-    jobs = args.jobs or sweep.jobs
-    counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "resume", "new")}
-    _say(
-        f"sweep '{sweep.experiment}' ({sweep.path}): {len(cells)} cells; {counts['finished']} finished "
-        f"(skipped), {counts['resume']} resume from a checkpoint, {counts['new']} new; {jobs} at a time\n"
-        f"  MLflow: {uri}  outputs: {sweep.output_dir}"
-    )
-    if args.dry_run:
-        for cell in cells:
-            print(f"  {states[cell.id]:8s}  {cell.id}")
-        print(
-            f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
-        )
-        return 0
-    for cell in cells:
-        if states[cell.id] == "finished":
-            _say(f"skip   {cell.id} (finished)")
-    todo = [c for c in cells if states[c.id] != "finished"]
-    if not todo:
-        _say("nothing to do: every cell has finished")
-        return 0
-    try:
-        lock = _lock(sweep.output_dir)
-    except SweepError as err:
-        print(f"vaco sweep: {err}", file=sys.stderr)
-        return 2
-    import mlflow
-
-    from vaco.logger import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
-
-    client = mlflow.MlflowClient(uri)
-    if client.get_experiment_by_name(sweep.experiment) is None:  # once, before cells race to create it
-        client.create_experiment(sweep.experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
-    sweep.parent_run_id = parent_run(client, sweep, cells)
-    status = "FAILED"
-    try:
-        rc = _Runner(sweep, uri, jobs, args.grace, args.status_every).run(todo)
-        status = {0: "FINISHED", 130: "KILLED"}.get(rc, "FAILED")
-        return rc
-    finally:
-        client.set_terminated(sweep.parent_run_id, status)
-        lock.close()
-
-
-def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
-    """The sweep's parent run (made once, found again on a rerun): its cells are MLflow child
-    runs of it, so the UI groups them, and `vaco report` logs its figures to it."""
-    exp = client.get_experiment_by_name(sweep.experiment)
-    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
-    grid = json.dumps({b.name: {k: v for k, v in dataclasses.asdict(b).items() if v not in (None, ())} for b in sweep.blocks}, default=str)
-    tags = {
-        PARENT_TAG: "true",
-        "vaco.sweep.name": sweep.experiment,
-        "vaco.sweep.file": str(sweep.path),
-        "vaco.sweep.grid": grid[:5000],
-        "vaco.sweep.cells": str(len(expand(sweep))),
-        SETTINGS_TAG: sweep.settings,
-    }
-    if found:
-        run_id = found[0].info.run_id
-        client.update_run(run_id, status="RUNNING")
-    else:
-        run_id = client.create_run(exp.experiment_id, run_name=f"sweep {sweep.experiment}", tags=tags).info.run_id
-    for key, value in tags.items():
-        client.set_tag(run_id, key, value)
-    return run_id
-
-
-if __name__ == "__main__":
-    sys.exit(main())

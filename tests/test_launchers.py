@@ -1,0 +1,174 @@
+"""Sweeps beyond one machine: the SLURM launcher through submitit's local executor (the same job
+code a cluster runs), the sbatch script it would submit, a real local Ray cluster whose worker is
+killed mid-cell, a real `mlflow server` as the shared tracking store, and bad input refused
+before any cell starts. One cell = one `vaco fit`, whatever launches it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow_server import free_port, mlflow_server
+
+from conftest import CONFIGS, VACO, run_cli
+from vaco.checkpoint import CheckpointError, load_checkpoint
+
+TINY = str(CONFIGS / "sweeps" / "tiny.yaml")
+FIRST, SECOND = "vaco-inverted_pendulum-K2-s1", "ppo_clip-inverted_pendulum-K2-s1"
+ONLY = ["--only", FIRST, "--only", SECOND]
+
+
+def _cell_runs(uri: str, experiment: str = "vaco-tiny") -> dict[str, list]:
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    out: dict[str, list] = {}
+    for run in client.search_runs([exp.experiment_id]):
+        cell = run.data.tags.get("vaco.sweep.cell")
+        if cell:
+            out.setdefault(cell, []).append(run)
+    return out
+
+
+def _sweep(tmp_path: Path, uri: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return run_cli("sweep", "--config", TINY, "--out", str(tmp_path / "out"), *args, cwd=tmp_path,
+                   env={"MLFLOW_TRACKING_URI": uri}, timeout=timeout)
+
+
+# ---------------------------------------------------------------- SLURM (submitit)
+def test_slurm_launcher_runs_the_cells_through_submitits_local_executor(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    start = time.monotonic()
+    out = _sweep(tmp_path, uri, *ONLY, "--launcher", "slurm", "--slurm-executor", "local")
+    elapsed = time.monotonic() - start
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    print(f"slurm (submitit local executor), 2 tiny cells: {elapsed:.0f} s")
+    assert "submitted 2 cells as local job array" in out.stdout
+    runs = _cell_runs(uri)
+    assert sorted(runs) == sorted([FIRST, SECOND])
+    assert all(len(r) == 1 and r[0].info.status == "FINISHED" for r in runs.values())
+    # the cells ran as submitit jobs: their logs are in the submitit folder and their own
+    assert list((tmp_path / "out" / "submitit").glob("*_log.out"))
+    assert "vaco fit --config" in (tmp_path / "out" / FIRST / "train.log").read_text()
+    # a rerun submits nothing: every cell finished
+    again = _sweep(tmp_path, uri, *ONLY, "--launcher", "slurm", "--slurm-executor", "local")
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_slurm_job_array_script_carries_the_sweeps_resources(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = _sweep(tmp_path, uri, "--launcher", "slurm", "--dry-run", "--partition", "gpu", "--account", "lab",
+                 "--cpus", "2", "--gpus", "1", "--mem-gb", "16", "--time-min", "600", "--array-parallelism", "3")
+    assert out.returncode == 0, out.stderr
+    script = out.stdout.split("sbatch script:", 1)[1]
+    for line in ("#SBATCH --array=0-4%3", "#SBATCH --cpus-per-task=2", "#SBATCH --gpus-per-node=1", "#SBATCH --mem=16GB",
+                 "#SBATCH --time=600", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
+                 "#SBATCH --signal=USR2@90"):  # submitit's requeue signal: a preempted cell resumes
+        assert line in script, line
+    assert not (tmp_path / "out").exists()  # a dry run writes nothing
+
+
+def test_slurm_without_submitit_is_refused_before_any_cell(tmp_path):
+    code = (
+        "import sys; sys.modules['submitit'] = None\n"
+        "from vaco.cli import main\n"
+        f"sys.exit(main(['sweep', '--config', {TINY!r}, '--out', {str(tmp_path / 'out')!r}, '--launcher', 'slurm']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    assert out.returncode == 2 and "pip install -e '.[slurm]'" in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- Ray
+@pytest.mark.slow
+def test_ray_retries_a_cell_whose_worker_died_and_it_resumes_into_the_same_run(tmp_path):
+    """A real local Ray cluster (2 CPUs, 127.0.0.1). The first cell's worker is SIGKILLed once
+    the cell has a checkpoint; Ray retries the task, the cell resumes, one MLflow run per cell."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", RAY_DISABLE_USAGE_STATS="1")
+    start = time.monotonic()
+    sweep = subprocess.Popen(
+        [VACO, "sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "ray", "--ray-cpus", "2"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    cell = tmp_path / "out" / FIRST
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed is None:
+            assert sweep.poll() is None and time.monotonic() < deadline, "the cell ended before it could be killed"
+            ckpt = cell / "checkpoints" / "last.ckpt"
+            if ckpt.exists() and (cell / "worker.pid").exists():
+                try:
+                    if int(load_checkpoint(ckpt)["state_dict"]["version"]) >= 2:
+                        killed = int((cell / "worker.pid").read_text())
+                        os.kill(killed, signal.SIGKILL)  # the Ray worker running the cell
+                except (CheckpointError, ValueError, ProcessLookupError):
+                    killed = None
+            time.sleep(0.1)
+        output, _ = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+            sweep.wait()
+    elapsed = time.monotonic() - start
+    print(f"ray (local cluster, 2 CPUs), 2 tiny cells with one worker killed: {elapsed:.0f} s")
+    assert sweep.returncode == 0, output[-4000:]
+    runs = _cell_runs(uri)
+    assert sorted(runs) == sorted([FIRST, SECOND])
+    for cell_id, cell_runs in runs.items():  # no duplicate MLflow runs, all finished
+        assert len(cell_runs) == 1 and cell_runs[0].info.status == "FINISHED", cell_id
+    log = (cell / "train.log").read_text()
+    headers = [line for line in log.splitlines() if line.startswith("=== ")]
+    assert len(headers) == 2 and "--ckpt_path" in headers[1], headers  # retried, and resumed
+    assert int((cell / "worker.pid").read_text()) != killed  # by another worker
+
+
+def test_an_unreachable_ray_address_is_refused_before_any_cell(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = _sweep(tmp_path, uri, "--launcher", "ray", "--ray-address", f"127.0.0.1:{free_port()}")
+    assert out.returncode == 2 and "`--ray-address`" in out.stderr and "no Ray cluster answers" in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- a shared tracking server
+@pytest.mark.slow
+def test_a_sweep_against_an_mlflow_server_with_a_database_backend_and_the_report_reads_it(tmp_path):
+    backend = f"sqlite:///{tmp_path / 'server.db'}"  # a database backend (PostgreSQL on a cluster)
+    with mlflow_server(backend, tmp_path, tmp_path / "server.log") as url:
+        start = time.monotonic()
+        out = _sweep(tmp_path, url, *ONLY, "--jobs", "2")
+        print(f"local launcher against an mlflow server, 2 tiny cells: {time.monotonic() - start:.0f} s")
+        assert out.returncode == 0, out.stdout[-3000:]
+        runs = _cell_runs(url)
+        assert sorted(runs) == sorted([FIRST, SECOND]) and all(r[0].info.status == "FINISHED" for r in runs.values())
+        report = run_cli("report", "--experiment", "vaco-tiny", "--out", str(tmp_path / "report"), "--reps", "50",
+                         cwd=tmp_path, env={"MLFLOW_TRACKING_URI": url})
+        assert report.returncode == 0, report.stderr[-3000:]
+        assert "2 finished runs" in (tmp_path / "report" / "summary.md").read_text()
+        client = mlflow.MlflowClient(url)
+        exp = client.get_experiment_by_name("vaco-tiny")
+        (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'")
+        assert "report/summary.md" in {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+
+
+def test_an_unreachable_tracking_server_is_refused_before_any_cell(tmp_path):
+    out = _sweep(tmp_path, f"http://127.0.0.1:{free_port()}", *ONLY)
+    assert out.returncode == 2 and "no MLflow server answers" in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_launcher_is_refused(tmp_path):
+    out = _sweep(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "--launcher", "kubernetes")
+    assert out.returncode == 2 and "invalid choice: 'kubernetes'" in out.stderr
+    body = Path(TINY).read_text() + "launcher: kubernetes\n"
+    (tmp_path / "s.yaml").write_text(body.replace("output_dir: sweeps/vaco-tiny", f"output_dir: {tmp_path / 'out'}"))
+    out = run_cli("sweep", "--config", str(tmp_path / "s.yaml"), cwd=tmp_path,
+                  env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert out.returncode == 2 and "`launcher` must be one of local, slurm, ray" in out.stderr

@@ -1,0 +1,142 @@
+"""``vaco sweep``: the command line (see :mod:`vaco.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import sys
+
+from vaco.sweep.grid import LAUNCHERS, SweepError, expand, load_sweep, validate_with_cli
+from vaco.sweep.launchers import say
+from vaco.sweep.state import lock, parent_run, plan, resolve_tracking_uri
+
+__all__ = ["main"]
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vaco sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", required=True, help="the sweep file, e.g. configs/sweeps/laptop.yaml")
+    parser.add_argument("--jobs", type=int, default=None, help="local: cells run at once (default: the file's `jobs`)")
+    parser.add_argument("--dry-run", action="store_true", help="validate, print the cells and their state, run nothing")
+    parser.add_argument("--status", action="store_true", help="print every cell's state (finished, running, resume, new) and exit")
+    parser.add_argument("--out", default=None, help="output folder of cell configs, logs, checkpoints (default: the file's `output_dir`)")
+    parser.add_argument("--only", action="append", default=[], metavar="GLOB", help="run only cells whose id matches (repeatable)")
+    parser.add_argument("--grace", type=float, default=15.0, help="local: seconds a stopped cell gets to exit before SIGKILL")
+    parser.add_argument("--status-every", type=float, default=60.0, help="local: seconds between progress lines")
+    launch = parser.add_argument_group("launchers (the sweep file's `launcher` and `resources`, overridden here)")
+    launch.add_argument("--launcher", choices=LAUNCHERS, default=None, help="local (default), slurm (submitit), ray")
+    launch.add_argument("--ray-address", default=None, help="ray: a running cluster (host:port or ray://host:port); default: start a local one")
+    launch.add_argument("--ray-cpus", type=int, default=None, help="ray: CPUs of the local cluster it starts (default: all)")
+    launch.add_argument("--slurm-executor", choices=("slurm", "local"), default="slurm",
+                        help="slurm: `local` runs the job array through submitit's local executor (try a sweep, test)")
+    launch.add_argument("--wait", action="store_true", help="slurm: wait for the jobs instead of returning once submitted")
+    from vaco.sweep.launchers import RESOURCE_FIELDS
+
+    for name, (kind, text) in RESOURCE_FIELDS.items():
+        launch.add_argument(f"--{name.replace('_', '-')}", dest=f"resource_{name}", type=kind, default=None, help=text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.jobs is not None and args.jobs < 1:
+            raise SweepError(f"`--jobs` must be >= 1, got {args.jobs}")
+        sweep = load_sweep(args.config, args.out)
+        launcher = args.launcher or sweep.launcher
+        resources = {**sweep.resources, **{k[len("resource_"):]: v for k, v in vars(args).items()
+                                           if k.startswith("resource_") and v is not None}}
+        cells = expand(sweep)
+        if args.only:
+            cells = [c for c in cells if any(fnmatch.fnmatch(c.id, g) for g in args.only)]
+            if not cells:
+                raise SweepError(f"`--only {' '.join(args.only)}` matches no cell")
+        uri = resolve_tracking_uri()
+        _check_store(uri)
+        runner = _launcher(launcher, sweep, uri, resources, args) if not (args.dry_run or args.status) else None
+        validate_with_cli(sweep, cells, uri)
+        states = plan(sweep, cells, uri, with_running=args.status)
+    except (SweepError, RuntimeError) as err:
+        print(f"vaco sweep: {err}", file=sys.stderr)
+        return 2
+    jobs = args.jobs or sweep.jobs
+    counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "running", "resume", "new")}
+    say(
+        f"sweep '{sweep.experiment}' ({sweep.path}): {len(cells)} cells; {counts['finished']} finished "
+        f"(skipped), " + (f"{counts['running']} running, " if args.status else "")
+        + f"{counts['resume']} resume from a checkpoint, {counts['new']} new; launcher {launcher}"
+        + (f", {jobs} at a time" if launcher == "local" else "")
+        + f"\n  MLflow: {uri}  outputs: {sweep.output_dir}"
+    )
+    if args.dry_run or args.status:
+        for cell in cells:
+            print(f"  {states[cell.id]:8s}  {cell.id}")
+        print(
+            f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
+        )
+        if args.dry_run and launcher == "slurm":
+            from vaco.sweep.launchers import SlurmLauncher
+
+            todo = sum(1 for c in cells if states[c.id] != "finished")
+            print("  the job array's sbatch script:\n" + SlurmLauncher(sweep, uri, resources).submission_script(max(todo, 1)))
+        return 0
+    for cell in cells:
+        if states[cell.id] == "finished":
+            say(f"skip   {cell.id} (finished)")
+    todo = [c for c in cells if states[c.id] != "finished"]
+    if not todo:
+        say("nothing to do: every cell has finished")
+        return 0
+    try:
+        lock_file = lock(sweep.output_dir)
+    except SweepError as err:
+        print(f"vaco sweep: {err}", file=sys.stderr)
+        return 2
+    import mlflow
+
+    from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
+    client = mlflow.MlflowClient(uri)
+    if client.get_experiment_by_name(sweep.experiment) is None:  # once, before cells race to create it
+        client.create_experiment(sweep.experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+    sweep.parent_run_id = parent_run(client, sweep, cells)
+    status = "FAILED"
+    try:
+        if launcher == "local":
+            from vaco.sweep.launchers import LocalLauncher
+
+            rc = LocalLauncher(sweep, uri, jobs, args.grace, args.status_every).run(todo)
+        elif launcher == "slurm":
+            rc = runner.launch(todo, wait=args.wait or args.slurm_executor == "local")
+            if rc == 0 and not (args.wait or args.slurm_executor == "local"):
+                status = "RUNNING"  # submitted: the cells report to MLflow themselves
+        else:
+            rc = runner.launch(todo)
+        status = status if status == "RUNNING" else {0: "FINISHED", 130: "KILLED"}.get(rc, "FAILED")
+        return rc
+    finally:
+        if status != "RUNNING":
+            client.set_terminated(sweep.parent_run_id, status)
+        lock_file.close()
+
+
+def _check_store(uri: str) -> None:
+    from vaco.tracking import TrackingStoreError, check_tracking_store
+
+    try:
+        check_tracking_store(uri)
+    except TrackingStoreError as err:
+        raise SweepError(str(err)) from None
+
+
+def _launcher(name: str, sweep, uri: str, resources: dict, args):
+    """The cluster launchers are built before anything starts: a missing package or an
+    unreachable Ray address is an error before any cell runs."""
+    from vaco.sweep.launchers import RayLauncher, SlurmLauncher
+
+    if name == "slurm":
+        return SlurmLauncher(sweep, uri, resources, executor=args.slurm_executor)
+    if name == "ray":
+        return RayLauncher(sweep, uri, resources, address=args.ray_address, num_cpus=args.ray_cpus)
+    return None

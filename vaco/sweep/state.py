@@ -1,0 +1,100 @@
+"""What a sweep has done so far, read back from MLflow and the output folder: the cells' states,
+the sweep's parent run, the lock that keeps two sweeps from running the same folder."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from vaco.sweep.grid import Cell, Sweep, SweepError, expand
+from vaco.tracking import CELL_TAG, PARENT_TAG, SETTINGS_TAG, absolute_tracking_uri, search_all_runs
+
+__all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock"]
+
+
+def resolve_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``, with a relative SQLite path made absolute
+    (cells and the report then find the same store whatever their working directory)."""
+    return absolute_tracking_uri()
+
+
+def _sqlite_missing(uri: str) -> bool:
+    return uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists()
+
+
+def sweep_runs(client, experiment: str) -> list:
+    """Every run of the experiment that carries a sweep cell tag."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return [r for r in search_all_runs(client, [exp.experiment_id]) if CELL_TAG in r.data.tags]
+
+
+def plan(sweep: Sweep, cells: list[Cell], tracking_uri: str, with_running: bool = False) -> dict[str, str]:
+    """Each cell's state: ``finished`` (skipped), ``resume`` (has a checkpoint) or ``new``; with
+    ``with_running`` (``--status``), ``running`` where its MLflow run is running."""
+    finished, running = set(), set()
+    if not _sqlite_missing(tracking_uri):
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri)
+        runs = sweep_runs(client, sweep.experiment)
+        other = sorted({r.data.tags.get(SETTINGS_TAG) for r in runs} - {sweep.settings, None})
+        if other:
+            raise SweepError(
+                f"`overrides`: experiment '{sweep.experiment}' already holds sweep runs made with other "
+                f"shared overrides (settings {', '.join(other)}; this file: {sweep.settings}); "
+                "results would mix. Use another `experiment` name."
+            )
+        finished = {r.data.tags[CELL_TAG] for r in runs if r.info.status == "FINISHED"}
+        running = {r.data.tags[CELL_TAG] for r in runs if r.info.status == "RUNNING"} if with_running else set()
+    states = {}
+    for cell in cells:
+        if cell.id in finished:
+            states[cell.id] = "finished"
+        elif cell.id in running:
+            states[cell.id] = "running"
+        elif (sweep.cell_dir(cell) / "checkpoints" / "last.ckpt").is_file():
+            states[cell.id] = "resume"
+        else:
+            states[cell.id] = "new"
+    return states
+
+
+def lock(output_dir: Path):
+    import fcntl
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(output_dir / ".sweep.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise SweepError(f"another `vaco sweep` is running on {output_dir}") from None
+    return handle
+
+
+
+def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
+    """The sweep's parent run (made once, found again on a rerun): its cells are MLflow child
+    runs of it, so the UI groups them, and `vaco report` logs its figures to it."""
+    exp = client.get_experiment_by_name(sweep.experiment)
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    grid = json.dumps({b.name: {k: v for k, v in dataclasses.asdict(b).items() if v not in (None, ())} for b in sweep.blocks}, default=str)
+    tags = {
+        PARENT_TAG: "true",
+        "vaco.sweep.name": sweep.experiment,
+        "vaco.sweep.file": str(sweep.path),
+        "vaco.sweep.grid": grid[:5000],
+        "vaco.sweep.cells": str(len(expand(sweep))),
+        SETTINGS_TAG: sweep.settings,
+    }
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+    else:
+        run_id = client.create_run(exp.experiment_id, run_name=f"sweep {sweep.experiment}", tags=tags).info.run_id
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    return run_id
+
