@@ -48,6 +48,9 @@ class VacoMLFlowLogger(MLFlowLogger):
     FINAL_RETRY_SECONDS = (1, 2, 4, 8, 15)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("tags"):
+            # a REST store (an `mlflow server`) needs strings; a YAML config may have made '2' a 2
+            kwargs["tags"] = {str(k): str(v) for k, v in kwargs["tags"].items()}
         super().__init__(*args, **kwargs)
         self._unsent: list[tuple[dict[str, float], int | None]] = []
         self.last_error: str | None = None
