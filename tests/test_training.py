@@ -16,6 +16,7 @@ import torch
 
 from conftest import CONFIGS, build_run, metric_histories, run_cli
 from vaco.advantages import GAE, VTrace
+from vaco import VacoModule
 from vaco.module import NonFiniteLossError
 from vaco.objectives import PPOClip, TVFilter
 
@@ -120,6 +121,22 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mlf
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     run = mlflow.MlflowClient(mlflow_uri).get_run(trainer.logger.run_id)
     assert run.info.status == "FAILED"
+
+
+class PlainAdam(VacoModule):
+    """A user's own optimiser (not fused: it cannot skip a step on the device)."""
+
+    def configure_optimizers(self):
+        params = list(self.actor.parameters()) + list(self.critic.parameters())
+        return torch.optim.Adam(params, lr=self.hparams.lr, foreach=False)
+
+
+def test_nan_loss_with_a_non_fused_optimizer_stops_before_the_step(tmp_path, mlflow_uri):
+    _, data, trainer = build_run(tmp_path, mlflow_uri)
+    module = PlainAdam(objective=NaNAfter(), advantage=GAE(), update_epochs=2, num_minibatches=4)
+    with pytest.raises(NonFiniteLossError, match=r"iteration 3, epoch 0, minibatch 0.*last good checkpoint"):
+        trainer.fit(module, data)
+    assert all(torch.isfinite(p).all() for p in module.parameters())  # the NaN step was never applied
 
 
 # ---------------------------------------------------------------- bad input

@@ -280,6 +280,9 @@ class VacoModule(L.LightningModule):
         # no host sync per minibatch: a non-finite loss is found on the device, its step is skipped
         # by the fused Adam kernel (`found_inf`, as under AMP), and the run stops after the epochs
         first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
+        # a fused optimizer skips a step on the device (`found_inf`); any other (a subclass's own
+        # `configure_optimizers`) is checked on the host before each step instead
+        skips_on_device = bool(optimizer.optimizer.defaults.get("fused"))
         orders = []
         for epoch in range(self.hparams.update_epochs):
             # drawn on the CPU generator, whatever the device: the same run on any device
@@ -299,15 +302,21 @@ class VacoModule(L.LightningModule):
                 self.manual_backward(loss)
                 if self.hparams.max_grad_norm is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
-                optimizer.optimizer.found_inf = (~finite).float()
+                if skips_on_device:
+                    optimizer.optimizer.found_inf = (~finite).float()
+                elif not bool(finite):
+                    raise self._diagnose(steps, orders, size, train)
                 optimizer.step()
                 for key, value in out.items():
                     sums[key] = sums.get(key, 0.0) + value.detach()
                 steps += 1
-        optimizer.optimizer.found_inf = None
+        if skips_on_device:
+            optimizer.optimizer.found_inf = None
         if int(first_bad) >= 0:  # the iteration's one sync for the check
             raise self._diagnose(int(first_bad), orders, size, train)
-        self.lr_schedulers().step()
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:  # a subclass's own optimiser may come without one
+            scheduler.step()
         totals = torch.stack([value.float() for value in sums.values()]).cpu().tolist()  # one transfer
         means = {key: total / steps for key, total in zip(sums, totals)}
         self.objective.update_coefficients(means)
