@@ -34,7 +34,7 @@ from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
 
-__all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name"]
+__all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name", "plain_fields"]
 
 # the chunk of the batch evaluated at once outside the minibatch loop (bounds peak memory)
 _CHUNK = 65_536
@@ -210,9 +210,8 @@ class VacoModule(L.LightningModule):
         out: dict[str, Any] = {}
         for name, module in (("objective", self.objective), ("advantage", self.advantage)):
             out[f"model.init_args.{name}"] = f"{type(module).__module__}.{type(module).__qualname__}"
-            for key, value in vars(module).items():
-                if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool)):
-                    out[f"model.init_args.{name}.init_args.{key}"] = value
+            for key, value in plain_fields(module).items():
+                out[f"model.init_args.{name}.init_args.{key}"] = value
         for key, value in self.hparams.items():
             if key not in ("env_spec", "algorithm_name"):
                 out[f"model.init_args.{key}"] = list(value) if isinstance(value, (list, tuple)) else value
@@ -238,9 +237,8 @@ class VacoModule(L.LightningModule):
             "lambda": getattr(self.advantage, "lmbda", None),
         }
         for prefix, module in (("objective", self.objective), ("advantage_module", self.advantage)):
-            for key, value in vars(module).items():
-                if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool)):
-                    params[f"{prefix}.{key}"] = value
+            for key, value in plain_fields(module).items():
+                params[f"{prefix}.{key}"] = value
         if isinstance(self.objective, PPOKL):
             params["objective.kl_coef"] = float(self.objective.kl_coef)
         return params
@@ -548,6 +546,15 @@ class VacoModule(L.LightningModule):
             self._saved_budget = state.get("total_steps")
             if self._trainer is not None and self._saved_budget is not None and self._budget() > self._saved_budget:
                 _reopen_finished_epoch(checkpoint)
+
+
+def plain_fields(module: torch.nn.Module) -> dict[str, Any]:
+    """A module's public scalar settings (an objective's ``delta``, an advantage's ``gamma``, ...)."""
+    return {
+        key: value
+        for key, value in vars(module).items()
+        if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool))
+    }
 
 
 def _reopen_finished_epoch(checkpoint: dict[str, Any]) -> None:

@@ -17,16 +17,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from vaco.tracking import TrackingStoreError, check_tracking_store, tracking_uri
+from vaco.tracking import TrackingStoreError, absolute_tracking_uri, check_tracking_store
 
 __all__ = ["main"]
-
-
-def _absolute(uri: str) -> str:
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
-    return uri
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the UI to answer")
     args = parser.parse_args(argv)
-    store = _absolute(args.store or tracking_uri())
+    store = absolute_tracking_uri(args.store)
     if store.startswith(("http://", "https://")):
         print(f"vaco ui: the store is already a server: open {store}")
         return 0

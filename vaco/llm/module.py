@@ -29,7 +29,7 @@ from tensordict import TensorDict
 from vaco.llm.advantage import GroupRelative
 from vaco.llm.policy import check_model_dir, completion_log_probs, encode_prompts, generate, load_causal_lm, load_tokenizer
 from vaco.llm.reward import gsm8k_reward
-from vaco.module import NonFiniteLossError
+from vaco.module import NonFiniteLossError, plain_fields
 from vaco.objectives import Objective, PPOClip, TVFilter
 from vaco.objectives.functional import total_variation
 
@@ -212,9 +212,8 @@ class RLVRModule(L.LightningModule):
             "model_path": self.hparams.model_path,
             "train_path": data.train_path,
         }
-        for key, value in vars(self.objective).items():
-            if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool)):
-                params[f"objective.{key}"] = value
+        for key, value in plain_fields(self.objective).items():
+            params[f"objective.{key}"] = value
         return params
 
     def default_run_name(self, data) -> str:
