@@ -51,7 +51,7 @@ def project(tmp_path_factory):
     """The doc's files in an empty directory, beside a link to the repo's configs."""
     root = tmp_path_factory.mktemp("my_project")
     files, commands = doc_blocks()
-    assert {"my_objectives.py", "clipped_is.yaml", "my_advantages.py", "ppo_td0.yaml", "lr_sweep.yaml"} <= set(files)
+    assert {"my_objectives.py", "clipped_is.yaml", "my_advantages.py", "ppo_td0.yaml", "lr_sweep.yaml", "trunc_sweep.yaml"} <= set(files)
     for name, body in files.items():
         (root / name).write_text(body)
     (root / "configs").symlink_to(REPO / "configs")
@@ -88,7 +88,7 @@ def test_the_doc_objective_validates_its_field(project):
 def test_the_doc_sweep_axis_lists_its_cells_and_runs(project):
     root, commands, uri = project
     sweeps = _commands(commands, "sweep")
-    dry = next(c for c in sweeps if "--dry-run" in c)
+    dry = next(c for c in sweeps if "--dry-run" in c and "lr_sweep.yaml" in c)
     out = _run(dry, root, uri)
     assert out.returncode == 0, out.stderr
     assert "18 cells" in out.stdout and "vaco-inverted_pendulum-K4-lr0.0001-s1" in out.stdout
@@ -100,7 +100,7 @@ def test_the_doc_sweep_axis_lists_its_cells_and_runs(project):
         "model.init_args.update_epochs": 1, "model.init_args.num_minibatches": 2,
     })
     (root / "tiny_lr_sweep.yaml").write_text(yaml.safe_dump(config))
-    run = next(c for c in sweeps if "--dry-run" not in c)
+    run = next(c for c in sweeps if "--dry-run" not in c and "lr_sweep.yaml" in c)
     tiny = [a.replace("lr_sweep.yaml", "tiny_lr_sweep.yaml") for a in run]
     out = _run([*tiny, "--only", "vaco-*-lr0.0001-s1", "--only", "vaco-*-lr0.001-s1"], root, uri)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -110,6 +110,30 @@ def test_the_doc_sweep_axis_lists_its_cells_and_runs(project):
     assert sorted(r.data.params["lr"] for r in runs) == ["0.0001", "0.001"]
     assert sorted(r.data.params["algorithm"] for r in runs) == ["vaco[lr=0.0001]", "vaco[lr=0.001]"]
     assert {r.data.tags["vaco.model.init_args.lr"] for r in runs} == {"0.0001", "0.001"}
+
+
+def test_the_doc_objective_declares_its_own_sweep_axis(project):
+    """`truncation` is a grid axis because ClippedIS declares it: no edit of the sweep."""
+    root, commands, uri = project
+    setup = next(c for c in commands if c[0] == "mkdir")
+    assert subprocess.run(" ".join(shlex.quote(a) if a != "&&" else a for a in setup), shell=True, cwd=root).returncode == 0
+    dry = next(c for c in _commands(commands, "sweep") if "trunc_sweep.yaml" in c)
+    out = _run(dry, root, uri)
+    assert out.returncode == 0, out.stderr
+    cells = re.findall(r"new\s+(\S+)", out.stdout)
+    assert "12 cells" in out.stdout and len(cells) == 12
+    assert sorted(c for c in cells if c.startswith("clipped_is-") and c.endswith("-s1")) == [
+        "clipped_is-inverted_pendulum-K4-s1",  # 2.0 is the config's own value: no suffix
+        "clipped_is-inverted_pendulum-K4-trunc1.5-s1",
+        "clipped_is-inverted_pendulum-K4-trunc4-s1",
+    ]
+    assert sum(c.startswith("ppo_clip-") for c in cells) == 3  # ppo_clip takes no truncation
+    bad = yaml.safe_load((root / "trunc_sweep.yaml").read_text())
+    bad["grid"]["truncation"]["truncation"] = [0.0]
+    (root / "bad_trunc.yaml").write_text(yaml.safe_dump(bad))
+    out = _run([VACO, "sweep", "--config", "bad_trunc.yaml", "--dry-run"], root, uri)
+    assert out.returncode == 2 and "`grid.truncation.truncation`: 0.0 is refused by ClippedIS" in out.stderr
+    assert "`truncation` must be > 0" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_sweep_with_an_unimportable_class_path_starts_nothing(tmp_path):

@@ -3,6 +3,8 @@ float64 loops; every figure and section on runs built here; the report on a real
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
@@ -174,11 +176,11 @@ def _synthetic_runs() -> list[R.Run]:
                         task,
                         K,
                         seed,
-                        delta,
-                        rho_bar,
+                        {k: v for k, v in (("delta", delta), ("rho_bar", rho_bar)) if v is not None},
                         realign,
                         objective,
                         histories,
+                        fraction_metric="train/filter_fraction" if objective == "TVFilter" else "train/clip_fraction",
                     )
                 )
     return runs
@@ -204,6 +206,58 @@ def test_report_draws_every_figure_with_intervals(tmp_path):
     assert len(frame) == len(runs) and set(frame["normalized"].between(0, 1)) == {True}
 
 
+def test_statistics_are_data_and_the_figures_draw_them(tmp_path):
+    rep = R.build_report("synthetic", _synthetic_runs(), reps=100, seed=0)
+    scores = R.aggregate_scores(rep)
+    frame = scores.frame()
+    assert set(frame["metric"]) == set(R.AGGREGATES) and len(frame) == 4 * len(scores.estimates)
+    vaco = frame[(frame.group == "vaco K=4") & (frame.metric == "IQM")].iloc[0]
+    finals = [[rep.normalized[r.run_id] for r in rep.main_runs() if r.algorithm == "vaco" and r.K == 4 and r.env == t]
+              for t in rep.tasks]
+    assert vaco.point == pytest.approx(_iqm_loop(finals), abs=1e-12) and vaco.low <= vaco.point <= vaco.high
+    _, drawn, _ = R.figure_aggregates(rep, scores)  # the figure draws exactly these numbers
+    assert drawn is scores.estimates
+    curves = R.sample_efficiency(rep).frame()
+    assert set(curves["K"]) == {1, 4} and (curves["low"] <= curves["high"]).all()
+
+
+def test_a_data_file_gives_the_same_report_as_the_runs(tmp_path):
+    """--save-data writes every run's coordinates and histories; --data reads them back exactly."""
+    runs = _synthetic_runs()
+    path = R.save_runs(runs, tmp_path / "runs.csv.gz")
+    back = R.read_runs(path)
+    assert len(back) == len(runs)
+    for a, b in zip(runs, back):
+        assert (a.run_id, a.algorithm, a.env, a.K, a.seed, a.axes, a.realign, a.objective, a.fraction_metric) == (
+            b.run_id, b.algorithm, b.env, b.K, b.seed, b.axes, b.realign, b.objective, b.fraction_metric)
+        for key, (steps, values) in a.histories.items():
+            assert b.history(key)[0].tolist() == steps.tolist() and b.history(key)[1].tolist() == values.tolist()
+    first = R.write_report(R.build_report("x", runs, reps=50), tmp_path / "a").read_text()
+    second = R.write_report(R.build_report("x", back, reps=50), tmp_path / "b").read_text()
+    assert first == second
+    assert R.main(["--data", str(path), "--out", str(tmp_path / "c"), "--reps", "50"]) == 0
+    assert (tmp_path / "c" / "summary.md").read_text().replace("# Report: runs", "# Report: x") == first
+
+
+def test_an_axis_an_objective_declares_gets_its_own_ablation(tmp_path):
+    """No edit of the report: runs that log a new axis (ClippedIS's truncation) are compared by it."""
+    runs = [r for r in _synthetic_runs() if r.algorithm == "ppo_clip"]
+    for r in list(runs):
+        if r.K == 4:
+            for value in (1.5, 4.0):
+                runs.append(dataclasses.replace(r, run_id=f"{r.run_id}-t{value}", algorithm="clipped_is", axes={"truncation": value}))
+            runs.append(dataclasses.replace(r, run_id=f"{r.run_id}-t2", algorithm="clipped_is", axes={"truncation": 2.0}))
+    rep = R.build_report("trunc", runs, reps=50, reference={"truncation": 2.0})
+    assert rep.reference["truncation"] == 2.0
+    assert {r.algorithm for r in rep.main_runs()} == {"ppo_clip", "clipped_is"}
+    assert len([r for r in rep.main_runs() if r.algorithm == "clipped_is"]) == 6  # only truncation 2.0
+    ablation = R.ablations(rep)["truncation"]
+    assert sorted(ablation.groups()) == [f"clipped_is truncation={t} K=4" for t in ("1.5", "2", "4")]
+    summary = R.write_report(rep, tmp_path).read_text()
+    assert "\n## Ablation: truncation\n" in summary and "(ablation_truncation.png)" in summary
+    assert "Not in this experiment: it needs runs of an algorithm that takes delta" in summary
+
+
 # ---------------------------------------------------------------------------------------- the tiny sweep
 @pytest.mark.slow
 def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
@@ -215,8 +269,17 @@ def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
     assert sweep.full_rc == 0, sweep.full_log
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sweep.uri)
     out = tmp_path / "report"
-    assert vaco_main(["report", "--experiment", sweep.experiment, "--out", str(out), "--reps", "200"]) == 0
+    data = tmp_path / "runs.csv.gz"
+    assert vaco_main(
+        ["report", "--experiment", sweep.experiment, "--out", str(out), "--reps", "200", "--save-data", str(data)]
+    ) == 0
     summary = (out / "summary.md").read_text()
+    # the data file alone (no MLflow store) gives the same report
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    again = tmp_path / "from_data"
+    assert vaco_main(["report", "--data", str(data), "--name", sweep.experiment, "--out", str(again), "--reps", "200"]) == 0
+    assert (again / "summary.md").read_text() == summary and not (tmp_path / "elsewhere.db").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", sweep.uri)
     for name in R.FIGURES:
         assert _valid_png(out / name), name
     for section in R.SECTIONS:

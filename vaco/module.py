@@ -33,6 +33,7 @@ from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
+from vaco.tracking import AXES_PARAM, FRACTION_PARAM, declared_axes
 
 __all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name", "plain_fields"]
 
@@ -193,11 +194,7 @@ class VacoModule(L.LightningModule):
         """The MLflow run's name from its coordinates: ``vaco Hopper-v5 K=4 s3``; delta and rho_bar
         appear where they differ from their defaults (``vaco Hopper-v5 K=4 delta=0.4 s3``)."""
         parts = [self.algorithm, data.env_id, f"K={data.policy_buffer_size}"]
-        for module, name in ((self.objective, "delta"), (self.advantage, "rho_bar")):
-            value = getattr(module, name, None)
-            default = inspect.signature(type(module).__init__).parameters.get(name)
-            if value is not None and default is not None and value != default.default:
-                parts.append(f"{name}={value:g}")
+        parts += axis_labels(self.objective, self.advantage)
         return " ".join(parts) + f" s{data.seed}"
 
     def run_definition(self, data) -> dict[str, Any]:
@@ -231,8 +228,9 @@ class VacoModule(L.LightningModule):
             "K": data.policy_buffer_size,
             "seed": data.seed,
             "world_size": self.trainer.world_size,
-            "delta": getattr(self.objective, "delta", None),
-            "rho_bar": getattr(self.advantage, "rho_bar", None),
+            **declared_axes(self.objective, self.advantage),
+            AXES_PARAM: ",".join(declared_axes(self.objective, self.advantage)),
+            FRACTION_PARAM: f"train/{self.objective.fraction_metric}",
             "c_bar": getattr(self.advantage, "c_bar", None),
             "lambda": getattr(self.advantage, "lmbda", None),
         }
@@ -546,6 +544,19 @@ class VacoModule(L.LightningModule):
             self._saved_budget = state.get("total_steps")
             if self._trainer is not None and self._saved_budget is not None and self._budget() > self._saved_budget:
                 _reopen_finished_epoch(checkpoint)
+
+
+def axis_labels(*modules) -> list[str]:
+    """``name=value`` for each declared sweep axis whose value differs from its class default."""
+    out = []
+    for axis, value in declared_axes(*modules).items():
+        defaults = [
+            inspect.signature(type(m).__init__).parameters.get(axis) for m in modules if axis in m.sweep_axes
+        ]
+        default = defaults[0].default if defaults and defaults[0] is not None else None
+        if value is not None and default is not None and value != default:
+            out.append(f"{axis}={value:g}")
+    return out
 
 
 def plain_fields(module: torch.nn.Module) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from urllib.parse import urlparse
 __all__ = [
     "DEFAULT_TRACKING_URI", "TrackingStoreError", "tracking_uri", "absolute_tracking_uri", "check_tracking_store",
     "search_all_runs", "CELL_TAG", "SETTINGS_TAG", "PARENT_TAG", "PARENT_RUN_ID_TAG", "REPORT_TAG",
-    "EXPERIMENT_KIND_TAG", "EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TAG", "EXPERIMENT_KIND", "AXES_PARAM", "FRACTION_PARAM", "PAPER_AXES", "declared_axes",
+    "run_axes",
 ]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -34,6 +35,29 @@ REPORT_TAG = "vaco.report"  # "true" on the report run of an experiment without 
 # MLflow 3's experiment kind: without it the UI opens an experiment on its GenAI pages
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 _DB_SCHEMES = ("postgresql", "mysql", "mssql")
+
+# params vaco logs beside a run's coordinates (algorithm, env, K, seed, and each axis by name)
+AXES_PARAM = "axes"  # the comma-separated names of the swept arguments the run's modules declare
+FRACTION_PARAM = "fraction_metric"  # the metric that says how much the surrogate intervened
+PAPER_AXES = ("delta", "rho_bar")  # what a run logged before AXES_PARAM existed
+
+
+def declared_axes(*modules) -> dict[str, object]:
+    """Axis name -> value for the ``sweep_axes`` the given objective/advantage modules declare,
+    in the modules' order (the objective's first)."""
+    out: dict[str, object] = {}
+    for module in modules:
+        for axis in getattr(module, "sweep_axes", {}):
+            out.setdefault(axis, getattr(module, axis, None))
+    return out
+
+
+def run_axes(params: dict[str, str]) -> tuple[str, ...]:
+    """The axis names of a logged run (its ``axes`` param; the paper's two for older runs)."""
+    raw = params.get(AXES_PARAM)
+    if raw is None:
+        return PAPER_AXES
+    return tuple(a for a in raw.split(",") if a)
 
 
 class TrackingStoreError(RuntimeError):

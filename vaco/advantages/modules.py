@@ -19,6 +19,8 @@ Written: ``"advantage"`` and ``"value_target"``.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from tensordict import TensorDictBase
 from torch import nn
@@ -43,6 +45,9 @@ class AdvantageModule(nn.Module):
     """
 
     needs_log_prob: bool = False
+    #: the arguments a sweep may vary, with their short labels in run ids (see
+    #: :attr:`vaco.objectives.Objective.sweep_axes`)
+    sweep_axes: ClassVar[dict[str, str]] = {}
 
     def __init__(self, gamma: float = 0.99) -> None:
         super().__init__()
@@ -101,6 +106,7 @@ class VTrace(AdvantageModule):
     """
 
     needs_log_prob = True
+    sweep_axes = {"rho_bar": "rho"}
 
     def __init__(
         self, gamma: float = 0.99, lmbda: float = 0.95, rho_bar: float = 1.0, c_bar: float = 1.0

@@ -32,6 +32,7 @@ from vaco.llm.reward import gsm8k_reward
 from vaco.module import NonFiniteLossError, plain_fields
 from vaco.objectives import Objective, PPOClip, TVFilter
 from vaco.objectives.functional import total_variation
+from vaco.tracking import AXES_PARAM, FRACTION_PARAM, declared_axes
 
 __all__ = ["RLVRModule"]
 
@@ -211,6 +212,8 @@ class RLVRModule(L.LightningModule):
             "clip_epsilon_high": getattr(self.objective, "clip_epsilon_high", None),
             "model_path": self.hparams.model_path,
             "train_path": data.train_path,
+            AXES_PARAM: ",".join(declared_axes(self.objective)),
+            FRACTION_PARAM: f"train/{self.objective.fraction_metric}",
         }
         for key, value in plain_fields(self.objective).items():
             params[f"objective.{key}"] = value

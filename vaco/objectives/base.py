@@ -57,6 +57,13 @@ class Objective(nn.Module):
     entropy_in_surrogate: ClassVar[bool] = False
     #: the trainer re-runs the advantage module before every optimisation step (IMPALA)
     reestimate_advantage: ClassVar[bool] = False
+    #: the arguments a sweep may vary and a report compares, each with its short label in run
+    #: ids (``{"delta": "delta"}`` makes ``vaco-hopper-K16-delta0.4-s1``); a sweep file's
+    #: ``grid`` takes them as axes by name, and ``vaco report`` draws an ablation for each
+    sweep_axes: ClassVar[dict[str, str]] = {}
+    #: the per-batch fraction that says how much this surrogate intervened, as the report
+    #: shows it: ``clip_fraction`` (a clip) or ``filter_fraction`` (the TV filter)
+    fraction_metric: ClassVar[str] = "clip_fraction"
 
     def __init__(
         self,

@@ -37,6 +37,8 @@ class TVFilter(Objective):
     """
 
     entropy_in_surrogate = True
+    sweep_axes = {"delta": "delta"}
+    fraction_metric = "filter_fraction"
 
     def __init__(self, delta: float = 0.2, sign_test: Literal["exact", "paper"] = "exact", **kwargs) -> None:
         super().__init__(**kwargs)

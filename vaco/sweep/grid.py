@@ -25,7 +25,7 @@ from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, SETTINGS_TAG
 
 __all__ = ["AXES", "Algorithm", "Block", "Cell", "Sweep", "SweepError", "load_sweep", "expand", "cell_config", "validate_with_cli"]
 
-AXES = ("algorithm", "env", "K", "delta", "rho_bar", "realign", "seed")
+AXES = ("algorithm", "env", "K", "realign", "seed")  # and each axis an objective or advantage declares
 _TOP_FIELDS = (
     "experiment",
     "output_dir",
@@ -54,10 +54,7 @@ _RESERVED = (
     "model.class_path",
     "model.init_args.algorithm_name",
     "model.init_args.objective.class_path",
-    "model.init_args.objective.init_args.delta",
-    "model.init_args.objective.init_args.rho_bar",
     "model.init_args.advantage.class_path",
-    "model.init_args.advantage.init_args.rho_bar",
     "trainer.default_root_dir",
     "trainer.logger.class_path",
     "trainer.logger.init_args.experiment_name",
@@ -83,20 +80,38 @@ class Algorithm:
     config: dict
     objective: str  # class path
     advantage: str  # class path
-    takes_delta: bool
-    objective_takes_rho_bar: bool
     realign_optional: bool  # False when the objective re-estimates V-trace itself (IMPALA)
 
     @property
     def realigned(self) -> bool:
         return self.advantage == _VTRACE
 
-    def init_arg(self, part: str, name: str):
-        """The value in the YAML, else the class default."""
+    def class_path(self, part: str, realigned: bool) -> str:
+        """The objective's, or the advantage's with realignment on or off."""
+        if part == "objective":
+            return self.objective
+        if realigned == self.realigned:
+            return self.advantage
+        return _VTRACE if realigned else _GAE
+
+    def axes(self, realigned: bool) -> dict[str, tuple[str, list[str]]]:
+        """Axis -> (run-id label, the parts that take it): the ``sweep_axes`` the objective and
+        the advantage module declare, the objective's first. IMPALA's rho_bar is in both."""
+        out: dict[str, tuple[str, list[str]]] = {}
+        for part in ("objective", "advantage"):
+            for axis, label in getattr(_import(self.class_path(part, realigned)), "sweep_axes", {}).items():
+                out.setdefault(axis, (label, []))[1].append(part)
+        return out
+
+    def init_arg(self, part: str, name: str, realigned: bool | None = None):
+        """The value in the YAML, else the class default (of the class the cell uses)."""
+        realigned = self.realigned if realigned is None else realigned
+        class_path = self.class_path(part, realigned)
         block = self.config["model"]["init_args"][part]
-        value = (block.get("init_args") or {}).get(name, inspect.Parameter.empty)
+        given = block.get("init_args") or {} if class_path == block["class_path"] else {}
+        value = given.get(name, inspect.Parameter.empty)
         if value is inspect.Parameter.empty:
-            value = inspect.signature(_import(block["class_path"])).parameters[name].default
+            value = inspect.signature(_import(class_path)).parameters[name].default
         return value
 
 
@@ -107,26 +122,32 @@ class Block:
     env: tuple[str, ...]
     K: tuple[int, ...]
     seed: tuple[int, ...]
-    delta: tuple[float, ...] | None = None
-    rho_bar: tuple[float, ...] | None = None
     realign: tuple[bool, ...] | None = None
+    settings: tuple[tuple[str, tuple], ...] = ()  # (declared axis, values), e.g. ("delta", (0.1, 0.2))
     extra: tuple[tuple[str, tuple], ...] = ()  # (dotted `vaco fit` key, values): any other axis
 
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """One run of the grid. ``delta``/``rho_bar`` are None where the axis does not apply."""
+    """One run of the grid: its coordinates, with a value for every axis its modules declare."""
 
     algorithm: str  # label: a configs/algo name, or ``<name>+realign`` / ``<name>-realign``
     base: str  # the configs/algo file the cell starts from
     env: str
     K: int
     seed: int
-    delta: float | None
-    rho_bar: float | None
+    settings: tuple[tuple[str, Any], ...]  # (declared axis, value): ("delta", 0.2), ("rho_bar", 1.0)
     realign: bool
-    label_suffix: str = ""  # "-delta0.4-rho2" where delta/rho differ from the config's value
+    label_suffix: str = ""  # "-delta0.4-rho2" where an axis differs from the config's value
     extra: tuple[tuple[str, Any], ...] = ()  # values of the dotted-key axes
+
+    @property
+    def delta(self) -> float | None:
+        return dict(self.settings).get("delta")
+
+    @property
+    def rho_bar(self) -> float | None:
+        return dict(self.settings).get("rho_bar")
 
     @property
     def id(self) -> str:
@@ -142,8 +163,7 @@ class Cell:
             "algorithm": self.algorithm,
             "env": self.env,
             "K": self.K,
-            "delta": self.delta,
-            "rho_bar": self.rho_bar,
+            **dict(self.settings),
             "realign": self.realign,
             "seed": self.seed,
             **dict(self.extra),
@@ -205,7 +225,7 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     configs_dir = _configs_dir(path, raw.get("configs_dir"))
     algorithms = _load_algorithms(configs_dir)
     envs = _load_envs(configs_dir)
-    overrides = _load_overrides(raw.get("overrides") or {})
+    overrides = _load_overrides(raw.get("overrides") or {}, declared_axes(algorithms))
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise SweepError("`defaults` must be a mapping of axis -> values")
@@ -287,14 +307,11 @@ def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
         init = config["model"]["init_args"]
         objective, advantage = init["objective"]["class_path"], init["advantage"]["class_path"]
         where = f"{file}: model.init_args.objective.class_path"
-        objective_params = inspect.signature(_import(objective, where)).parameters
         out[file.stem] = Algorithm(
             name=file.stem,
             config=config,
             objective=objective,
             advantage=advantage,
-            takes_delta="delta" in objective_params,
-            objective_takes_rho_bar="rho_bar" in objective_params,
             realign_optional=not getattr(_import(objective, where), "reestimate_advantage", False)
             and advantage in (_VTRACE, _GAE),
         )
@@ -307,7 +324,24 @@ def _load_envs(configs_dir: Path) -> dict[str, dict]:
     }
 
 
-def _load_overrides(raw: dict) -> dict[str, Any]:
+def declared_axes(algorithms: dict[str, Algorithm]) -> dict[str, list[str]]:
+    """Every axis the algorithms' objectives and advantage modules declare (with realignment on
+    and off) -> the parts (objective, advantage) that take it."""
+    out: dict[str, list[str]] = {}
+    for algo in algorithms.values():
+        for realigned in (True, False) if algo.realign_optional else (algo.realigned,):
+            for axis, (_, parts) in algo.axes(realigned).items():
+                out.setdefault(axis, [])
+                out[axis] += [p for p in parts if p not in out[axis]]
+    return out
+
+
+def _reserved(axes: dict[str, list[str]]) -> list[str]:
+    """Fields the sweep sets itself: the fixed ones and each declared axis's argument."""
+    return [*_RESERVED, *(f"model.init_args.{part}.init_args.{a}" for a, parts in axes.items() for part in parts)]
+
+
+def _load_overrides(raw: dict, axes: dict[str, list[str]]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise SweepError("`overrides` must be a mapping of dotted `vaco fit` keys -> values")
     out = {}
@@ -315,11 +349,11 @@ def _load_overrides(raw: dict) -> dict[str, Any]:
         key = str(key)
         if key.startswith("--"):
             key = key[2:]
-        for reserved in _RESERVED:
+        for reserved in _reserved(axes):
             if key == reserved or key.startswith(reserved + ".") or reserved.startswith(key + "."):
                 raise SweepError(
                     f"`overrides.{key}`: set by the sweep itself ({reserved}); use the grid axes "
-                    f"{', '.join(AXES)} or an algorithm config instead"
+                    f"{', '.join([*AXES, *axes])} or an algorithm config instead"
                 )
         out[key] = value
     return out
@@ -334,6 +368,11 @@ def _as_list(block: str, axis: str, value) -> list:
 
 def _check_values(block: str, axis: str, values: list, algorithms, envs) -> tuple:
     where = f"`grid.{block}.{axis}`"
+    if axis not in AXES:  # a declared axis: numbers, checked by its class's own constructor
+        for v in values:
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+                raise SweepError(f"{where}: values must be numbers, got {v!r}")
+        return tuple(dict.fromkeys(float(v) for v in values))
     for v in values:
         if axis == "algorithm" and v not in algorithms:
             raise SweepError(f"{where}: unknown algorithm `{v}` (known: {', '.join(algorithms)})")
@@ -343,32 +382,30 @@ def _check_values(block: str, axis: str, values: list, algorithms, envs) -> tupl
             low = 1 if axis == "K" else 0
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= low):
                 raise SweepError(f"{where}: values must be integers >= {low}, got {v!r}")
-        if axis in ("delta", "rho_bar"):
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
-                raise SweepError(f"{where}: values must be numbers > 0, got {v!r}")
         if axis == "realign" and not isinstance(v, bool):
             raise SweepError(f"{where}: values must be true or false, got {v!r}")
-    cast = {"delta": float, "rho_bar": float}.get(axis, lambda x: x)
-    return tuple(dict.fromkeys(cast(v) for v in values))
+    return tuple(dict.fromkeys(values))
 
 
 def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
     if not isinstance(body, dict):
         raise SweepError(f"`grid.{name}` must be a mapping of axis -> values")
+    axes = declared_axes(algorithms)
     for source, where in ((body, f"grid.{name}"), (defaults, "defaults")):
         for key in source:
-            if key not in AXES and "." not in str(key):
+            if key not in AXES and key not in axes and "." not in str(key):
                 raise SweepError(
-                    f"`{where}`: unknown field `{key}` (the axes are {', '.join(AXES)}, or any dotted "
-                    "`vaco fit` key such as model.init_args.lr)"
+                    f"`{where}`: unknown field `{key}` (the axes are {', '.join([*AXES, *axes])}, the last "
+                    "declared by the objectives and advantage modules; or any dotted `vaco fit` key such as "
+                    "model.init_args.lr)"
                 )
     extra = []
     for key in dict.fromkeys([k for k in (*defaults, *body) if "." in str(k)]):
-        _load_overrides({key: None})  # the same reserved-key check as `overrides`
+        _load_overrides({key: None}, axes)  # the same reserved-key check as `overrides`
         raw = body.get(key, defaults.get(key))
         extra.append((str(key), tuple(dict.fromkeys(_as_list(name, key, raw)))))
-    values = {}
-    for axis in AXES:
+    values: dict[str, Any] = {}
+    for axis in (*AXES, *axes):
         raw = body.get(axis, defaults.get(axis, _AXIS_DEFAULTS.get(axis)))
         if raw is None:
             if axis in ("algorithm", "env"):
@@ -376,19 +413,34 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
             values[axis] = None
             continue
         values[axis] = _check_values(name, axis, _as_list(name, axis, raw), algorithms, envs)
-    block = Block(name=name, **values, extra=tuple(extra))
+    settings = tuple((a, values.pop(a)) for a in axes if values.get(a) is not None)
+    for a in axes:
+        values.pop(a, None)
+    block = Block(name=name, **values, settings=settings, extra=tuple(extra))
     algos = [algorithms[a] for a in block.algorithm]
-    if block.delta is not None and not any(a.takes_delta for a in algos):
-        raise SweepError(f"`grid.{name}.delta`: none of {list(block.algorithm)} has a TV threshold")
     if block.realign is not None and not any(a.realign_optional for a in algos):
         raise SweepError(f"`grid.{name}.realign`: none of {list(block.algorithm)} can switch realignment")
-    if block.rho_bar is not None:
 
-        def realign_values(a: Algorithm) -> set:
-            return set(block.realign) if (block.realign and a.realign_optional) else {a.realigned}
+    def realign_values(a: Algorithm) -> set:
+        return set(block.realign) if (block.realign and a.realign_optional) else {a.realigned}
 
-        if not any(True in realign_values(a) for a in algos):
-            raise SweepError(f"`grid.{name}.rho_bar`: none of {list(block.algorithm)} uses V-trace")
+    for axis, axis_values in settings:
+        takers = [(a, r) for a in algos for r in realign_values(a) if axis in a.axes(r)]
+        if not takers:
+            raise SweepError(f"`grid.{name}.{axis}`: none of {list(block.algorithm)} takes {axis}")
+        for algo, realigned in takers:  # the class's own checks, before any cell starts
+            part = algo.axes(realigned)[axis][1][0]
+            class_path = algo.class_path(part, realigned)
+            config = algo.config["model"]["init_args"][part]
+            init = dict(config.get("init_args") or {}) if config["class_path"] == class_path else {}
+            cls = _import(class_path)
+            for v in axis_values:
+                try:
+                    cls(**{**init, axis: v})
+                except ValueError as err:
+                    raise SweepError(f"`grid.{name}.{axis}`: {v!r} is refused by {cls.__name__}: {err}") from None
+                except Exception:  # the class needs more than its config gives; `vaco fit` checks it
+                    break
     return block
 
 
@@ -403,40 +455,36 @@ def expand(sweep: Sweep) -> list[Cell]:
             block.K,
             block.seed,
             block.realign or (None,),
-            block.delta or (None,),
-            block.rho_bar or (None,),
+            itertools.product(*(values for _, values in block.settings)),
             itertools.product(*(values for _, values in block.extra)),
         )
         keys = [key for key, _ in block.extra]
-        for name, env, K, seed, realign, delta, rho_bar, extra in product:
-            cell = _make_cell(sweep, sweep.algorithms[name], env, K, seed, realign, delta, rho_bar)
+        axes = [axis for axis, _ in block.settings]
+        for name, env, K, seed, realign, setting, extra in product:
+            given = dict(zip(axes, setting))
+            cell = _make_cell(sweep, sweep.algorithms[name], env, K, seed, realign, given)
             if keys:
                 cell = _with_extra(cell, tuple(zip(keys, extra)))
             cells.setdefault(cell.id, cell)
     return list(cells.values())
 
 
-def _make_cell(sweep: Sweep, algo: Algorithm, env, K, seed, realign, delta, rho_bar) -> Cell:
+def _make_cell(sweep: Sweep, algo: Algorithm, env, K, seed, realign, given: dict[str, float]) -> Cell:
+    """A cell takes a value for each axis its modules declare: the block's, else its config's
+    (the id says only what differs from the config: ``-delta0.4``, ``-rho2``)."""
     realigned = algo.realigned if (realign is None or not algo.realign_optional) else realign
     label, base = algo.name, algo
     if realigned != algo.realigned:
         twin = _twin(sweep.algorithms, algo, realigned)
         label = twin.name if twin else f"{algo.name}{'+' if realigned else '-'}realign"
         base = twin or algo
-    suffix = ""
-    if base.takes_delta:
-        default = float(base.init_arg("objective", "delta"))
-        delta = default if delta is None else delta
-        suffix += f"-delta{_fmt(delta)}" if delta != default else ""
-    else:
-        delta = None
-    if realigned:
-        default = float(base.init_arg("advantage", "rho_bar")) if base.realigned else 1.0
-        rho_bar = default if rho_bar is None else rho_bar
-        suffix += f"-rho{_fmt(rho_bar)}" if rho_bar != default else ""
-    else:
-        rho_bar = None
-    return Cell(label, base.name, env, K, seed, delta, rho_bar, realigned, suffix)
+    suffix, settings = "", []
+    for axis, (short, parts) in base.axes(realigned).items():
+        default = float(base.init_arg(parts[-1], axis, realigned))
+        value = given.get(axis, default)
+        suffix += f"-{short}{_fmt(value)}" if value != default else ""
+        settings.append((axis, value))
+    return Cell(label, base.name, env, K, seed, tuple(settings), realigned, suffix)
 
 
 def _with_extra(cell: Cell, extra: tuple[tuple[str, Any], ...]) -> Cell:
@@ -472,12 +520,12 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
         model["advantage"] = {"class_path": _VTRACE if cell.realign else _GAE, "init_args": kept}
         if cell.realign:
             model["advantage"]["init_args"].update(rho_bar=1.0, c_bar=1.0)
-    if cell.delta is not None:
-        model["objective"].setdefault("init_args", {})["delta"] = cell.delta
-    if cell.rho_bar is not None:
-        model["advantage"].setdefault("init_args", {})["rho_bar"] = cell.rho_bar
-        if algo.objective_takes_rho_bar:  # IMPALA: both modules must agree
-            model["objective"].setdefault("init_args", {})["rho_bar"] = cell.rho_bar
+    axes = algo.axes(cell.realign)
+    for axis, value in cell.settings:  # every part that takes the axis (IMPALA: both modules agree)
+        for part in axes[axis][1]:
+            if model[part].get("init_args") is None:
+                model[part]["init_args"] = {}
+            model[part]["init_args"][axis] = value
     model["algorithm_name"] = cell.algorithm
     config["seed_everything"] = cell.seed
     config["data"].setdefault("init_args", {})["policy_buffer_size"] = cell.K
@@ -548,7 +596,7 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     seen = set()
     for cell in cells:
-        key = (cell.algorithm, cell.env, cell.delta is None, cell.rho_bar is None)
+        key = (cell.algorithm, cell.env, tuple(axis for axis, _ in cell.settings))
         if key in seen:
             continue
         seen.add(key)

@@ -1,0 +1,5 @@
+import sys
+
+from vaco.report.cli import main
+
+sys.exit(main())

@@ -1,0 +1,118 @@
+"""``vaco report``'s command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vaco.report import __doc__ as _DOC
+from vaco.report.figures import _plt
+from vaco.report.runs import load_runs, log_report, read_runs, save_runs
+from vaco.report.scores import build_report
+from vaco.report.summary import write_report
+from vaco.tracking import tracking_uri
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vaco report", description=_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--experiment", help="MLflow experiment name (a sweep's `experiment`)")
+    source.add_argument(
+        "--data", help="a data file written by --save-data: report without the MLflow store (no logging)"
+    )
+    parser.add_argument(
+        "--save-data",
+        default=None,
+        help="also write the runs' coordinates and metric histories to this CSV (.csv.gz: gzipped)",
+    )
+    parser.add_argument("--name", default=None, help="the report's title with --data (default: the file's stem)")
+    parser.add_argument("--out", default=None, help="output folder (default: reports/<experiment>)")
+    parser.add_argument(
+        "--reps", type=int, default=2000, help="bootstrap resamples (rliable suggests 50000 for a paper)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="numpy seed of the bootstrap")
+    parser.add_argument(
+        "--min-runs", type=int, default=3, help="runs per task below which no interval is drawn"
+    )
+    parser.add_argument(
+        "--last-evals", type=int, default=1, help="final score = mean of this many last eval/return values"
+    )
+    parser.add_argument(
+        "--reference-delta",
+        type=float,
+        default=None,
+        help="delta of the main comparison (default: the most used)",
+    )
+    parser.add_argument(
+        "--reference-rho-bar",
+        type=float,
+        default=None,
+        help="rho_bar of the main comparison (default: the most used)",
+    )
+    parser.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        metavar="AXIS=VALUE",
+        help="the main comparison's value of any axis (repeatable), e.g. --reference truncation=2",
+    )
+    parser.add_argument("--include-unfinished", action="store_true", help="also use runs that did not FINISH")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
+    args = parser.parse_args(argv)
+    experiment = args.experiment or args.name or Path(args.data).name.split(".")[0]
+    reference = {}
+    for item in args.reference:
+        axis, _, value = item.partition("=")
+        try:
+            reference[axis.strip()] = float(value)
+        except ValueError:
+            print(f"vaco report: `--reference` takes AXIS=NUMBER, got {item!r}", file=sys.stderr)
+            return 2
+    for name in ("reps", "min_runs", "last_evals"):
+        if getattr(args, name) < 1:
+            print(f"vaco report: `--{name.replace('_', '-')}` must be >= 1", file=sys.stderr)
+            return 2
+    _plt().switch_backend("Agg")
+    uri = tracking_uri()
+    try:
+        if args.data:
+            runs, notes = read_runs(args.data), []
+        else:
+            runs, notes = load_runs(args.experiment, uri, args.include_unfinished)
+        report = build_report(
+            experiment,
+            runs,
+            notes,
+            last_evals=args.last_evals,
+            reference=reference,
+            reference_delta=args.reference_delta,
+            reference_rho_bar=args.reference_rho_bar,
+            reps=args.reps,
+            seed=args.seed,
+            min_runs=args.min_runs,
+        )
+    except ValueError as err:
+        print(f"vaco report: {err}", file=sys.stderr)
+        return 2
+    if args.save_data:
+        print(f"vaco report: {len(runs)} runs' metric histories -> {save_runs(runs, args.save_data)}")
+    out = Path(args.out or Path("reports") / experiment)
+    summary = write_report(report, out)
+    print(
+        f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}"
+    )
+    if not args.no_mlflow and not args.data:
+        run_id = log_report(args.experiment, out, uri)
+        print(
+            f"  logged as artifacts report/ of MLflow run {run_id} (the sweep's parent run, or a 'report' run) in experiment '{args.experiment}'"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,413 @@
+"""The report's figures, drawn from the statistics of :mod:`vaco.report.scores`.
+
+Each ``figure_*`` takes the :class:`~vaco.report.scores.Report` and, optionally, the statistics
+already computed for it (the summary computes them once); without them it computes them. Each
+returns the matplotlib figure (and, for notebooks, the estimates it drew).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from vaco.report.runs import Run
+from vaco.report.scores import (
+    AGGREGATES,
+    Ablation,
+    Estimate,
+    Profiles,
+    Report,
+    SampleEfficiency,
+    Scores,
+    ablation_scores,
+    aggregate_scores,
+    common_grid,
+    iqm_against_k,
+    main_groups,
+    profiles,
+    resample,
+    sample_efficiency,
+)
+
+__all__ = [
+    "figure_ablation",
+    "figure_aggregates",
+    "figure_fractions",
+    "figure_iqm_vs_k",
+    "figure_performance_profiles",
+    "figure_returns",
+    "figure_sample_efficiency",
+    "figure_tv",
+]
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _colors(keys: Sequence[str]) -> dict[str, tuple]:
+    import seaborn as sns
+
+    palette = sns.color_palette("colorblind", n_colors=max(len(keys), 1))
+    return dict(zip(keys, palette))
+
+
+def _algo_colors(report: Report) -> dict[str, tuple]:
+    return _colors(report.algorithms)
+
+
+def _no_interval_note(estimates: Mapping[str, Estimate], min_runs: int) -> str:
+    few = sorted({e.runs_per_task for e in estimates.values() if e.interval is None})
+    if not few:
+        return ""
+    return f"point estimates only where runs per task < {min_runs} ({', '.join(map(str, few))})"
+
+
+def _k_series(groups: Mapping[str, Sequence[Run]], name: Callable[[Run], str]) -> dict[str, list[tuple[int, str]]]:
+    """Series name -> [(K, group key)]: one line per algorithm (or ablation variant) against K."""
+    series = defaultdict(list)
+    for key, runs in groups.items():
+        series[name(runs[0])].append((runs[0].K, key))
+    return series
+
+
+def figure_aggregates(report: Report, scores: Scores | None = None):
+    """Median, IQM, Mean, Optimality Gap per (algorithm, K) with rliable's interval plot; returns
+    the figure, the estimates and the notes (``scores`` from :func:`aggregate_scores`, else computed)."""
+    from rliable import plot_utils
+
+    scores = scores or aggregate_scores(report)
+    estimates, notes = scores.estimates, scores.notes
+    algo_colors = _algo_colors(report)
+    keys = list(estimates)
+    colors = {k: algo_colors[k.rsplit(" K=", 1)[0]] for k in keys}
+    fig, axes = plot_utils.plot_interval_estimates(
+        {k: e.point for k, e in estimates.items()},
+        {k: e.bounds() for k, e in estimates.items()},
+        metric_names=list(AGGREGATES),
+        algorithms=keys,
+        colors=colors,
+        row_height=max(0.37, 2.0 / max(len(keys), 1)),
+        xlabel="Normalised score",
+        wspace=0.25,
+    )
+    for idx, ax in enumerate(np.atleast_1d(axes)):
+        for row, key in enumerate(keys):  # a point estimate alone is a marker, not a bar
+            if estimates[key].interval is None:
+                ax.plot(estimates[key].point[idx], row, marker="D", color=colors[key], markersize=7, zorder=3)
+        low, high = ax.get_xlim()
+        pad = 0.05 * ((high - low) or 1.0)
+        ax.set_xlim(low - pad, high + pad)
+    note = _no_interval_note(estimates, report.min_runs)
+    title = "Final normalised score, 95% stratified-bootstrap CIs" + (f"\n({note})" if note else "")
+    fig.suptitle(title, y=1 + (0.75 + 0.25 * bool(note)) / fig.get_figheight(), fontsize="x-large")
+    return fig, estimates, notes
+
+
+def _jitter(ks: np.ndarray, i: int, n: int) -> np.ndarray:
+    """Spread series a little along a log2 K axis so equal values do not hide each other."""
+    return ks * 2.0 ** (0.08 * (i - (n - 1) / 2))
+
+
+def _k_axis(ax, ks: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(ks), [str(k) for k in ks])
+    ax.minorticks_off()
+    ax.set_xlim(min(ks) / 1.6, max(ks) * 1.6)
+
+
+def _vs_k_axis(
+    ax,
+    estimates: Mapping[str, Estimate],
+    series: Mapping[str, list[tuple[int, str]]],
+    colors,
+    ylabel: str,
+    title: str,
+):
+    """Lines of an estimate against K; error bars where an interval exists."""
+    for i, (name, points) in enumerate(series.items()):
+        pts = [(k, estimates[key]) for k, key in points if key in estimates]
+        if not pts:
+            continue
+        ks = _jitter(np.array([k for k, _ in pts], dtype=float), i, len(series))
+        y = np.array([e.point[0] for _, e in pts])
+        ax.plot(ks, y, marker="o", color=colors[name], label=name)
+        for k, (_, e) in zip(ks, pts):
+            if e.interval is not None:
+                ax.vlines(k, e.interval[0, 0], e.interval[1, 0], color=colors[name], alpha=0.6, linewidth=3)
+    all_k = sorted({k for pts in series.values() for k, _ in pts})
+    _k_axis(ax, all_k)
+    ax.set_xlabel("degree of asynchrony K")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.25)
+
+
+def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
+    """IQM of the normalised final score against K, one line per algorithm."""
+    plt = _plt()
+    scores = scores or iqm_against_k(report)
+    estimates, notes = scores.estimates, scores.notes
+    series = _k_series(main_groups(report), lambda r: r.algorithm)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    note = _no_interval_note(estimates, report.min_runs)
+    _vs_k_axis(
+        ax,
+        estimates,
+        series,
+        _algo_colors(report),
+        "IQM normalised final score",
+        "Final score against K" + (f"\n({note})" if note else ""),
+    )
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return fig, estimates, notes
+
+
+def figure_returns(report: Report):
+    """Raw eval/return over training per task and K: mean and standard deviation over seeds."""
+    plt = _plt()
+    tasks, ks = report.tasks, report.ks
+    colors = _algo_colors(report)
+    fig, axes = plt.subplots(len(tasks), len(ks), figsize=(3.2 * len(ks), 2.6 * len(tasks)), squeeze=False)
+    main = report.main_runs()
+    for i, task in enumerate(tasks):
+        for j, K in enumerate(ks):
+            ax = axes[i, j]
+            for algo in report.algorithms:
+                runs = [r for r in main if r.env == task and r.K == K and r.algorithm == algo]
+                if not runs:
+                    continue
+                grid = common_grid([r.history("eval/return") for r in runs])
+                ys = np.stack([resample(r.history("eval/return"), grid) for r in runs])
+                mean, std = ys.mean(0), ys.std(0)
+                ax.plot(grid, mean, color=colors[algo], label=f"{algo} (n={len(runs)})")
+                ax.fill_between(grid, mean - std, mean + std, color=colors[algo], alpha=0.15)
+            ax.set_title(f"{task}, K={K}", fontsize="medium")
+            ax.grid(alpha=0.25)
+            if i == len(tasks) - 1:
+                ax.set_xlabel("env steps")
+            if j == 0:
+                ax.set_ylabel("eval/return")
+    handles, labels = _legend_entries(axes)
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        ncol=min(len(labels), 6),
+        bbox_to_anchor=(0.5, 1.0 + 0.12 / len(tasks)),
+        fontsize="small",
+    )
+    fig.tight_layout()
+    return fig
+
+
+def _legend_entries(axes):
+    seen = {}
+    for ax in np.ravel(axes):
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label.split(" (n=")[0], h)
+    return list(seen.values()), list(seen)
+
+
+def figure_sample_efficiency(report: Report, efficiency: SampleEfficiency | None = None):
+    """IQM of the normalised return over training per K (rliable), and the IQM of the AUC;
+    returns the figure, the curves per K, the AUC estimates and the notes."""
+    from rliable import plot_utils
+
+    plt = _plt()
+    ks, colors = report.ks, _algo_colors(report)
+    efficiency = efficiency or sample_efficiency(report)
+    curve_estimates, auc = efficiency.curves, efficiency.auc.estimates
+    fig, axes = plt.subplots(1, len(ks) + 1, figsize=(4.2 * (len(ks) + 1), 3.6), squeeze=False)
+    for j, K in enumerate(ks):
+        grid, est = curve_estimates[K]
+        if est:
+            plot_utils.plot_sample_efficiency_curve(
+                grid,
+                {a: e.point for a, e in est.items()},
+                {a: e.bounds() for a, e in est.items()},
+                algorithms=list(est),
+                colors=colors,
+                ax=axes[0, j],
+                xlabel="env steps",
+                ylabel="IQM normalised return" if j == 0 else "",
+                labelsize="medium",
+                ticklabelsize="small",
+                marker="",
+            )
+        axes[0, j].set_title(f"K={K}")
+    series = _k_series(main_groups(report), lambda r: r.algorithm)
+    _vs_k_axis(axes[0, -1], auc, series, colors, "IQM of normalised AUC", "Area under the curve")
+    handles, labels = axes[0, -1].get_legend_handles_labels()
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        ncol=min(len(labels), 6),
+        bbox_to_anchor=(0.5, 1.08),
+        fontsize="small",
+    )
+    note = _no_interval_note(
+        {**auc, **{f"{k}{a}": e for k, (_, est) in curve_estimates.items() for a, e in est.items()}},
+        report.min_runs,
+    )
+    if note:
+        fig.suptitle(f"({note})", y=-0.02, fontsize="small")
+    fig.tight_layout()
+    return fig, curve_estimates, auc, efficiency.notes
+
+
+def figure_performance_profiles(report: Report, data: Profiles | None = None):
+    """Score distributions per K (rliable); returns the figure and the notes."""
+    from rliable import plot_utils
+
+    plt = _plt()
+    ks, colors = report.ks, _algo_colors(report)
+    data = data or profiles(report)
+    fig, axes = plt.subplots(1, len(ks), figsize=(4.2 * len(ks), 3.6), squeeze=False)
+    for j, K in enumerate(ks):
+        if K not in data.by_k:
+            continue
+        profile, cis, counts = data.by_k[K]
+        enough = {a: cis[a] for a, n in counts.items() if n >= report.min_runs}
+        plot_utils.plot_performance_profiles(
+            profile,
+            data.taus,
+            performance_profile_cis=enough or None,
+            colors=colors,
+            ax=axes[0, j],
+            xlabel=r"normalised score $\tau$",
+            ylabel="fraction of runs > $\\tau$" if j == 0 else "",
+            labelsize="medium",
+            ticklabelsize="small",
+        )
+        axes[0, j].set_title(f"K={K}")
+        axes[0, j].legend(fontsize="small")
+    fig.tight_layout()
+    return fig, data.notes
+
+
+
+def figure_tv(report: Report):
+    """Per task: each run's mean TV over its iterations against K, mean +- std over seeds; delta/2 dashed."""
+    plt = _plt()
+    tasks, colors = report.tasks, _algo_colors(report)
+    main = report.main_runs()
+    fig, axes = plt.subplots(2, len(tasks), figsize=(4.2 * len(tasks), 6.4), squeeze=False)
+    for row, (key, label) in enumerate(
+        (
+            ("lag/forward_tv", "TV(pi after epochs, beta)\nlag/forward_tv"),
+            ("train/tv", "minibatch TV in the epochs\ntrain/tv"),
+        )
+    ):
+        for j, task in enumerate(tasks):
+            ax = axes[row, j]
+            for i, algo in enumerate(report.algorithms):
+                pts = []
+                for K in report.ks:
+                    vals = [
+                        r.history(key)[1].mean()
+                        for r in main
+                        if r.env == task and r.K == K and r.algorithm == algo and len(r.history(key)[1])
+                    ]
+                    if vals:
+                        pts.append((K, np.mean(vals), np.std(vals)))
+                if pts:
+                    k, m, s = map(np.array, zip(*pts))
+                    k = _jitter(k.astype(float), i, len(report.algorithms))
+                    ax.plot(k, m, marker="o", color=colors[algo], label=algo)
+                    ax.fill_between(k, m - s, m + s, color=colors[algo], alpha=0.15)
+            if report.ref_delta is not None:
+                ax.axhline(
+                    report.ref_delta / 2,
+                    color="k",
+                    linestyle="--",
+                    linewidth=1,
+                    label=f"delta/2 = {report.ref_delta / 2:g}",
+                )
+            _k_axis(ax, report.ks)
+            ax.set_title(task if row == 0 else "", fontsize="medium")
+            ax.set_xlabel("degree of asynchrony K")
+            if j == 0:
+                ax.set_ylabel(label)
+            ax.grid(alpha=0.25)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        ncol=min(len(labels), 7),
+        bbox_to_anchor=(0.5, 1.05),
+        fontsize="small",
+    )
+    fig.tight_layout()
+    return fig
+
+
+def figure_fractions(report: Report):
+    """train/filter_fraction (TV-filter objectives) and train/clip_fraction (the others) per
+    iteration, averaged over the runs of each (algorithm, K)."""
+    plt = _plt()
+    ks, colors = report.ks, _algo_colors(report)
+    main = report.main_runs()
+    fig, axes = plt.subplots(2, len(ks), figsize=(4.0 * len(ks), 5.6), squeeze=False, sharey="row")
+    for j, K in enumerate(ks):
+        for algo in report.algorithms:
+            runs = [r for r in main if r.K == K and r.algorithm == algo]
+            if not runs:
+                continue
+            key = runs[0].fraction_metric or "train/clip_fraction"  # what the objective declares
+            row = 0 if key == "train/filter_fraction" else 1
+            hist = [r.history(key) for r in runs if len(r.history(key)[0])]
+            if not hist:
+                continue
+            grid = common_grid(hist, max_points=200)
+            ys = np.stack([resample(h, grid) for h in hist])
+            axes[row, j].plot(grid, ys.mean(0), color=colors[algo], label=algo)
+        axes[0, j].set_title(f"K={K}")
+        axes[1, j].set_xlabel("env steps")
+    axes[0, 0].set_ylabel("filter fraction\n(TV-filter objectives)")
+    axes[1, 0].set_ylabel("clip fraction\n(other objectives)")
+    for ax in axes.ravel():
+        ax.grid(alpha=0.25)
+    handles, labels = _legend_entries(axes)
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        ncol=min(len(labels), 6),
+        bbox_to_anchor=(0.5, 1.05),
+        fontsize="small",
+    )
+    fig.tight_layout()
+    return fig
+
+
+
+def figure_ablation(report: Report, ablation: Ablation, scores: tuple[Scores, Scores] | None = None):
+    """IQM of the final normalised score and of the AUC against K, one line per ablation value;
+    returns the figure, the two sets of estimates and the notes."""
+    plt = _plt()
+    final, auc = scores or ablation_scores(report, ablation)
+    final_est, auc_est, notes = final.estimates, auc.estimates, final.notes
+    series = _k_series(ablation.groups(), ablation.variant)
+    colors = _colors(list(series))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    _vs_k_axis(
+        axes[0], final_est, series, colors, "IQM normalised final score", f"{ablation.title}: final score"
+    )
+    _vs_k_axis(
+        axes[1], auc_est, series, colors, "IQM of normalised AUC", f"{ablation.title}: sample efficiency"
+    )
+    axes[1].legend(fontsize="small")
+    note = _no_interval_note(final_est, report.min_runs)
+    if note:
+        fig.suptitle(f"({note})", y=-0.02, fontsize="small")
+    fig.tight_layout()
+    return fig, final_est, auc_est, notes
+

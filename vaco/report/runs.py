@@ -1,0 +1,256 @@
+"""The runs a report is made of: read from an MLflow experiment or from a data file, and the
+report logged back beside them.
+
+A :class:`Run` is one finished training run: its coordinates (algorithm, env, K, seed, realign,
+and the value of every sweep axis its objective and advantage module declare, e.g. ``delta``,
+``rho_bar``) and the metric histories the report needs. The names it reads are the ones
+:mod:`vaco.tracking` defines and ``vaco fit`` writes.
+
+A data file (``--save-data`` / ``--data``) is one CSV (optionally gzipped) with a row per logged
+metric value and the run's coordinates on every row: everything the report needs, without the
+MLflow store that produced it. Floats are written in full precision, so a report from the file
+is the report from the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from vaco.tracking import (
+    FRACTION_PARAM,
+    PARENT_TAG,
+    REPORT_TAG,
+    run_axes,
+    search_all_runs,
+    tracking_uri,
+)
+
+__all__ = ["METRIC_KEYS", "Run", "load_runs", "log_report", "read_runs", "runs_from_frame", "runs_to_frame", "save_runs"]
+
+METRIC_KEYS = ("eval/return", "lag/forward_tv", "train/tv", "train/filter_fraction", "train/clip_fraction")
+_COLUMNS = (
+    "run_id", "name", "status", "start_time", "algorithm", "env", "K", "seed", "realign", "objective",
+    "fraction_metric", "axes", "metric", "step", "value",
+)
+
+
+@dataclasses.dataclass
+class Run:
+    """One finished training run: its coordinates and the metric histories the report needs."""
+
+    run_id: str
+    name: str
+    status: str
+    algorithm: str
+    env: str
+    K: int
+    seed: int
+    axes: dict[str, float | None]  # each declared sweep axis -> its value ({"delta": 0.2, "rho_bar": 1.0})
+    realign: bool
+    objective: str
+    histories: dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (env steps, values), sorted by step
+    start_time: int = 0
+    fraction_metric: str = ""  # the objective's intervention fraction, e.g. "train/filter_fraction"
+
+    @property
+    def delta(self) -> float | None:
+        return self.axes.get("delta")
+
+    @property
+    def rho_bar(self) -> float | None:
+        return self.axes.get("rho_bar")
+
+    def history(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.histories.get(key, (np.zeros(0), np.zeros(0)))
+
+
+def _number(text: str | None) -> float | None:
+    if text in (None, "", "None", "null"):
+        return None
+    return float(text)
+
+
+def _fraction_metric(params: dict[str, str]) -> str:
+    """The logged fraction metric; runs older than the param: the TV filter's or the clip's."""
+    if FRACTION_PARAM in params:
+        return params[FRACTION_PARAM]
+    return "train/filter_fraction" if _number(params.get("delta")) is not None else "train/clip_fraction"
+
+
+def load_runs(
+    experiment: str, uri: str | None = None, include_unfinished: bool = False
+) -> tuple[list[Run], list[str]]:
+    """The training runs of an MLflow experiment (not the report's own run) and notes on what was left out.
+
+    A run needs the params ``algorithm``, ``env``, ``K``, ``seed`` (``vaco fit`` logs them). Runs
+    that did not FINISH are left out unless ``include_unfinished``; of runs with the same
+    coordinates only the newest is kept.
+    """
+    import mlflow
+
+    client = mlflow.MlflowClient(uri or tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(
+            f"`--experiment`: no MLflow experiment named '{experiment}' in {uri or tracking_uri()}"
+        )
+    found = search_all_runs(client, [exp.experiment_id])
+    notes: list[str] = []
+    statuses = Counter()
+    kept: dict[tuple, object] = {}
+    duplicates = 0
+    for r in found:
+        p = r.data.params
+        if r.data.tags.get(REPORT_TAG) or not all(k in p for k in ("algorithm", "env", "K", "seed")):
+            continue
+        statuses[r.info.status] += 1
+        if r.info.status != "FINISHED" and not include_unfinished:
+            continue
+        key = (p["algorithm"], p["env"], p["K"], p["seed"], *((a, p.get(a)) for a in run_axes(p)))
+        if key in kept:
+            duplicates += 1
+            if r.info.start_time <= kept[key].info.start_time:
+                continue
+        kept[key] = r
+    left_out = {s: n for s, n in statuses.items() if s != "FINISHED"}
+    if left_out and not include_unfinished:
+        notes.append(
+            "left out runs that did not finish: "
+            + ", ".join(f"{n} {s}" for s, n in sorted(left_out.items()))
+            + " (an interrupted sweep: rerun `vaco sweep` to finish them)"
+        )
+    if duplicates:
+        notes.append(f"{duplicates} run(s) repeated the coordinates of another; the newest of each was kept")
+    runs = []
+    for r in kept.values():
+        p = r.data.params
+        histories = {}
+        for key in METRIC_KEYS:
+            hist = sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, key))
+            if hist:
+                steps, values = np.array(hist, dtype=np.float64).T
+                histories[key] = (steps, values)
+        runs.append(
+            Run(
+                run_id=r.info.run_id,
+                name=r.info.run_name or r.info.run_id,
+                status=r.info.status,
+                algorithm=p["algorithm"],
+                env=p["env"],
+                K=int(p["K"]),
+                seed=int(p["seed"]),
+                axes={a: _number(p.get(a)) for a in run_axes(p)},
+                realign=p.get("advantage_estimator") == "VTrace",
+                objective=p.get("objective", ""),
+                histories=histories,
+                start_time=r.info.start_time or 0,
+                fraction_metric=_fraction_metric(p),
+            )
+        )
+    return runs, notes
+
+
+# ---------------------------------------------------------------------------------------- data file
+def runs_to_frame(runs: list[Run]):
+    """One row per logged metric value, with the run's coordinates (a long pandas DataFrame)."""
+    import pandas as pd
+
+    rows = []
+    for r in runs:
+        coords = (
+            r.run_id, r.name, r.status, r.start_time, r.algorithm, r.env, r.K, r.seed, r.realign, r.objective,
+            r.fraction_metric, json.dumps(r.axes, sort_keys=True),
+        )
+        for key in METRIC_KEYS:
+            for step, value in zip(*r.history(key)):
+                rows.append((*coords, key, float(step), float(value)))
+        if not any(len(r.history(k)[0]) for k in METRIC_KEYS):  # a run without metrics keeps its row
+            rows.append((*coords, "", np.nan, np.nan))
+    return pd.DataFrame(rows, columns=list(_COLUMNS))
+
+
+def runs_from_frame(frame) -> list[Run]:
+    """The runs of a frame made by :func:`runs_to_frame` (or read from a data file)."""
+    missing = [c for c in _COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"`--data`: the file has no column {', '.join(missing)} (a `vaco report --save-data` file has)")
+    runs = []
+    for run_id, rows in frame.groupby("run_id", sort=False):
+        first = rows.iloc[0]
+        histories = {}
+        for key, part in rows[rows["metric"].isin(METRIC_KEYS)].groupby("metric", sort=False):
+            part = part.sort_values("step", kind="stable")
+            histories[key] = (part["step"].to_numpy(np.float64), part["value"].to_numpy(np.float64))
+        runs.append(
+            Run(
+                run_id=str(run_id),
+                name=str(first["name"]),
+                status=str(first["status"]),
+                algorithm=str(first["algorithm"]),
+                env=str(first["env"]),
+                K=int(first["K"]),
+                seed=int(first["seed"]),
+                axes=json.loads(first["axes"]),
+                realign=bool(first["realign"]),
+                objective=str(first["objective"]) if isinstance(first["objective"], str) else "",
+                histories=histories,
+                start_time=int(first["start_time"]),
+                fraction_metric=str(first["fraction_metric"]),
+            )
+        )
+    return runs
+
+
+def save_runs(runs: list[Run], path: str | os.PathLike) -> Path:
+    """Write the runs as a data file (CSV; gzipped when the name ends in .gz)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    runs_to_frame(runs).to_csv(path, index=False)
+    return path
+
+
+def read_runs(path: str | os.PathLike) -> list[Run]:
+    """The runs of a data file written by :func:`save_runs`."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"`--data`: no file at {path}")
+    frame = pd.read_csv(path, float_precision="round_trip", dtype={"run_id": str, "name": str, "axes": str})
+    return runs_from_frame(frame)
+
+
+# ---------------------------------------------------------------------------------------- logging
+def log_report(experiment: str, out: str | os.PathLike, uri: str | None = None) -> str:
+    """Log the folder as artifacts ``report/`` of the sweep's parent run, beside the runs it
+    summarises; an experiment without one (runs made by hand) gets a ``report`` run, made once."""
+    import mlflow
+
+    client = mlflow.MlflowClient(uri or tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    parent = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    if parent:
+        run_id = parent[0].info.run_id
+        status = parent[0].info.status
+        client.log_artifacts(run_id, str(out), artifact_path="report")
+        if status == "RUNNING":  # a sweep still running keeps its parent open
+            return run_id
+        client.set_terminated(run_id, status)
+        return run_id
+    found = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1
+    )
+    run_id = (
+        found[0].info.run_id
+        if found
+        else client.create_run(exp.experiment_id, run_name="report", tags={REPORT_TAG: "true"}).info.run_id
+    )
+    client.log_artifacts(run_id, str(out), artifact_path="report")
+    client.set_terminated(run_id, "FINISHED")
+    return run_id

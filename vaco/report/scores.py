@@ -1,0 +1,582 @@
+"""Statistics as data: final and normalised scores, rliable aggregates with stratified-bootstrap
+intervals, curves, TV and fraction tables, and the ablations. Nothing here draws; the figures
+(:mod:`vaco.report.figures`) and the summary (:mod:`vaco.report.summary`) are made from what these
+functions return, and a notebook gets every number without drawing a figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from vaco.report.runs import Run
+from vaco.tracking import PAPER_AXES
+
+__all__ = [
+    "AGGREGATES",
+    "Ablation",
+    "Estimate",
+    "Report",
+    "Scores",
+    "ablation_scores",
+    "ablations",
+    "aggregate_estimates",
+    "aggregate_scores",
+    "area_under_curve",
+    "build_report",
+    "common_grid",
+    "curve_iqm",
+    "final_score",
+    "fraction_table",
+    "iqm_against_k",
+    "iqm_estimates",
+    "normalization_bounds",
+    "normalize",
+    "performance_profiles",
+    "profiles",
+    "resample",
+    "runs_frame",
+    "sample_efficiency",
+    "score_matrix",
+    "tv_table",
+]
+
+_PAPER_ORDER = ("vaco", "ppo_clip", "ppo_kl", "spo", "impala", "vaco_no_realign")
+_PAPER_REFERENCE = {"delta": 0.2, "rho_bar": 1.0}  # the paper's values win a tie for "most used"
+MAX_CURVE_POINTS = 20
+AGGREGATES = ("Median", "IQM", "Mean", "Optimality Gap")
+
+
+def _metrics():
+    from rliable import metrics
+
+    return metrics
+
+
+def _aggregates() -> dict[str, Callable[[np.ndarray], float]]:
+    metrics = _metrics()
+    return {
+        "Median": metrics.aggregate_median,
+        "IQM": metrics.aggregate_iqm,
+        "Mean": metrics.aggregate_mean,
+        "Optimality Gap": metrics.aggregate_optimality_gap,
+    }
+
+
+# ---------------------------------------------------------------------------------------- math
+def final_score(values: Sequence[float], last: int = 1) -> float:
+    """Mean of the last ``last`` evaluation returns (values ordered by env step)."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        return math.nan
+    return float(values[-last:].mean())
+
+
+def normalization_bounds(scores_by_task: Mapping[str, Sequence[float]]) -> dict[str, tuple[float, float]]:
+    """Per task (min, max) over all the given final scores (all algorithms and settings)."""
+    return {task: (float(np.min(s)), float(np.max(s))) for task, s in scores_by_task.items() if len(s)}
+
+
+def normalize(value, bounds: tuple[float, float]):
+    """``(value - min) / (max - min)``; a task whose runs all scored the same maps to 1."""
+    low, high = bounds
+    value = np.asarray(value, dtype=np.float64)
+    if high == low:
+        return np.ones_like(value)
+    return (value - low) / (high - low)
+
+
+def score_matrix(values_by_task: Mapping[str, Sequence], tasks: Sequence[str]) -> np.ndarray:
+    """A (runs x tasks [x points]) matrix; each task's runs are cut to the smallest count."""
+    n = min(len(values_by_task[t]) for t in tasks)
+    return np.stack([np.asarray(list(values_by_task[t])[:n], dtype=np.float64) for t in tasks], axis=1)
+
+
+@dataclasses.dataclass
+class Estimate:
+    """Point estimates of some aggregates and, when there were enough runs, their 95% intervals."""
+
+    point: np.ndarray  # [metrics] or [points]
+    interval: np.ndarray | None  # [2, metrics] or [2, points]; None: too few runs per task
+    runs_per_task: int
+    tasks: int
+
+    def bounds(self) -> np.ndarray:
+        """The interval, or the point twice (what a plot draws when there is no interval)."""
+        return self.interval if self.interval is not None else np.stack([self.point, self.point])
+
+
+def _estimates(score_dict, func, reps: int, seed: int, min_runs: int) -> dict[str, Estimate]:
+    from rliable import library
+
+    out, enough = {}, {}
+    for key, scores in score_dict.items():
+        if scores.shape[0] >= min_runs:
+            enough[key] = scores
+        else:
+            out[key] = Estimate(np.atleast_1d(func(scores)), None, scores.shape[0], scores.shape[1])
+    if enough:
+        np.random.seed(seed)  # rliable's StratifiedBootstrap draws from the global numpy RNG
+        points, intervals = library.get_interval_estimates(enough, func, reps=reps)
+        for key, scores in enough.items():
+            out[key] = Estimate(
+                np.atleast_1d(points[key]), np.asarray(intervals[key]), scores.shape[0], scores.shape[1]
+            )
+    return {key: out[key] for key in score_dict}
+
+
+def aggregate_estimates(
+    score_dict: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0, min_runs: int = 3
+) -> dict[str, Estimate]:
+    """Median, IQM, Mean and Optimality Gap (in that order) of (runs x tasks) score matrices, with
+    95% stratified-bootstrap intervals from ``rliable.library.get_interval_estimates``."""
+    fns = _aggregates()
+
+    def func(x):
+        return np.array([fns[name](x) for name in AGGREGATES])
+
+    return _estimates(dict(score_dict), func, reps, seed, min_runs)
+
+
+def iqm_estimates(score_dict: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0, min_runs: int = 3):
+    """IQM alone (``rliable.metrics.aggregate_iqm``) with its stratified-bootstrap interval."""
+    iqm = _metrics().aggregate_iqm
+
+    def func(x):
+        return np.array([iqm(x)])
+
+    return _estimates(dict(score_dict), func, reps, seed, min_runs)
+
+
+def curve_iqm(curves: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0, min_runs: int = 3):
+    """IQM at each point of (runs x tasks x points) curves, rliable's sample-efficiency recipe."""
+    iqm = _metrics().aggregate_iqm
+
+    def func(x):
+        return np.array([iqm(x[..., j]) for j in range(x.shape[-1])])
+
+    return _estimates(dict(curves), func, reps, seed, min_runs)
+
+
+def area_under_curve(steps: Sequence[float], values: Sequence[float]) -> float:
+    """The curve's mean over its step range (trapezoid rule); a single point is its own mean."""
+    steps, values = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
+    if steps.size == 0:
+        return math.nan
+    if steps.size == 1 or steps[-1] == steps[0]:
+        return float(values.mean())
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 has only trapz
+    return float(trapezoid(values, steps) / (steps[-1] - steps[0]))
+
+
+def performance_profiles(
+    score_dict: Mapping[str, np.ndarray], taus: np.ndarray, reps: int = 2000, seed: int = 0
+):
+    """Score distributions (fraction of runs above tau) with bootstrap bands, from rliable."""
+    from rliable import library
+
+    np.random.seed(seed)
+    return library.create_performance_profile(dict(score_dict), taus, reps=reps)
+
+
+def common_grid(
+    histories: Sequence[tuple[np.ndarray, np.ndarray]], max_points: int = MAX_CURVE_POINTS
+) -> np.ndarray:
+    """Env steps shared by all curves (at most ``max_points`` of them, evenly picked); if fewer
+    than two are shared, ``max_points`` steps spanning the range every curve covers."""
+    histories = [h for h in histories if len(h[0])]
+    if not histories:
+        return np.zeros(0)
+    shared = set(histories[0][0].tolist())
+    for steps, _ in histories[1:]:
+        shared &= set(steps.tolist())
+    grid = np.array(sorted(shared))
+    if grid.size < 2:
+        low = max(float(s[0]) for s, _ in histories)
+        high = min(float(s[-1]) for s, _ in histories)
+        grid = np.array([low]) if high <= low else np.linspace(low, high, max_points)
+    if grid.size > max_points:
+        grid = grid[np.unique(np.linspace(0, grid.size - 1, max_points).round().astype(int))]
+    return grid
+
+
+def resample(history: tuple[np.ndarray, np.ndarray], grid: np.ndarray) -> np.ndarray:
+    steps, values = history
+    return np.interp(grid, steps, values)
+
+
+# ---------------------------------------------------------------------------------------- report data
+@dataclasses.dataclass
+class Report:
+    """The runs, their final and normalised scores, and the reference axis values of the main
+    comparison: what every statistic below is computed from."""
+
+    experiment: str
+    runs: list[Run]
+    notes: list[str]
+    bounds: dict[str, tuple[float, float]]
+    final: dict[str, float]  # run_id -> final return
+    normalized: dict[str, float]  # run_id -> normalised final score
+    auc: dict[str, float]  # run_id -> normalised AUC
+    reference: dict[str, float | None]  # axis -> its value in the main comparison (delta, rho_bar, ...)
+    reps: int = 2000
+    seed: int = 0
+    min_runs: int = 3
+    last_evals: int = 1
+
+    @property
+    def ref_delta(self) -> float | None:
+        return self.reference.get("delta")
+
+    @property
+    def ref_rho_bar(self) -> float | None:
+        return self.reference.get("rho_bar")
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted({r.env for r in self.runs})
+
+    @property
+    def algorithms(self) -> list[str]:
+        names = {r.algorithm for r in self.runs}
+        return [a for a in _PAPER_ORDER if a in names] + sorted(names - set(_PAPER_ORDER))
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted({r.K for r in self.runs})
+
+    def is_reference(self, run: Run) -> bool:
+        return all(run.axes.get(axis) in (None, value) for axis, value in self.reference.items())
+
+    def main_runs(self) -> list[Run]:
+        return [r for r in self.runs if self.is_reference(r)]
+
+    def normalized_curve(self, run: Run, grid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        steps, values = run.history("eval/return")
+        values = normalize(values, self.bounds[run.env])
+        if grid is None:
+            return steps, values
+        return grid, np.interp(grid, steps, values)
+
+    def matrices(self, groups: Mapping[str, Sequence[Run]], value: Callable[[Run], object]):
+        """(runs x tasks) matrices per group over the tasks all groups cover, plus notes on what
+        was dropped. ``value`` maps a run to a number or an array (curves)."""
+        tasks = sorted({r.env for rs in groups.values() for r in rs})
+        out, notes = {}, []
+        for key, runs in groups.items():
+            by_task = defaultdict(list)
+            for r in sorted(runs, key=lambda r: r.seed):
+                by_task[r.env].append(value(r))
+            missing = [t for t in tasks if not by_task.get(t)]
+            if missing:
+                notes.append(f"`{key}` left out: no finished run on {', '.join(missing)}")
+                continue
+            counts = {t: len(by_task[t]) for t in tasks}
+            if len(set(counts.values())) > 1:
+                notes.append(f"`{key}`: runs per task {counts}; cut to {min(counts.values())} per task")
+            out[key] = score_matrix(by_task, tasks)
+        return out, tasks, notes
+
+
+def _most_common(values: list[float], paper: float | None) -> float | None:
+    if not values:
+        return None
+    counts = Counter(values)
+    top = max(counts.values())
+    tied = sorted(v for v, n in counts.items() if n == top)
+    return paper if paper in tied else tied[0]
+
+
+def build_report(
+    experiment: str,
+    runs: list[Run],
+    notes: list[str] | None = None,
+    *,
+    last_evals: int = 1,
+    reference: Mapping[str, float] | None = None,
+    reference_delta: float | None = None,
+    reference_rho_bar: float | None = None,
+    reps: int = 2000,
+    seed: int = 0,
+    min_runs: int = 3,
+) -> Report:
+    """Final and normalised scores, AUCs and the reference value of each axis (given, else the
+    most used; the paper's delta 0.2 and rho_bar 1 win a tie) of a set of runs."""
+    notes = list(notes or [])
+    usable = []
+    for r in runs:
+        if len(r.history("eval/return")[0]) == 0:
+            notes.append(f"run {r.name} has no eval/return and is left out")
+        else:
+            usable.append(r)
+    if not usable:
+        raise ValueError(f"experiment '{experiment}' has no finished run with eval/return to report on")
+    final = {r.run_id: final_score(r.history("eval/return")[1], last_evals) for r in usable}
+    by_task = defaultdict(list)
+    for r in usable:
+        by_task[r.env].append(final[r.run_id])
+    bounds = normalization_bounds(by_task)
+    for task, (low, high) in bounds.items():
+        if low == high:
+            notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")
+    ends = defaultdict(set)
+    for r in usable:
+        ends[r.env].add(int(r.history("eval/return")[0][-1]))
+    for task, steps in ends.items():
+        if len(steps) > 1:
+            notes.append(
+                f"{task}: runs end at different env steps {sorted(steps)}; their scores are not comparable"
+            )
+    given = dict(reference or {})
+    if reference_delta is not None:
+        given["delta"] = reference_delta
+    if reference_rho_bar is not None:
+        given["rho_bar"] = reference_rho_bar
+    axes = list(dict.fromkeys([*PAPER_AXES, *(a for r in usable for a in r.axes)]))
+    chosen = {
+        axis: given[axis]
+        if given.get(axis) is not None
+        else _most_common([r.axes[axis] for r in usable if r.axes.get(axis) is not None], _PAPER_REFERENCE.get(axis))
+        for axis in axes
+    }
+    report = Report(experiment, usable, notes, bounds, final, {}, {}, chosen, reps, seed, min_runs, last_evals)
+    for r in usable:
+        report.normalized[r.run_id] = float(normalize(final[r.run_id], bounds[r.env]))
+        report.auc[r.run_id] = area_under_curve(*report.normalized_curve(r))
+    return report
+
+
+def runs_frame(report: Report):
+    """One row per run: coordinates, final and normalised score, AUC, mean TVs (a pandas DataFrame)."""
+    import pandas as pd
+
+    def mean(r: Run, key: str) -> float:
+        values = r.history(key)[1]
+        return float(values.mean()) if len(values) else math.nan
+
+    return pd.DataFrame(
+        [
+            {
+                "run": r.name,
+                "algorithm": r.algorithm,
+                "env": r.env,
+                "K": r.K,
+                "seed": r.seed,
+                **{axis: r.axes.get(axis) for axis in report.reference},
+                "realign": r.realign,
+                "reference": report.is_reference(r),
+                "final_return": report.final[r.run_id],
+                "normalized": report.normalized[r.run_id],
+                "auc": report.auc[r.run_id],
+                "forward_tv": mean(r, "lag/forward_tv"),
+                "train_tv": mean(r, "train/tv"),
+                "run_id": r.run_id,
+            }
+            for r in report.runs
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------- statistics
+@dataclasses.dataclass
+class Scores:
+    """Estimates per group (``"vaco K=4"``, ``"vaco delta=0.4 K=16"``), the metrics they hold, and
+    notes on the groups that were cut or left out."""
+
+    estimates: dict[str, Estimate]
+    metrics: tuple[str, ...]
+    notes: list[str]
+
+    def frame(self):
+        """One row per (group, metric): point, interval (NaN without one), runs per task, tasks."""
+        import pandas as pd
+
+        rows = []
+        for group, e in self.estimates.items():
+            for i, metric in enumerate(self.metrics):
+                low, high = (e.interval[0, i], e.interval[1, i]) if e.interval is not None else (math.nan, math.nan)
+                rows.append(
+                    {"group": group, "metric": metric, "point": float(e.point[i]), "low": float(low),
+                     "high": float(high), "runs_per_task": e.runs_per_task, "tasks": e.tasks}
+                )
+        return pd.DataFrame(rows, columns=["group", "metric", "point", "low", "high", "runs_per_task", "tasks"])
+
+
+def groups_of(runs: Sequence[Run], key: Callable[[Run], object]) -> dict:
+    out: dict = {}
+    for r in runs:
+        out.setdefault(key(r), []).append(r)
+    return out
+
+
+def main_groups(report: Report) -> dict[str, list[Run]]:
+    """The main comparison's groups, ``"<algorithm> K=<K>"``, in the paper's algorithm order."""
+    order = {a: i for i, a in enumerate(report.algorithms)}
+    runs = sorted(report.main_runs(), key=lambda r: (order[r.algorithm], r.K))
+    return groups_of(runs, lambda r: f"{r.algorithm} K={r.K}")
+
+
+def aggregate_scores(report: Report) -> Scores:
+    """Median, IQM, Mean and Optimality Gap of the normalised final score per (algorithm, K)."""
+    matrices, _, notes = report.matrices(main_groups(report), lambda r: report.normalized[r.run_id])
+    return Scores(aggregate_estimates(matrices, report.reps, report.seed, report.min_runs), AGGREGATES, notes)
+
+
+def iqm_against_k(report: Report) -> Scores:
+    """IQM of the normalised final score per (algorithm, K)."""
+    matrices, _, notes = report.matrices(main_groups(report), lambda r: report.normalized[r.run_id])
+    return Scores(iqm_estimates(matrices, report.reps, report.seed, report.min_runs), ("IQM",), notes)
+
+
+def _curve_groups(report: Report, runs: Sequence[Run], key: Callable[[Run], str]):
+    groups = groups_of(runs, key)
+    grid = common_grid([r.history("eval/return") for r in runs])
+    matrices, _, notes = report.matrices(groups, lambda r: report.normalized_curve(r, grid)[1])
+    return grid, matrices, notes
+
+
+@dataclasses.dataclass
+class SampleEfficiency:
+    """Per K: the env steps of the curves and the IQM curve per algorithm; the IQM of each run's
+    normalised AUC per (algorithm, K)."""
+
+    curves: dict[int, tuple[np.ndarray, dict[str, Estimate]]]
+    auc: Scores
+    notes: list[str]
+
+    def frame(self):
+        """The IQM curves: one row per (K, algorithm, env step)."""
+        import pandas as pd
+
+        rows = []
+        for K, (grid, est) in self.curves.items():
+            for algo, e in est.items():
+                for j, step in enumerate(grid):
+                    low, high = (e.interval[0, j], e.interval[1, j]) if e.interval is not None else (math.nan, math.nan)
+                    rows.append({"K": K, "algorithm": algo, "step": float(step), "iqm": float(e.point[j]),
+                                 "low": float(low), "high": float(high)})
+        return pd.DataFrame(rows, columns=["K", "algorithm", "step", "iqm", "low", "high"])
+
+
+def sample_efficiency(report: Report) -> SampleEfficiency:
+    """rliable's sample-efficiency curves per K, and the IQM of the normalised AUC."""
+    main = report.main_runs()
+    notes, curves = [], {}
+    for K in report.ks:
+        grid, matrices, n = _curve_groups(report, [r for r in main if r.K == K], lambda r: r.algorithm)
+        notes += [f"K={K}: {x}" for x in n]
+        curves[K] = (grid, curve_iqm(matrices, report.reps, report.seed, report.min_runs))
+    matrices, _, n = report.matrices(main_groups(report), lambda r: report.auc[r.run_id])
+    auc = Scores(iqm_estimates(matrices, report.reps, report.seed, report.min_runs), ("IQM AUC",), [])
+    return SampleEfficiency(curves, auc, notes + n)
+
+
+@dataclasses.dataclass
+class Profiles:
+    """Per K: each algorithm's score distribution (fraction of runs above tau), its bootstrap band,
+    and its run count per task."""
+
+    taus: np.ndarray
+    by_k: dict[int, tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, int]]]
+    notes: list[str]
+
+
+def profiles(report: Report, taus: np.ndarray | None = None) -> Profiles:
+    taus = np.linspace(0.0, 1.0, 51) if taus is None else taus
+    main, out, notes = report.main_runs(), {}, []
+    for K in report.ks:
+        groups = groups_of([r for r in main if r.K == K], lambda r: r.algorithm)
+        matrices, _, n = report.matrices(groups, lambda r: report.normalized[r.run_id])
+        notes += [f"K={K}: {x}" for x in n]
+        if not matrices:
+            continue
+        profile, cis = performance_profiles(matrices, taus, report.reps, report.seed)
+        out[K] = (profile, cis, {a: m.shape[0] for a, m in matrices.items()})
+    return Profiles(taus, out, notes)
+
+
+def tv_table(report: Report) -> dict[tuple[str, int], tuple[list[float], list[float], float | None]]:
+    """Per (algorithm, K): each run's mean lag/forward_tv and mean train/tv, and its delta."""
+    rows = {}
+    for (algo, K), runs in sorted(
+        groups_of(report.main_runs(), lambda r: (r.algorithm, r.K)).items(),
+        key=lambda x: (report.algorithms.index(x[0][0]), x[0][1]),
+    ):
+        fwd = [r.history("lag/forward_tv")[1].mean() for r in runs if len(r.history("lag/forward_tv")[1])]
+        trn = [r.history("train/tv")[1].mean() for r in runs if len(r.history("train/tv")[1])]
+        rows[(algo, K)] = (fwd, trn, runs[0].delta)
+    return rows
+
+
+def fraction_table(report: Report) -> dict[tuple[str, int], tuple[float, float, str]]:
+    """Per (algorithm, K): the mean filter fraction, the mean clip fraction, and the objective."""
+    rows = {}
+    for (algo, K), runs in groups_of(report.main_runs(), lambda r: (r.algorithm, r.K)).items():
+        f = [r.history("train/filter_fraction")[1].mean() for r in runs if len(r.history("train/filter_fraction")[1])]
+        c = [r.history("train/clip_fraction")[1].mean() for r in runs if len(r.history("train/clip_fraction")[1])]
+        rows[(algo, K)] = (np.mean(f) if f else math.nan, np.mean(c) if c else math.nan, runs[0].objective)
+    return rows
+
+
+@dataclasses.dataclass
+class Ablation:
+    name: str
+    title: str
+    runs: list[Run]
+    variant: Callable[[Run], str]
+    reason: str  # why it is not available, when runs is empty
+
+    def groups(self) -> dict[str, list[Run]]:
+        """``"<variant> K=<K>"`` -> runs, sorted by variant and K."""
+        return groups_of(
+            sorted(self.runs, key=lambda r: (self.variant(r), r.K)), lambda r: f"{self.variant(r)} K={r.K}"
+        )
+
+
+def ablations(report: Report) -> dict[str, Ablation]:
+    """The runs of each ablation: one per axis (delta, rho_bar, and any other axis an objective
+    declares) for the algorithms run with >= 2 of its values while the other axes are at their
+    reference; and realignment (objectives run both with V-trace and with GAE, at the reference)."""
+
+    def varied(axis: str) -> Ablation:
+        candidates = [
+            r for r in report.runs
+            if r.axes.get(axis) is not None
+            and all(r.axes.get(a) in (None, v) for a, v in report.reference.items() if a != axis)
+        ]
+        by_algo = groups_of(candidates, lambda r: r.algorithm)
+        runs = [r for rs in by_algo.values() if len({r.axes[axis] for r in rs}) > 1 for r in rs]
+        return Ablation(
+            axis,
+            f"{axis} ablation",
+            runs,
+            lambda r: f"{r.algorithm} {axis}={r.axes[axis]:g}",
+            f"needs runs of an algorithm that takes {axis} with at least two values of it",
+        )
+
+    out = {axis: varied(axis) for axis in report.reference}
+    by_obj = groups_of(report.main_runs(), lambda r: r.objective)
+    runs = [r for rs in by_obj.values() if len({r.realign for r in rs}) > 1 for r in rs]
+    out["realign"] = Ablation(
+        "realign",
+        "realignment on/off",
+        runs,
+        lambda r: f"{r.algorithm} ({'V-trace' if r.realign else 'GAE'})",
+        "needs runs of one objective both with V-trace realignment and with GAE",
+    )
+    return out
+
+
+def ablation_scores(report: Report, ablation: Ablation) -> tuple[Scores, Scores]:
+    """IQM of the normalised final score and of the AUC per (variant, K)."""
+    groups = ablation.groups()
+    final, _, notes = report.matrices(groups, lambda r: report.normalized[r.run_id])
+    auc, _, _ = report.matrices(groups, lambda r: report.auc[r.run_id])
+    return (
+        Scores(iqm_estimates(final, report.reps, report.seed, report.min_runs), ("IQM",), notes),
+        Scores(iqm_estimates(auc, report.reps, report.seed, report.min_runs), ("IQM AUC",), []),
+    )

@@ -1,0 +1,356 @@
+"""``summary.md``: the report's Markdown, with every figure written beside it.
+
+The numbers in its tables are the statistics of :mod:`vaco.report.scores`, computed once and
+handed to the figure functions; the text only formats them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from vaco.report.figures import (
+    _plt,
+    figure_ablation,
+    figure_aggregates,
+    figure_fractions,
+    figure_iqm_vs_k,
+    figure_performance_profiles,
+    figure_returns,
+    figure_sample_efficiency,
+    figure_tv,
+)
+from vaco.report.scores import (
+    AGGREGATES,
+    MAX_CURVE_POINTS,
+    Estimate,
+    Report,
+    ablation_scores,
+    ablations,
+    aggregate_scores,
+    fraction_table,
+    iqm_against_k,
+    profiles,
+    sample_efficiency,
+    tv_table,
+)
+
+__all__ = ["FIGURES", "SECTIONS", "write_report"]
+
+SECTIONS = (
+    "Runs",
+    "Normalisation",
+    "Final scores",
+    "IQM against the degree of asynchrony",
+    "Returns over training",
+    "Sample efficiency",
+    "Performance profiles",
+    "TV divergence against delta/2",
+    "Filter and clip fractions",
+    "Ablation: delta",
+    "Ablation: rho_bar",
+    "Ablation: realignment",
+    "How this was computed",
+)
+FIGURES = (
+    "aggregate_metrics.png",
+    "iqm_vs_k.png",
+    "returns.png",
+    "sample_efficiency.png",
+    "performance_profiles.png",
+    "tv.png",
+    "filter_clip_fractions.png",
+    "ablation_delta.png",
+    "ablation_rho_bar.png",
+    "ablation_realign.png",
+)
+
+
+def _ci(e: Estimate | None, i: int = 0) -> str:
+    if e is None:
+        return "-"
+    if e.interval is None:
+        return f"{e.point[i]:.3f} (no CI)"
+    return f"{e.point[i]:.3f} [{e.interval[0, i]:.3f}, {e.interval[1, i]:.3f}]"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _interval_sentence(estimates: Mapping[str, Estimate], min_runs: int) -> str:
+    few = {k: e.runs_per_task for k, e in estimates.items() if e.interval is None}
+    if not few:
+        return "Every group has enough runs for a 95% interval."
+    return (
+        f"Too few runs for an interval in {len(few)} of {len(estimates)} groups "
+        f"({', '.join(f'{k}: {n} run(s) per task' for k, n in list(few.items())[:8])}"
+        f"{', ...' if len(few) > 8 else ''}); those show point estimates only, and an interval needs "
+        f"at least {min_runs} runs per task."
+    )
+
+
+def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path:
+    """Draw every figure into ``out`` and write ``out/summary.md``; returns the summary's path."""
+    plt = _plt()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(fig, name: str) -> str:
+        from matplotlib.ticker import EngFormatter
+
+        for ax in fig.axes:  # 50k, 100k, ... instead of colliding 50000100000 tick labels
+            if ax.get_xlabel() == "env steps":
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        fig.savefig(out / name, dpi=dpi, bbox_inches="tight")
+        plt.close(fig)
+        return name
+
+    s: list[str] = [f"# Report: {report.experiment}", ""]
+    # -- runs
+    s += ["## Runs", ""]
+    main = report.main_runs()
+    s.append(
+        f"{len(report.runs)} finished runs on {len(report.tasks)} task(s) ({', '.join(report.tasks)}); "
+        f"algorithms {', '.join(report.algorithms)}; K in {report.ks}. Main comparison: {len(main)} runs at "
+        + " and ".join(f"{axis} = {value}" for axis, value in report.reference.items())
+        + " (where they apply)."
+    )
+    counts = Counter((r.algorithm, r.K, r.env) for r in main)
+    s += [
+        "",
+        _table(
+            ["algorithm", "K", "runs per task"],
+            [
+                (a, K, ", ".join(f"{t}: {counts[(a, K, t)]}" for t in report.tasks))
+                for a in report.algorithms
+                for K in report.ks
+                if any(counts[(a, K, t)] for t in report.tasks)
+            ],
+        ),
+    ]
+    if report.notes:
+        s += ["", "Notes:", ""] + [f"- {n}" for n in report.notes]
+    # -- normalisation
+    s += [
+        "",
+        "## Normalisation",
+        "",
+        "Final score = mean of the last "
+        f"{report.last_evals} eval/return value(s) of a run; normalised = (return - min) / (max - min) per task, "
+        "min and max over every run of the task in this report.",
+        "",
+    ]
+    s.append(
+        _table(
+            ["task", "min", "max"],
+            [(t, f"{lo:.1f}", f"{hi:.1f}") for t, (lo, hi) in sorted(report.bounds.items())],
+        )
+    )
+    # -- aggregates
+    scores = aggregate_scores(report)
+    fig, agg, notes = figure_aggregates(report, scores)
+    s += [
+        "",
+        "## Final scores",
+        "",
+        f"![aggregate metrics]({save(fig, 'aggregate_metrics.png')})",
+        "",
+        "Median, IQM and Mean: higher is better; Optimality Gap: lower is better. "
+        + _interval_sentence(agg, report.min_runs),
+        "",
+    ]
+    s.append(
+        _table(
+            ["group", "runs/task", "tasks", *AGGREGATES],
+            [
+                (k, e.runs_per_task, e.tasks, *(_ci(e, i) for i in range(len(AGGREGATES))))
+                for k, e in agg.items()
+            ],
+        )
+    )
+    s += [f"- {n}" for n in notes]
+    final_returns = defaultdict(list)
+    for r in main:
+        final_returns[(r.env, r.algorithm, r.K)].append(report.final[r.run_id])
+    s += ["", "Final eval/return (raw), mean +- std over seeds:", ""]
+    s.append(
+        _table(
+            ["task", "algorithm", "K", "return", "runs"],
+            [
+                (t, a, K, f"{np.mean(v):.1f} +- {np.std(v):.1f}", len(v))
+                for (t, a, K), v in sorted(
+                    final_returns.items(), key=lambda x: (x[0][0], report.algorithms.index(x[0][1]), x[0][2])
+                )
+            ],
+        )
+    )
+    # -- IQM vs K
+    fig, iqm, _ = figure_iqm_vs_k(report, iqm_against_k(report))
+    s += [
+        "",
+        "## IQM against the degree of asynchrony",
+        "",
+        f"![IQM vs K]({save(fig, 'iqm_vs_k.png')})",
+        "",
+        "Does an algorithm keep its final score as K grows? " + _interval_sentence(iqm, report.min_runs),
+        "",
+    ]
+    s.append(
+        _table(
+            ["algorithm", *[f"K={k}" for k in report.ks]],
+            [
+                (a, *(_ci(iqm.get(f"{a} K={k}")) for k in report.ks))
+                for a in report.algorithms
+                if any(f"{a} K={k}" in iqm for k in report.ks)
+            ],
+        )
+    )
+    # -- returns
+    s += [
+        "",
+        "## Returns over training",
+        "",
+        f"![returns]({save(figure_returns(report), 'returns.png')})",
+        "",
+        "Raw eval/return per task and K; lines are means over seeds, bands one standard deviation.",
+    ]
+    # -- sample efficiency
+    fig, _, auc, notes = figure_sample_efficiency(report, sample_efficiency(report))
+    s += [
+        "",
+        "## Sample efficiency",
+        "",
+        f"![sample efficiency]({save(fig, 'sample_efficiency.png')})",
+        "",
+        "IQM of the normalised eval/return at common env steps (bands: 95% CIs), and the IQM of each run's "
+        "normalised area under the curve (its mean normalised return over training). "
+        + _interval_sentence(auc, report.min_runs),
+        "",
+    ]
+    s.append(
+        _table(
+            ["algorithm", *[f"AUC K={k}" for k in report.ks]],
+            [
+                (a, *(_ci(auc.get(f"{a} K={k}")) for k in report.ks))
+                for a in report.algorithms
+                if any(f"{a} K={k}" in auc for k in report.ks)
+            ],
+        )
+    )
+    s += [f"- {n}" for n in notes]
+    # -- performance profiles
+    fig, notes = figure_performance_profiles(report, profiles(report))
+    s += [
+        "",
+        "## Performance profiles",
+        "",
+        f"![performance profiles]({save(fig, 'performance_profiles.png')})",
+        "",
+        "Fraction of runs (over all tasks) whose normalised final score exceeds tau; bands are 95% "
+        f"bootstrap CIs, drawn only for groups with at least {report.min_runs} runs per task.",
+    ]
+    s += [f"- {n}" for n in notes]
+    # -- TV
+    s += [
+        "",
+        "## TV divergence against delta/2",
+        "",
+        f"![TV]({save(figure_tv(report), 'tv.png')})",
+        "",
+        "Top: `lag/forward_tv`, the TV between the behaviour mixture and the policy after the iteration's "
+        "epochs, on the whole batch (the paper's 'TV of the final policy'). Bottom: `train/tv`, the minibatch "
+        "TV the filter tests, averaged over the epochs. Each run contributes its mean over all iterations; "
+        "lines are means over runs, bands one standard deviation; the dashed line is delta/2.",
+        "",
+    ]
+    s.append(
+        _table(
+            ["algorithm", "K", "lag/forward_tv", "train/tv", "delta/2"],
+            [
+                (
+                    a,
+                    K,
+                    f"{np.mean(f):.4f} +- {np.std(f):.4f}" if f else "-",
+                    f"{np.mean(t):.4f} +- {np.std(t):.4f}" if t else "-",
+                    f"{d / 2:g}" if d is not None else "-",
+                )
+                for (a, K), (f, t, d) in tv_table(report).items()
+            ],
+        )
+    )
+    # -- fractions
+    s += [
+        "",
+        "## Filter and clip fractions",
+        "",
+        f"![fractions]({save(figure_fractions(report), 'filter_clip_fractions.png')})",
+        "",
+        "Per batch (one value per iteration, the mean over its minibatches): `train/filter_fraction` for "
+        "TV-filter objectives, `train/clip_fraction` for the others; averaged over runs.",
+        "",
+    ]
+    s.append(
+        _table(
+            ["algorithm", "K", "objective", "filter fraction", "clip fraction"],
+            [
+                (a, K, o, f"{f:.4f}", f"{c:.4f}")
+                for (a, K), (f, c, o) in sorted(
+                    fraction_table(report).items(), key=lambda x: (report.algorithms.index(x[0][0]), x[0][1])
+                )
+            ],
+        )
+    )
+    # -- ablations
+    for name, ablation in ablations(report).items():
+        heading = "Ablation: realignment" if name == "realign" else f"Ablation: {name}"
+        s += ["", f"## {heading}", ""]
+        if not ablation.runs:
+            s.append(f"Not in this experiment: it {ablation.reason}.")
+            continue
+        fig, final_est, auc_est, notes = figure_ablation(report, ablation, ablation_scores(report, ablation))
+        s += [
+            f"![{ablation.title}]({save(fig, f'ablation_{name}.png')})",
+            "",
+            _interval_sentence(final_est, report.min_runs),
+            "",
+        ]
+        s.append(
+            _table(
+                ["variant and K", "IQM final", "IQM AUC"],
+                [(k, _ci(e), _ci(auc_est.get(k))) for k, e in final_est.items()],
+            )
+        )
+        s += [f"- {n}" for n in notes]
+    # -- method
+    s += [
+        "",
+        "## How this was computed",
+        "",
+        f"rliable {_rliable_version()}: `library.get_interval_estimates` (stratified bootstrap over runs within "
+        f"each task, percentile method, {report.reps} resamples, numpy seed {report.seed}) around "
+        "`metrics.aggregate_median/iqm/mean/optimality_gap`; `library.create_performance_profile`; "
+        "`plot_utils.plot_interval_estimates`, `plot_sample_efficiency_curve`, `plot_performance_profiles`. "
+        f"Intervals need at least {report.min_runs} runs per task. Curves are compared at the env steps all "
+        f"runs of a figure evaluated at (at most {MAX_CURVE_POINTS}), else interpolated onto a shared range. "
+        "Reference values: " + ", ".join(f"{axis} = {value}" for axis, value in report.reference.items()) + ".",
+        "",
+    ]
+    path = out / "summary.md"
+    path.write_text("\n".join(s) + "\n")
+    return path
+
+
+def _rliable_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rliable")
+    except PackageNotFoundError:
+        return "(unknown version)"
