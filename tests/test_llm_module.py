@@ -37,7 +37,7 @@ def setting(tmp_path_factory):
 
 def fit_args(setting, tmp_path, *extra, objective="grpo.yaml"):
     return [
-        "fit", "--config", str(CONFIGS / "cpu.yaml"), "--config", str(CONFIGS / objective),
+        "fit", "--config", str(CONFIGS / "env" / "gsm8k_cpu.yaml"), "--config", str(CONFIGS / "algo" / objective),
         "--data.init_args.train_path", str(setting / "train.jsonl"),
         "--data.init_args.test_path", str(setting / "test.jsonl"),
         "--data.init_args.prompts_per_minibatch", "2",
@@ -80,7 +80,7 @@ def test_cpu_configs_instantiate(setting, tmp_path, mlflow_env, objective):
 def test_paper_config_prints_and_names_the_missing_model(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(CONFIGS / "qwen_gsm8k.yaml"), "--config", str(CONFIGS / "vaco_grpo.yaml"), "--print_config"])
+        main(["fit", "--config", str(CONFIGS / "env" / "gsm8k_qwen.yaml"), "--config", str(CONFIGS / "algo" / "vaco_grpo.yaml"), "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = capsys.readouterr().out
     for line in ("model_path: models/Qwen2.5-0.5B", "lr: 1.0e-06", "prompts_per_minibatch: 32", "completions_per_prompt: 8",

@@ -163,6 +163,31 @@ def test_axes_that_do_not_apply_do_not_multiply_cells(tmp_path):
     S.validate_with_cli(sweep, cells, uri)  # every kind of cell parses with `vaco fit`'s own parser
 
 
+def test_the_llm_grid_is_a_sweep_file_whose_k_axis_is_n(tmp_path):
+    """configs/sweeps/llm_cpu.yaml: RLVRModule declares that K sets num_minibatches; the TV
+    filter's delta stays at the LLM config's 0.05; the stress block is a variant at lr 3e-4."""
+    sweep = S.load_sweep(REPO / "configs" / "sweeps" / "llm_cpu.yaml")
+    cells = S.expand(sweep)
+    S.validate_with_cli(sweep, cells, "sqlite:////nonexistent/mlflow.db")
+    assert len(cells) == 2 * 2 * 3 * 3
+    assert {c.algorithm for c in cells} == {"grpo", "vaco_grpo", "grpo[lr=0.0003]", "vaco_grpo[lr=0.0003]"}
+    cell = next(c for c in cells if c.algorithm == "vaco_grpo" and c.K == 16 and c.seed == 2)
+    assert cell.id == "vaco_grpo-gsm8k_cpu-K16-s2" and cell.delta == 0.05
+    config = S.cell_config(sweep, cell, "sqlite:////nonexistent/mlflow.db")
+    model = config["model"]["init_args"]
+    assert config["model"]["class_path"] == "vaco.llm.RLVRModule" and model["num_minibatches"] == 16
+    assert model["model_path"] == "runs/llm/cpu/model"  # the env config's part survives the algorithm's
+    assert model["objective"] == {
+        "class_path": "vaco.objectives.TVFilter", "init_args": {"delta": 0.05, "normalize_advantage": False}}
+    assert "policy_buffer_size" not in config["data"]["init_args"]
+    assert config["trainer"]["logger"]["init_args"]["log_model"] is False  # the config's own choice is kept
+    body = yaml.safe_load((REPO / "configs" / "sweeps" / "llm_cpu.yaml").read_text())
+    body["configs_dir"] = str(REPO / "configs" / "llm")
+    body["overrides"] = {"model.init_args.num_minibatches": 4}  # what K sets: refused, named
+    with pytest.raises(S.SweepError, match="overrides.model.init_args.num_minibatches"):
+        S.load_sweep(_file(tmp_path, body))
+
+
 @pytest.mark.parametrize("name", ["paper", "laptop", "tiny"])
 def test_the_shipped_profiles_are_valid(name):
     sweep = S.load_sweep(REPO / "configs" / "sweeps" / f"{name}.yaml")

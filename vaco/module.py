@@ -19,7 +19,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import numpy as np
@@ -33,7 +33,7 @@ from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
-from vaco.tracking import AXES_PARAM, FRACTION_PARAM, declared_axes
+from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
 
 __all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name", "plain_fields"]
 
@@ -77,6 +77,11 @@ class VacoModule(L.LightningModule):
             modules (``vaco``, ``vaco_no_realign``, ``ppo_clip``, ``ppo_kl``, ``spo``, ``impala``).
         env_spec: filled in from the data module on the first fit and kept in checkpoints.
     """
+
+    #: the config key a sweep's ``K`` axis sets: the degree of asynchrony, K policies in the buffer
+    lag_key: ClassVar[str] = "data.init_args.policy_buffer_size"
+    #: the metric a run is scored by (the report's final score)
+    score_metric: ClassVar[str] = "eval/return"
 
     def __init__(
         self,
@@ -231,6 +236,7 @@ class VacoModule(L.LightningModule):
             **declared_axes(self.objective, self.advantage),
             AXES_PARAM: ",".join(declared_axes(self.objective, self.advantage)),
             FRACTION_PARAM: f"train/{self.objective.fraction_metric}",
+            SCORE_PARAM: self.score_metric,
             "c_bar": getattr(self.advantage, "c_bar", None),
             "lambda": getattr(self.advantage, "lmbda", None),
         }

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 __all__ = [
     "DEFAULT_TRACKING_URI", "TrackingStoreError", "tracking_uri", "absolute_tracking_uri", "check_tracking_store",
     "search_all_runs", "CELL_TAG", "SETTINGS_TAG", "PARENT_TAG", "PARENT_RUN_ID_TAG", "REPORT_TAG",
-    "EXPERIMENT_KIND_TAG", "EXPERIMENT_KIND", "AXES_PARAM", "FRACTION_PARAM", "PAPER_AXES", "declared_axes",
+    "EXPERIMENT_KIND_TAG", "EXPERIMENT_KIND", "AXES_PARAM", "FRACTION_PARAM", "SCORE_PARAM", "PAPER_AXES", "declared_axes",
     "run_axes",
 ]
 
@@ -39,6 +39,7 @@ _DB_SCHEMES = ("postgresql", "mysql", "mssql")
 # params vaco logs beside a run's coordinates (algorithm, env, K, seed, and each axis by name)
 AXES_PARAM = "axes"  # the comma-separated names of the swept arguments the run's modules declare
 FRACTION_PARAM = "fraction_metric"  # the metric that says how much the surrogate intervened
+SCORE_PARAM = "score_metric"  # the metric a run is scored by (eval/return; the LLM track's eval/accuracy)
 PAPER_AXES = ("delta", "rho_bar")  # what a run logged before AXES_PARAM existed
 
 

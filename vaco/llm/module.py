@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -32,7 +32,7 @@ from vaco.llm.reward import gsm8k_reward
 from vaco.module import NonFiniteLossError, plain_fields
 from vaco.objectives import Objective, PPOClip, TVFilter
 from vaco.objectives.functional import total_variation
-from vaco.tracking import AXES_PARAM, FRACTION_PARAM, declared_axes
+from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
 
 __all__ = ["RLVRModule"]
 
@@ -84,6 +84,11 @@ class RLVRModule(L.LightningModule):
         algorithm_name: the ``algorithm`` MLflow param; default ``grpo`` for PPOClip,
             ``vaco_grpo`` for TVFilter.
     """
+
+    #: the config key a sweep's ``K`` axis sets: N minibatches per generation batch (the lag)
+    lag_key: ClassVar[str] = "model.init_args.num_minibatches"
+    #: the metric a run is scored by (the report's final score)
+    score_metric: ClassVar[str] = "eval/accuracy"
 
     def __init__(
         self,
@@ -202,7 +207,9 @@ class RLVRModule(L.LightningModule):
             "algorithm": self.algorithm,
             "objective": type(self.objective).__name__,
             "task": "gsm8k",
+            "env": "gsm8k",  # the report's task
             "N": self.num_minibatches,
+            "K": self.num_minibatches,  # the report's degree of asynchrony: N minibatches per batch
             "G": self.hparams.completions_per_prompt,
             "prompts_per_minibatch": data.prompts_per_minibatch,
             "num_steps": data.num_steps,
@@ -214,6 +221,7 @@ class RLVRModule(L.LightningModule):
             "train_path": data.train_path,
             AXES_PARAM: ",".join(declared_axes(self.objective)),
             FRACTION_PARAM: f"train/{self.objective.fraction_metric}",
+            SCORE_PARAM: self.score_metric,
         }
         for key, value in plain_fields(self.objective).items():
             params[f"objective.{key}"] = value

@@ -169,7 +169,7 @@ def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
 
 
 def figure_returns(report: Report):
-    """Raw eval/return over training per task and K: mean and standard deviation over seeds."""
+    """The raw score (eval/return) over training per task and K: mean and standard deviation over seeds."""
     plt = _plt()
     tasks, ks = report.tasks, report.ks
     colors = _algo_colors(report)
@@ -182,8 +182,8 @@ def figure_returns(report: Report):
                 runs = [r for r in main if r.env == task and r.K == K and r.algorithm == algo]
                 if not runs:
                     continue
-                grid = common_grid([r.history("eval/return") for r in runs])
-                ys = np.stack([resample(r.history("eval/return"), grid) for r in runs])
+                grid = common_grid([r.score() for r in runs])
+                ys = np.stack([resample(r.score(), grid) for r in runs])
                 mean, std = ys.mean(0), ys.std(0)
                 ax.plot(grid, mean, color=colors[algo], label=f"{algo} (n={len(runs)})")
                 ax.fill_between(grid, mean - std, mean + std, color=colors[algo], alpha=0.15)
@@ -192,7 +192,7 @@ def figure_returns(report: Report):
             if i == len(tasks) - 1:
                 ax.set_xlabel("env steps")
             if j == 0:
-                ax.set_ylabel("eval/return")
+                ax.set_ylabel(report.score_metric)
     handles, labels = _legend_entries(axes)
     fig.legend(
         handles,

@@ -6,6 +6,9 @@ and the value of every sweep axis its objective and advantage module declare, e.
 ``rho_bar``) and the metric histories the report needs. The names it reads are the ones
 :mod:`vaco.tracking` defines and ``vaco fit`` writes.
 
+A run is scored by the metric its module names (``score_metric``: ``eval/return``; the LLM
+track's ``eval/accuracy``); a report's runs must share one.
+
 A data file (``--save-data`` / ``--data``) is one CSV (optionally gzipped) with a row per logged
 metric value and the run's coordinates on every row: everything the report needs, without the
 MLflow store that produced it. Floats are written in full precision, so a report from the file
@@ -26,6 +29,7 @@ from vaco.tracking import (
     FRACTION_PARAM,
     PARENT_TAG,
     REPORT_TAG,
+    SCORE_PARAM,
     run_axes,
     search_all_runs,
     tracking_uri,
@@ -36,7 +40,7 @@ __all__ = ["METRIC_KEYS", "Run", "load_runs", "log_report", "read_runs", "runs_f
 METRIC_KEYS = ("eval/return", "lag/forward_tv", "train/tv", "train/filter_fraction", "train/clip_fraction")
 _COLUMNS = (
     "run_id", "name", "status", "start_time", "algorithm", "env", "K", "seed", "realign", "objective",
-    "fraction_metric", "axes", "metric", "step", "value",
+    "fraction_metric", "score_metric", "axes", "metric", "step", "value",
 )
 
 
@@ -57,6 +61,7 @@ class Run:
     histories: dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (env steps, values), sorted by step
     start_time: int = 0
     fraction_metric: str = ""  # the objective's intervention fraction, e.g. "train/filter_fraction"
+    score_metric: str = "eval/return"  # what the run is scored by (the LLM track: eval/accuracy)
 
     @property
     def delta(self) -> float | None:
@@ -68,6 +73,14 @@ class Run:
 
     def history(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         return self.histories.get(key, (np.zeros(0), np.zeros(0)))
+
+    def score(self) -> tuple[np.ndarray, np.ndarray]:
+        """The history of the metric the run is scored by."""
+        return self.history(self.score_metric)
+
+
+def _keys(score_metric: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys([score_metric, *METRIC_KEYS]))
 
 
 def _number(text: str | None) -> float | None:
@@ -131,7 +144,8 @@ def load_runs(
     for r in kept.values():
         p = r.data.params
         histories = {}
-        for key in METRIC_KEYS:
+        score_metric = p.get(SCORE_PARAM, "eval/return")
+        for key in _keys(score_metric):
             hist = sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, key))
             if hist:
                 steps, values = np.array(hist, dtype=np.float64).T
@@ -151,6 +165,7 @@ def load_runs(
                 histories=histories,
                 start_time=r.info.start_time or 0,
                 fraction_metric=_fraction_metric(p),
+                score_metric=score_metric,
             )
         )
     return runs, notes
@@ -165,12 +180,12 @@ def runs_to_frame(runs: list[Run]):
     for r in runs:
         coords = (
             r.run_id, r.name, r.status, r.start_time, r.algorithm, r.env, r.K, r.seed, r.realign, r.objective,
-            r.fraction_metric, json.dumps(r.axes, sort_keys=True),
+            r.fraction_metric, r.score_metric, json.dumps(r.axes, sort_keys=True),
         )
-        for key in METRIC_KEYS:
+        for key in _keys(r.score_metric):
             for step, value in zip(*r.history(key)):
                 rows.append((*coords, key, float(step), float(value)))
-        if not any(len(r.history(k)[0]) for k in METRIC_KEYS):  # a run without metrics keeps its row
+        if not any(len(r.history(k)[0]) for k in _keys(r.score_metric)):  # a run without metrics keeps its row
             rows.append((*coords, "", np.nan, np.nan))
     return pd.DataFrame(rows, columns=list(_COLUMNS))
 
@@ -184,7 +199,7 @@ def runs_from_frame(frame) -> list[Run]:
     for run_id, rows in frame.groupby("run_id", sort=False):
         first = rows.iloc[0]
         histories = {}
-        for key, part in rows[rows["metric"].isin(METRIC_KEYS)].groupby("metric", sort=False):
+        for key, part in rows[rows["metric"].isin(_keys(str(first["score_metric"])))].groupby("metric", sort=False):
             part = part.sort_values("step", kind="stable")
             histories[key] = (part["step"].to_numpy(np.float64), part["value"].to_numpy(np.float64))
         runs.append(
@@ -202,6 +217,7 @@ def runs_from_frame(frame) -> list[Run]:
                 histories=histories,
                 start_time=int(first["start_time"]),
                 fraction_metric=str(first["fraction_metric"]),
+                score_metric=str(first["score_metric"]),
             )
         )
     return runs

@@ -237,6 +237,11 @@ class Report:
         return self.reference.get("rho_bar")
 
     @property
+    def score_metric(self) -> str:
+        """The metric the runs are scored by (``eval/return``; ``eval/accuracy`` for the LLM track)."""
+        return self.runs[0].score_metric
+
+    @property
     def tasks(self) -> list[str]:
         return sorted({r.env for r in self.runs})
 
@@ -256,7 +261,7 @@ class Report:
         return [r for r in self.runs if self.is_reference(r)]
 
     def normalized_curve(self, run: Run, grid: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        steps, values = run.history("eval/return")
+        steps, values = run.score()
         values = normalize(values, self.bounds[run.env])
         if grid is None:
             return steps, values
@@ -307,15 +312,19 @@ def build_report(
     """Final and normalised scores, AUCs and the reference value of each axis (given, else the
     most used; the paper's delta 0.2 and rho_bar 1 win a tie) of a set of runs."""
     notes = list(notes or [])
+    scored_by = sorted({r.score_metric for r in runs})
+    if len(scored_by) > 1:
+        raise ValueError(f"experiment '{experiment}' mixes runs scored by {' and '.join(scored_by)}; report them apart")
     usable = []
     for r in runs:
-        if len(r.history("eval/return")[0]) == 0:
-            notes.append(f"run {r.name} has no eval/return and is left out")
+        if len(r.score()[0]) == 0:
+            notes.append(f"run {r.name} has no {r.score_metric} and is left out")
         else:
             usable.append(r)
     if not usable:
-        raise ValueError(f"experiment '{experiment}' has no finished run with eval/return to report on")
-    final = {r.run_id: final_score(r.history("eval/return")[1], last_evals) for r in usable}
+        metric = scored_by[0] if scored_by else "eval/return"
+        raise ValueError(f"experiment '{experiment}' has no finished run with {metric} to report on")
+    final = {r.run_id: final_score(r.score()[1], last_evals) for r in usable}
     by_task = defaultdict(list)
     for r in usable:
         by_task[r.env].append(final[r.run_id])
@@ -325,7 +334,7 @@ def build_report(
             notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")
     ends = defaultdict(set)
     for r in usable:
-        ends[r.env].add(int(r.history("eval/return")[0][-1]))
+        ends[r.env].add(int(r.score()[0][-1]))
     for task, steps in ends.items():
         if len(steps) > 1:
             notes.append(
@@ -434,7 +443,7 @@ def iqm_against_k(report: Report) -> Scores:
 
 def _curve_groups(report: Report, runs: Sequence[Run], key: Callable[[Run], str]):
     groups = groups_of(runs, key)
-    grid = common_grid([r.history("eval/return") for r in runs])
+    grid = common_grid([r.score() for r in runs])
     matrices, _, notes = report.matrices(groups, lambda r: report.normalized_curve(r, grid)[1])
     return grid, matrices, notes
 

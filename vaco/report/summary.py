@@ -143,7 +143,7 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         "## Normalisation",
         "",
         "Final score = mean of the last "
-        f"{report.last_evals} eval/return value(s) of a run; normalised = (return - min) / (max - min) per task, "
+        f"{report.last_evals} {report.score_metric} value(s) of a run; normalised = (return - min) / (max - min) per task, "
         "min and max over every run of the task in this report.",
         "",
     ]
@@ -179,7 +179,7 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
     final_returns = defaultdict(list)
     for r in main:
         final_returns[(r.env, r.algorithm, r.K)].append(report.final[r.run_id])
-    s += ["", "Final eval/return (raw), mean +- std over seeds:", ""]
+    s += ["", f"Final {report.score_metric} (raw), mean +- std over seeds:", ""]
     s.append(
         _table(
             ["task", "algorithm", "K", "return", "runs"],
@@ -219,7 +219,7 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         "",
         f"![returns]({save(figure_returns(report), 'returns.png')})",
         "",
-        "Raw eval/return per task and K; lines are means over seeds, bands one standard deviation.",
+        f"Raw {report.score_metric} per task and K; lines are means over seeds, bands one standard deviation.",
     ]
     # -- sample efficiency
     fig, _, auc, notes = figure_sample_efficiency(report, sample_efficiency(report))
@@ -229,7 +229,7 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         "",
         f"![sample efficiency]({save(fig, 'sample_efficiency.png')})",
         "",
-        "IQM of the normalised eval/return at common env steps (bands: 95% CIs), and the IQM of each run's "
+        f"IQM of the normalised {report.score_metric} at common env steps (bands: 95% CIs), and the IQM of each run's "
         "normalised area under the curve (its mean normalised return over training). "
         + _interval_sentence(auc, report.min_runs),
         "",

@@ -79,18 +79,19 @@ class Algorithm:
     name: str
     config: dict
     objective: str  # class path
-    advantage: str  # class path
+    advantage: str | None  # class path; None where the module has its own (the LLM track's group-relative)
     realign_optional: bool  # False when the objective re-estimates V-trace itself (IMPALA)
+    lag_key: str = "data.init_args.policy_buffer_size"  # what the K axis sets (the module class declares it)
 
     @property
     def realigned(self) -> bool:
         return self.advantage == _VTRACE
 
-    def class_path(self, part: str, realigned: bool) -> str:
+    def class_path(self, part: str, realigned: bool) -> str | None:
         """The objective's, or the advantage's with realignment on or off."""
         if part == "objective":
             return self.objective
-        if realigned == self.realigned:
+        if realigned == self.realigned or self.advantage is None:
             return self.advantage
         return _VTRACE if realigned else _GAE
 
@@ -99,7 +100,10 @@ class Algorithm:
         the advantage module declare, the objective's first. IMPALA's rho_bar is in both."""
         out: dict[str, tuple[str, list[str]]] = {}
         for part in ("objective", "advantage"):
-            for axis, label in getattr(_import(self.class_path(part, realigned)), "sweep_axes", {}).items():
+            class_path = self.class_path(part, realigned)
+            if class_path is None:
+                continue
+            for axis, label in getattr(_import(class_path), "sweep_axes", {}).items():
                 out.setdefault(axis, (label, []))[1].append(part)
         return out
 
@@ -225,7 +229,7 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     configs_dir = _configs_dir(path, raw.get("configs_dir"))
     algorithms = _load_algorithms(configs_dir)
     envs = _load_envs(configs_dir)
-    overrides = _load_overrides(raw.get("overrides") or {}, declared_axes(algorithms))
+    overrides = _load_overrides(raw.get("overrides") or {}, algorithms)
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise SweepError("`defaults` must be a mapping of axis -> values")
@@ -305,13 +309,15 @@ def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
     for file in sorted((configs_dir / "algo").glob("*.yaml")):
         config = yaml.safe_load(file.read_text())
         init = config["model"]["init_args"]
-        objective, advantage = init["objective"]["class_path"], init["advantage"]["class_path"]
+        objective, advantage = init["objective"]["class_path"], (init.get("advantage") or {}).get("class_path")
         where = f"{file}: model.init_args.objective.class_path"
+        module = _import(config["model"].get("class_path", "vaco.VacoModule"), f"{file}: model.class_path")
         out[file.stem] = Algorithm(
             name=file.stem,
             config=config,
             objective=objective,
             advantage=advantage,
+            lag_key=getattr(module, "lag_key", "data.init_args.policy_buffer_size"),
             realign_optional=not getattr(_import(objective, where), "reestimate_advantage", False)
             and advantage in (_VTRACE, _GAE),
         )
@@ -336,12 +342,17 @@ def declared_axes(algorithms: dict[str, Algorithm]) -> dict[str, list[str]]:
     return out
 
 
-def _reserved(axes: dict[str, list[str]]) -> list[str]:
-    """Fields the sweep sets itself: the fixed ones and each declared axis's argument."""
-    return [*_RESERVED, *(f"model.init_args.{part}.init_args.{a}" for a, parts in axes.items() for part in parts)]
+def _reserved(algorithms: dict[str, Algorithm]) -> list[str]:
+    """Fields the sweep sets itself: the fixed ones, what K sets, and each declared axis's argument."""
+    axes = declared_axes(algorithms)
+    return list(dict.fromkeys([
+        *_RESERVED,
+        *(a.lag_key for a in algorithms.values()),
+        *(f"model.init_args.{part}.init_args.{a}" for a, parts in axes.items() for part in parts),
+    ]))
 
 
-def _load_overrides(raw: dict, axes: dict[str, list[str]]) -> dict[str, Any]:
+def _load_overrides(raw: dict, algorithms: dict[str, Algorithm]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise SweepError("`overrides` must be a mapping of dotted `vaco fit` keys -> values")
     out = {}
@@ -349,11 +360,11 @@ def _load_overrides(raw: dict, axes: dict[str, list[str]]) -> dict[str, Any]:
         key = str(key)
         if key.startswith("--"):
             key = key[2:]
-        for reserved in _reserved(axes):
+        for reserved in _reserved(algorithms):
             if key == reserved or key.startswith(reserved + ".") or reserved.startswith(key + "."):
                 raise SweepError(
                     f"`overrides.{key}`: set by the sweep itself ({reserved}); use the grid axes "
-                    f"{', '.join([*AXES, *axes])} or an algorithm config instead"
+                    f"{', '.join([*AXES, *declared_axes(algorithms)])} or an algorithm config instead"
                 )
         out[key] = value
     return out
@@ -401,7 +412,7 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
                 )
     extra = []
     for key in dict.fromkeys([k for k in (*defaults, *body) if "." in str(k)]):
-        _load_overrides({key: None}, axes)  # the same reserved-key check as `overrides`
+        _load_overrides({key: None}, algorithms)  # the same reserved-key check as `overrides`
         raw = body.get(key, defaults.get(key))
         extra.append((str(key), tuple(dict.fromkeys(_as_list(name, key, raw)))))
     values: dict[str, Any] = {}
@@ -512,7 +523,7 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
     """The whole ``vaco fit`` config of one cell (env YAML + algorithm YAML + axes + overrides)."""
     algo = sweep.algorithms[cell.base]
     config = copy.deepcopy(sweep.envs[cell.env])
-    config.update(copy.deepcopy({k: v for k, v in algo.config.items() if k != "data"}))
+    _merge(config, copy.deepcopy({k: v for k, v in algo.config.items() if k != "data"}))
     model = config["model"]["init_args"]
     if cell.realign != algo.realigned:  # realign axis on an algorithm without a twin config
         old = model["advantage"].get("init_args") or {}
@@ -528,9 +539,10 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
             model[part]["init_args"][axis] = value
     model["algorithm_name"] = cell.algorithm
     config["seed_everything"] = cell.seed
-    config["data"].setdefault("init_args", {})["policy_buffer_size"] = cell.K
+    _set_dotted(config, algo.lag_key, cell.K)
     config["torch_threads"] = 1
     cell_dir = sweep.cell_dir(cell)
+    given_logger = ((config.get("trainer") or {}).get("logger") or {}).get("init_args") or {}
     config.setdefault("trainer", {}).update(
         {
             "default_root_dir": str(cell_dir),
@@ -544,7 +556,7 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
                         **({PARENT_RUN_ID_TAG: sweep.parent_run_id} if sweep.parent_run_id else {}),
                     },
                     "tracking_uri": tracking_uri,
-                    "log_model": True,
+                    "log_model": given_logger.get("log_model", True),  # a config's false stays false
                 },
             },
         }
@@ -554,6 +566,21 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
     for key, value in (*sweep.overrides.items(), *cell.extra):
         _set_dotted(config, key, copy.deepcopy(value))
     return config
+
+
+def _merge(base: dict, top: dict) -> None:
+    """``top`` over ``base``, recursively (as ``vaco fit --config env --config algo`` composes);
+    a node naming another ``class_path`` replaces the node whole."""
+    for key, value in top.items():
+        old = base.get(key)
+        if (
+            isinstance(old, dict)
+            and isinstance(value, dict)
+            and old.get("class_path", value.get("class_path")) == value.get("class_path", old.get("class_path"))
+        ):
+            _merge(old, value)
+        else:
+            base[key] = value
 
 
 def _set_dotted(config: dict, key: str, value) -> None:
