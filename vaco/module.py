@@ -33,7 +33,7 @@ from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
-from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
+from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, SCORE_PARAM, declared_axes
 
 __all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name", "plain_fields"]
 
@@ -219,6 +219,8 @@ class VacoModule(L.LightningModule):
                 out[f"model.init_args.{key}"] = list(value) if isinstance(value, (list, tuple)) else value
         for key in getattr(data, "defining_fields", ()):
             value = getattr(data, key)
+            if hasattr(value, "definition"):  # a component (the collection backend): its class and settings
+                value = value.definition()
             out[f"data.init_args.{key}"] = dict(value) if isinstance(value, dict) else value
         return out
 
@@ -233,6 +235,7 @@ class VacoModule(L.LightningModule):
             "K": data.policy_buffer_size,
             "seed": data.seed,
             "world_size": self.trainer.world_size,
+            **dict.fromkeys(PAPER_AXES),  # delta and rho_bar always (None where they do not apply)
             **declared_axes(self.objective, self.advantage),
             AXES_PARAM: ",".join(declared_axes(self.objective, self.advantage)),
             FRACTION_PARAM: f"train/{self.objective.fraction_metric}",

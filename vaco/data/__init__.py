@@ -1,6 +1,6 @@
 """Envs, the policy-version buffer, the rollout collector and the data module."""
 
-__all__ = ["RolloutDataModule", "ParallelRolloutDataModule"]
+__all__ = ["RolloutDataModule", "ParallelRolloutDataModule", "Collection", "InProcess"]
 
 
 def __getattr__(name):
@@ -13,4 +13,8 @@ def __getattr__(name):
         from vaco.data.parallel.module import ParallelRolloutDataModule
 
         return ParallelRolloutDataModule
+    if name in ("Collection", "InProcess"):  # the collection backends (vaco.data.warp.Warp is another)
+        from vaco.data import collection
+
+        return getattr(collection, name)
     raise AttributeError(f"module 'vaco.data' has no attribute {name!r}")

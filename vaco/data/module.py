@@ -9,9 +9,10 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from torchrl.collectors import BaseCollector
 
-from vaco.data.collector import RolloutCollector
-from vaco.data.envs import EnvSpec, env_spec, make_vector_env, validate_env_id
+from vaco.data.collection import Collection, InProcess
+from vaco.data.envs import EnvSpec, make_vector_env
 from vaco.data.normalization import normalize_observation
 from vaco.data.policy_buffer import PolicyVersionBuffer
 
@@ -39,10 +40,16 @@ class RolloutDataModule(L.LightningDataModule):
             as CleanRL's evaluation and its reported returns do).
         seed: base seed of envs and collection RNG (linked from ``seed_everything`` by the CLI).
         env_kwargs: extra keyword arguments for ``gymnasium.make``.
+        collection: how batches are collected (``class_path`` in YAML): ``vaco.data.InProcess``
+            (default: gymnasium envs in this process) or ``vaco.data.warp.Warp`` (MuJoCo Warp
+            worlds on a device); see :mod:`vaco.data.collection`.
     """
 
     # what a resumed run may not change (the module adds its own); see VacoModule.run_definition
-    defining_fields = ("env_id", "num_envs", "num_steps", "policy_buffer_size", "scale_reward", "gamma", "seed", "env_kwargs")
+    defining_fields = (
+        "env_id", "num_envs", "num_steps", "policy_buffer_size", "scale_reward", "gamma", "seed", "env_kwargs",
+        "collection",
+    )
 
     def __init__(
         self,
@@ -59,9 +66,9 @@ class RolloutDataModule(L.LightningDataModule):
         eval_deterministic: bool = False,
         seed: int = 1,
         env_kwargs: dict[str, Any] | None = None,
+        collection: Collection | None = None,
     ) -> None:
         super().__init__()
-        validate_env_id(env_id)
         for name, value, low in (
             ("num_envs", num_envs, 1),
             ("num_steps", num_steps, 1),
@@ -86,8 +93,12 @@ class RolloutDataModule(L.LightningDataModule):
         self.eval_every, self.eval_episodes = eval_every, eval_episodes
         self.eval_envs, self.eval_deterministic = min(eval_envs, eval_episodes), eval_deterministic
         self.env_kwargs = env_kwargs or {}
+        self.collection = collection if collection is not None else InProcess()
+        if not isinstance(self.collection, Collection):
+            raise ValueError(f"`data.collection` must be a vaco.data.collection.Collection, got {type(collection).__name__}")
+        self.collection.validate(self)  # the env id and the backend's own settings, before any work
         self._spec: EnvSpec | None = None
-        self.collector: RolloutCollector | None = None
+        self.collector: BaseCollector | None = None  # a RolloutCollector, or the backend's
         self._policy_buffer: PolicyVersionBuffer | None = None
         self._pending_state: dict | None = None
 
@@ -106,7 +117,7 @@ class RolloutDataModule(L.LightningDataModule):
     @property
     def env_spec(self) -> EnvSpec:
         if self._spec is None:
-            self._spec = env_spec(self.env_id, self.env_kwargs)
+            self._spec = self.collection.env_spec(self)
         return self._spec
 
     # ------------------------------------------------------------------ Lightning hooks
@@ -118,17 +129,7 @@ class RolloutDataModule(L.LightningDataModule):
         if check is not None:
             check(self)  # cross-field validation before any env starts
         rank = self.trainer.global_rank
-        self.collector = RolloutCollector(
-            self.env_id,
-            self.num_envs,
-            self.num_steps,
-            None,  # the policy buffer is bound once the model has built its actor
-            self.num_iterations(),
-            gamma=self.gamma,
-            scale_reward=self.scale_reward,
-            seed=self.seed + 1_000 * rank,
-            env_kwargs=self.env_kwargs,
-        )
+        self.collector = self.collection.collector(self, seed=self.seed + 1_000 * rank)
         if self._pending_state is not None:
             self._load(self._pending_state)
             self._pending_state = None
@@ -180,14 +181,12 @@ class RolloutDataModule(L.LightningDataModule):
         deterministic: bool | None = None,
     ) -> np.ndarray:
         """Run ``episodes`` full episodes of ``policy`` (raw obs -> (loc, scale)); return their raw returns."""
-        return run_episodes(
-            self.env_id,
+        return self.collection.evaluate(
+            self,
             policy,
             episodes or self.eval_episodes,
-            num_envs=self.eval_envs,
-            seed=(self.seed + 12_345) if seed is None else seed,
-            deterministic=self.eval_deterministic if deterministic is None else deterministic,
-            env_kwargs=self.env_kwargs,
+            (self.seed + 12_345) if seed is None else seed,
+            self.eval_deterministic if deterministic is None else deterministic,
         )
 
 

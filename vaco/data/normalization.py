@@ -114,3 +114,36 @@ class RewardScaler:
     def load_state_dict(self, state: dict) -> None:
         self.returns = np.asarray(state["returns"], dtype=np.float64).copy()
         self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])
+
+
+class DeviceRewardScaler:
+    """:class:`RewardScaler` on torch tensors, for collectors whose envs live on a device: the
+    same arithmetic in float64 (``merge_moments`` works on tensors as on floats), no host sync.
+    Its ``state_dict`` has the same keys, moments as 0-d tensors."""
+
+    def __init__(self, num_envs: int, gamma: float, device: torch.device | str = "cpu", clip: float = 10.0) -> None:
+        self.gamma, self.clip = gamma, clip
+        self.returns = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self.mean = torch.zeros((), dtype=torch.float64, device=device)
+        self.var = torch.ones((), dtype=torch.float64, device=device)
+        self.count = torch.full((), 1e-4, dtype=torch.float64, device=device)
+
+    def __call__(self, reward: torch.Tensor, terminated: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        self.returns = self.returns * self.gamma * (~terminated).double() + reward.double()
+        n = self.returns.numel()
+        batch_mean = self.returns.sum() / n
+        batch_var = (self.returns - batch_mean).square().sum() / n
+        self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, batch_mean, batch_var, n)
+        self.returns = self.returns.masked_fill(done, 0.0)
+        return (reward.double() / (self.var + EPS).sqrt()).clamp(-self.clip, self.clip).float()
+
+    def state_dict(self) -> dict:
+        return {"returns": self.returns.cpu().clone(), "mean": self.mean.cpu().clone(), "var": self.var.cpu().clone(),
+                "count": self.count.cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        device = self.returns.device
+        self.returns = torch.as_tensor(state["returns"], dtype=torch.float64).to(device).clone()
+        self.mean, self.var, self.count = (
+            torch.as_tensor(state[k], dtype=torch.float64).to(device).clone() for k in ("mean", "var", "count")
+        )

@@ -1,0 +1,89 @@
+"""How a :class:`~vaco.data.RolloutDataModule` collects and evaluates: the ``collection`` field,
+chosen by ``class_path`` in YAML.
+
+A collection backend is one class: it checks its settings before any work starts, says what the
+networks need to know about the task (:class:`~vaco.data.envs.EnvSpec`), builds the collector (a
+TorchRL ``BaseCollector`` yielding the batch described in :mod:`vaco.data.collector`) and runs
+evaluation episodes. The data module owns everything else (sizes, the policy buffer, the
+reward-scaler settings, checkpointing), so every backend produces the same batch for the same
+learner.
+
+* :class:`InProcess` (the default): gymnasium vector envs stepped in this process on the CPU.
+* :class:`vaco.data.warp.Warp`: MuJoCo Warp worlds on a device (``cpu`` or ``cuda``).
+
+(Actor processes are still their own data module, :class:`~vaco.data.ParallelRolloutDataModule`.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from vaco.data.envs import EnvSpec, env_spec, validate_env_id
+
+if TYPE_CHECKING:
+    from torchrl.collectors import BaseCollector
+
+    from vaco.data.module import RolloutDataModule
+
+__all__ = ["Collection", "InProcess"]
+
+
+class Collection:
+    """Base of the collection backends (see the module docstring)."""
+
+    #: the learner's batch arrives on this device (the policy buffer lives here too)
+    device: str = "cpu"
+
+    def validate(self, data: RolloutDataModule) -> None:
+        """Raise a ValueError naming the field if this backend cannot run ``data``'s settings."""
+        validate_env_id(data.env_id)
+
+    def env_spec(self, data: RolloutDataModule) -> EnvSpec:
+        return env_spec(data.env_id, data.env_kwargs)
+
+    def collector(self, data: RolloutDataModule, seed: int) -> BaseCollector:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def evaluate(
+        self,
+        data: RolloutDataModule,
+        policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        episodes: int,
+        seed: int,
+        deterministic: bool,
+    ) -> np.ndarray:
+        """Raw returns of ``episodes`` complete episodes of ``policy`` (raw obs -> (loc, scale))."""
+        from vaco.data.module import run_episodes
+
+        return run_episodes(
+            data.env_id, policy, episodes, num_envs=data.eval_envs, seed=seed, deterministic=deterministic,
+            env_kwargs=data.env_kwargs,
+        )
+
+    def definition(self) -> dict[str, Any]:
+        """What a resumed run may not change: the class and its defining settings."""
+        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}"}
+
+
+class InProcess(Collection):
+    """gymnasium vector envs (``SAME_STEP`` autoreset) stepped in this process: today's collector,
+    :class:`~vaco.data.collector.RolloutCollector`."""
+
+    def collector(self, data: RolloutDataModule, seed: int) -> BaseCollector:
+        from vaco.data.collector import RolloutCollector
+
+        return RolloutCollector(
+            data.env_id,
+            data.num_envs,
+            data.num_steps,
+            None,  # the policy buffer is bound once the model has built its actor
+            data.num_iterations(),
+            gamma=data.gamma,
+            scale_reward=data.scale_reward,
+            seed=seed,
+            env_kwargs=data.env_kwargs,
+        )

@@ -1,0 +1,120 @@
+"""The paper's tasks as GPU-batched simulations on MuJoCo Warp (``pip install -e '.[warp]'``).
+
+    data:
+      init_args:
+        env_id: Hopper-v5
+        num_envs: 4096                 # worlds
+        collection:
+          class_path: vaco.data.warp.Warp
+          init_args: {device: cuda}
+
+:mod:`~vaco.data.warp.tasks` holds each task's observation, reward and termination (gymnasium's
+v5 code on batched tensors), :mod:`~vaco.data.warp.env` the batched env, and
+:mod:`~vaco.data.warp.collector` the collector. docs/gpu.md says what matches gymnasium and what
+does not, with measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from vaco.data.collection import Collection
+from vaco.data.warp.tasks import TASKS, task
+
+if TYPE_CHECKING:
+    from vaco.data.module import RolloutDataModule
+
+__all__ = ["Warp", "TASKS"]
+
+
+class Warp(Collection):
+    """Collect on MuJoCo Warp: ``num_envs`` worlds of the task on ``device``.
+
+    Args:
+        device: ``cpu`` (slow, for tests and laptops) or ``cuda`` / ``cuda:i``.
+        cone: friction cones: null keeps the XML's (pyramidal), ``elliptic`` switches them (see
+            docs/gpu.md for the measured effect on Ant and Humanoid).
+        evaluate_on: ``warp`` (evaluation episodes on the same backend) or ``gymnasium`` (MuJoCo C,
+            the reference the paper's numbers come from).
+    """
+
+    def __init__(self, device: str = "cpu", cone: str | None = None, evaluate_on: str = "warp") -> None:
+        if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
+            raise ValueError(f"`data.collection.device` must be 'cpu' or 'cuda[:i]', got {device!r}")
+        if cone not in (None, "pyramidal", "elliptic"):
+            raise ValueError(f"`data.collection.cone` must be null, 'pyramidal' or 'elliptic', got {cone!r}")
+        if evaluate_on not in ("warp", "gymnasium"):
+            raise ValueError(f"`data.collection.evaluate_on` must be 'warp' or 'gymnasium', got {evaluate_on!r}")
+        self.device, self.cone, self.evaluate_on = device, cone, evaluate_on
+
+    def validate(self, data: RolloutDataModule) -> None:
+        task(data.env_id, field="data.env_id")
+        if data.env_kwargs:
+            raise ValueError(
+                "`data.env_kwargs`: the Warp backend runs the v5 tasks with their default arguments; "
+                f"got {sorted(data.env_kwargs)}"
+            )
+        if self.device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise ValueError(f"`data.collection.device`: {self.device!r}, but torch sees no CUDA device")
+        from vaco.data.warp.env import _import_warp
+
+        _import_warp()  # the extra is installed, or a one-line error now
+
+    def _env(self, data: RolloutDataModule, num_worlds: int, seed: int):
+        from vaco.data.warp.env import WarpVectorEnv
+
+        return WarpVectorEnv(data.env_id, num_worlds, device=self.device, seed=seed, cone=self.cone)
+
+    def collector(self, data: RolloutDataModule, seed: int):
+        from vaco.data.warp.collector import WarpCollector
+
+        return WarpCollector(
+            self._env(data, data.num_envs, seed),
+            data.num_steps,
+            None,
+            data.num_iterations(),
+            gamma=data.gamma,
+            scale_reward=data.scale_reward,
+            seed=seed,
+        )
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        data: RolloutDataModule,
+        policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        episodes: int,
+        seed: int,
+        deterministic: bool,
+    ) -> np.ndarray:
+        if self.evaluate_on == "gymnasium":
+            return super().evaluate(data, policy, episodes, seed, deterministic)
+        num = max(1, min(data.eval_envs, episodes))
+        env = self._env(data, num, seed)
+        generator = torch.Generator(device=env.device).manual_seed(seed)
+        obs = env.reset(seed=seed)
+        running = torch.zeros(num, dtype=torch.float64, device=env.device)
+        quota = [-(-episodes // num)] * num  # as run_episodes: each world at most ceil(E / n)
+        returns: list[float] = []
+        while len(returns) < episodes:
+            loc, scale = (x.to(env.device) for x in policy(obs.cpu()))  # the learner's evaluation copy is on the CPU
+            action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator, device=env.device)
+            obs, reward, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, env.action_high), env.action_low))
+            running += reward.double()
+            done = (term | trunc).cpu()
+            if bool(done.any()):  # one sync per step here: evaluation is not the hot path
+                ended = running.cpu()
+                for i in done.nonzero().flatten().tolist():
+                    if quota[i] > 0 and len(returns) < episodes:
+                        returns.append(float(ended[i]))
+                        quota[i] -= 1
+                running.masked_fill_(done.to(env.device), 0.0)
+        return np.asarray(returns)
+
+    def definition(self) -> dict[str, Any]:
+        return {**super().definition(), "cone": self.cone}  # the device may change on resume

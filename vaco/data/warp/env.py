@@ -1,0 +1,217 @@
+"""``WarpVectorEnv``: ``num_worlds`` copies of a gymnasium v5 MuJoCo task stepped together by
+MuJoCo Warp, every array a torch tensor on one device (``cpu`` or ``cuda``).
+
+Semantics are gymnasium's, in its vector ``SAME_STEP`` autoreset mode as vaco's collector uses
+it: a step that ends an episode (terminated, or truncated at 1,000 steps) returns the reset
+observation for that world and hands the final one back separately. The models are the XML files
+gymnasium ships; the reset draws the v5 noise around ``qpos0``.
+
+Where MuJoCo Warp differs from the MuJoCo C that gymnasium steps, measured in docs/gpu.md:
+
+* float32 throughout (MuJoCo C: float64);
+* the solver tolerance is floored at 1e-6 (the XMLs ask for 1e-8);
+* Humanoid's XML asks for the PGS solver, which Warp does not have: Newton is used;
+* contact forces (``cfrc_ext``, in Ant's and Humanoid's observation and contact cost) are
+  computed only with ``opt.run_rne_postconstraint``, which this env turns on for them;
+* Ant and Humanoid's pyramidal friction cones orient their friction directions differently
+  from C for steep contacts; ``cone="elliptic"`` switches both engines' model to elliptic cones.
+
+No host round trip per step on a GPU: resets are masked writes, not branches, so a step is the
+same sequence of kernels whatever happens. (On the CPU device, where a check is free, a step
+without an episode end skips the reset kernels.)
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import torch
+
+from vaco.data.warp.tasks import Sim, Task, task
+
+__all__ = ["WarpVectorEnv", "load_model"]
+
+
+def _import_warp():
+    try:
+        import mujoco_warp as mjw
+        import warp as wp
+    except ImportError as err:  # the optional extra
+        raise ImportError(
+            "the Warp backend needs MuJoCo Warp: pip install -e '.[warp]' (mujoco-warp, warp-lang)"
+        ) from err
+    wp.config.quiet = True
+    return wp, mjw
+
+
+def load_model(spec: Task, cone: str | None = None):
+    """gymnasium's own MjModel of the task, with what Warp needs changed (and nothing else)."""
+    import gymnasium
+    import mujoco
+
+    path = os.path.join(os.path.dirname(gymnasium.__file__), "envs", "mujoco", "assets", spec.xml)
+    model = mujoco.MjModel.from_xml_path(path)
+    if model.opt.solver == mujoco.mjtSolver.mjSOL_PGS:  # Humanoid: Warp has CG and Newton only
+        model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+    if cone is not None:
+        if cone not in ("pyramidal", "elliptic"):
+            raise ValueError(f"`cone` must be 'pyramidal', 'elliptic' or null (the XML's), got {cone!r}")
+        model.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC if cone == "elliptic" else mujoco.mjtCone.mjCONE_PYRAMIDAL
+    return model
+
+
+class WarpVectorEnv:
+    """Batched gymnasium v5 task on MuJoCo Warp.
+
+    Args:
+        env_id: one of the backend's tasks (``Hopper-v5``, ``HalfCheetah-v5``, ``Walker2d-v5``,
+            ``Ant-v5``, ``Humanoid-v5``, ``InvertedPendulum-v5``).
+        num_worlds: parallel copies (``nworld``).
+        device: ``cpu`` or ``cuda[:i]``; the torch device of every tensor this env returns.
+        seed: seeds the reset noise (a torch generator on ``device``).
+        cone: friction cone for contacts: None keeps the XML's (pyramidal for all six).
+    """
+
+    def __init__(self, env_id: str, num_worlds: int, device: str = "cpu", seed: int = 0, cone: str | None = None):
+        import mujoco
+
+        self.spec = task(env_id)
+        if not (isinstance(num_worlds, int) and num_worlds >= 1):
+            raise ValueError(f"`num_envs` must be an integer >= 1, got {num_worlds!r}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"`device`: {device!r} asked for, but torch sees no CUDA device")
+        wp, mjw = _import_warp()
+        self._wp, self._mjw = wp, mjw
+        self.mj_model = load_model(self.spec, cone)
+        self.num_worlds = num_worlds
+        data = mujoco.MjData(self.mj_model)
+        wp_device = "cpu" if self.device.type == "cpu" else f"cuda:{self.device.index or 0}"
+        self._wp_device = wp_device
+        with wp.ScopedDevice(wp_device):
+            self.model = mjw.put_model(self.mj_model)
+            if self.spec.contact_forces:
+                self.model.opt.run_rne_postconstraint = True
+            self.data = mjw.put_data(
+                self.mj_model, data, nworld=num_worlds, nconmax=self.spec.nconmax, njmax=self.spec.njmax
+            )
+        t = wp.to_torch
+        d = self.data
+        self.sim = Sim(
+            qpos=t(d.qpos), qvel=t(d.qvel), ctrl=t(d.ctrl), xpos=t(d.xpos), xipos=t(d.xipos),
+            cinert=t(d.cinert), cvel=t(d.cvel), qfrc_actuator=t(d.qfrc_actuator), cfrc_ext=t(d.cfrc_ext),
+            body_mass=torch.as_tensor(self.mj_model.body_mass, dtype=torch.float32, device=self.device),
+        )
+        self._warmstart = t(d.qacc_warmstart)
+        self._time = t(d.time)
+        self.qpos0 = torch.as_tensor(self.mj_model.qpos0, dtype=torch.float32, device=self.device)
+        self.dt = float(self.mj_model.opt.timestep) * self.spec.frame_skip
+        self.obs_dim = int(self._observe().shape[-1])
+        self.act_dim = int(self.mj_model.nu)
+        low, high = self.mj_model.actuator_ctrlrange.T
+        self.action_low = torch.as_tensor(low, dtype=torch.float32, device=self.device)
+        self.action_high = torch.as_tensor(high, dtype=torch.float32, device=self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(seed))
+        self.length = torch.zeros(num_worlds, dtype=torch.long, device=self.device)
+        self._position = torch.zeros(num_worlds, dtype=torch.float32, device=self.device)
+        self._mask = torch.zeros(num_worlds, dtype=torch.bool, device=self.device)
+        # on the CPU a host check costs nothing and skips the reset kernels on most steps; on a
+        # GPU the reset is masked writes with no check (no sync; one kernel sequence per step)
+        self._skip_idle_resets = self.device.type == "cpu"
+        self._wp_mask = wp.from_torch(self._mask)
+
+    # ------------------------------------------------------------------ gymnasium-like API
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Reset every world; returns the observations ``[W, obs_dim]``."""
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        self._mask.fill_(True)
+        self._reset_masked()
+        return self._observe()
+
+    @torch.no_grad()
+    def step(self, action: torch.Tensor):
+        """One env step (``frame_skip`` physics steps) of every world with ``action`` ``[W, act]``
+        (already inside the action bounds). Returns ``(obs, reward, terminated, truncated,
+        final_obs)``: ``obs`` is the reset observation where an episode ended, ``final_obs`` the
+        observation it ended on (equal to ``obs`` elsewhere)."""
+        self.sim.ctrl.copy_(action)
+        with self._wp.ScopedDevice(self._wp_device):
+            for _ in range(self.spec.frame_skip):
+                self._mjw.step(self.model, self.data)
+        position = self.spec.position(self.sim)
+        x_velocity = (position - self._position) / self.dt
+        final_obs = self._observe()
+        reward, terminated = self.spec.reward(self.sim, x_velocity, self.sim.ctrl)
+        self.length += 1
+        truncated = self.length >= self.spec.max_episode_steps
+        self._mask.copy_(terminated | truncated)
+        self._position.copy_(position)
+        self._reset_masked()
+        obs = torch.where(self._mask.unsqueeze(-1), self._observe(), final_obs)
+        return obs, reward, terminated, truncated, final_obs
+
+    def _observe(self) -> torch.Tensor:
+        return self.spec.observation(self.sim)
+
+    def _reset_masked(self) -> None:
+        """gymnasium's reset for the worlds in ``self._mask``: clear the data (``mj_resetData``),
+        draw ``qpos0 + U(-s, s)`` and ``U(-s, s)`` (or ``s * N(0, 1)``) velocities, and, where the
+        task reads derived quantities, a forward pass (``set_state`` -> ``mj_forward``)."""
+        mask = self._mask
+        if self._skip_idle_resets and not bool(mask.any()):
+            return
+        s = self.spec.reset_noise
+        shape_q, shape_v = self.sim.qpos.shape, self.sim.qvel.shape
+        noise_q = torch.rand(shape_q, generator=self.generator, device=self.device) * (2 * s) - s
+        if self.spec.qvel_noise == "normal":
+            noise_v = s * torch.randn(shape_v, generator=self.generator, device=self.device)
+        else:
+            noise_v = torch.rand(shape_v, generator=self.generator, device=self.device) * (2 * s) - s
+        with self._wp.ScopedDevice(self._wp_device):
+            self._mjw.reset_data(self.model, self.data, reset=self._wp_mask)
+        m = mask.unsqueeze(-1)
+        self.sim.qpos.copy_(torch.where(m, self.qpos0 + noise_q, self.sim.qpos))
+        self.sim.qvel.copy_(torch.where(m, noise_v, self.sim.qvel))
+        if self.spec.forward_on_reset:
+            with self._wp.ScopedDevice(self._wp_device):
+                self._mjw.forward(self.model, self.data)
+        self.length.masked_fill_(mask, 0)
+        self._position.copy_(torch.where(mask, self.spec.position(self.sim), self._position))
+
+    # ------------------------------------------------------------------ state
+    def set_state(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
+        """Put every world in the given state (gymnasium's ``set_state``); returns the observations."""
+        self._mask.fill_(True)
+        with self._wp.ScopedDevice(self._wp_device):
+            self._mjw.reset_data(self.model, self.data, reset=self._wp_mask)
+        self.sim.qpos.copy_(qpos)
+        self.sim.qvel.copy_(qvel)
+        with self._wp.ScopedDevice(self._wp_device):
+            self._mjw.forward(self.model, self.data)
+        self._position.copy_(self.spec.position(self.sim))
+        return self._observe()
+
+    def state_dict(self) -> OrderedDict:
+        """What the next step depends on: the state, the solver's warm start, episode lengths,
+        the reset RNG (tensors only; checkpoints load with ``weights_only=True``)."""
+        return OrderedDict(
+            qpos=self.sim.qpos.cpu().clone(), qvel=self.sim.qvel.cpu().clone(), ctrl=self.sim.ctrl.cpu().clone(),
+            qacc_warmstart=self._warmstart.cpu().clone(), time=self._time.cpu().clone(),
+            length=self.length.cpu().clone(), position=self._position.cpu().clone(),
+            generator=self.generator.get_state(),
+        )
+
+    def load_state_dict(self, state: OrderedDict) -> None:
+        self.set_state(state["qpos"].to(self.device), state["qvel"].to(self.device))
+        self.sim.ctrl.copy_(state["ctrl"])
+        self._warmstart.copy_(state["qacc_warmstart"])
+        self._time.copy_(state["time"])
+        self.length.copy_(state["length"])
+        self._position.copy_(state["position"])
+        self.generator.set_state(state["generator"])
+
+    def close(self) -> None:
+        pass
