@@ -61,9 +61,10 @@ class Warp(Collection):
         if self.device.startswith("cuda"):
             if not torch.cuda.is_available():
                 raise ValueError(f"`data.collection.device`: {self.device!r}, but torch sees no CUDA device")
-        from vaco.data.warp.env import _import_warp
+        from vaco.data.warp.env import check_worlds
 
-        _import_warp()  # the extra is installed, or a one-line error now
+        for field, worlds in (("data.num_envs", data.num_envs), ("data.eval_envs", data.eval_envs)):
+            check_worlds(data.env_id, worlds, self.device, field=field)  # the extra is installed; memory
 
     def _env(self, data: RolloutDataModule, num_worlds: int, seed: int):
         from vaco.data.warp.env import WarpVectorEnv

@@ -61,6 +61,54 @@ def load_model(spec: Task, cone: str | None = None):
     return model
 
 
+def _nbytes(obj, seen: set | None = None) -> int:
+    """Bytes of every Warp array reachable from ``obj`` (Warp's Data nests structs of arrays)."""
+    import warp as wp
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, wp.array):
+        return int(obj.capacity)
+    if hasattr(obj, "__dict__"):
+        return sum(_nbytes(v, seen) for v in vars(obj).values())
+    return 0
+
+
+def _free_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def check_worlds(env_id: str, num_worlds: int, device: str = "cpu", field: str = "data.num_envs") -> None:
+    """Before anything is built: the extra is installed, the task exists, and ``num_worlds`` of it
+    fit in the device's free memory (a ValueError naming ``field`` if not)."""
+    import mujoco
+
+    wp, mjw = _import_warp()
+    spec = task(env_id, field="data.env_id")
+    model = load_model(spec)
+    with wp.ScopedDevice("cpu" if device == "cpu" else device):
+        _check_memory(spec, model, mujoco.MjData(model), num_worlds, torch.device(device), wp, mjw, field)
+
+
+def _check_memory(spec: Task, mj_model, mj_data, num_worlds: int, device: torch.device, wp, mjw, field: str = "data.num_envs") -> None:
+    """Refuse, before allocating, a number of worlds the device cannot hold (measured per world
+    from one- and two-world allocations; the collector's own buffers come on top)."""
+    sizes = [
+        _nbytes(mjw.put_data(mj_model, mj_data, nworld=n, nconmax=spec.nconmax, njmax=spec.njmax)) for n in (1, 2)
+    ]
+    need = sizes[0] + (sizes[1] - sizes[0]) * (num_worlds - 1)
+    free = _free_bytes(device)
+    if need > 0.9 * free:
+        raise ValueError(
+            f"`{field}`: {num_worlds:,} worlds of {spec.env_id} need about {need / 2**30:.1f} GiB of "
+            f"simulator state on {device}, and {free / 2**30:.1f} GiB are free; use fewer worlds"
+        )
+
+
 class WarpVectorEnv:
     """Batched gymnasium v5 task on MuJoCo Warp.
 
@@ -93,6 +141,7 @@ class WarpVectorEnv:
             self.model = mjw.put_model(self.mj_model)
             if self.spec.contact_forces:
                 self.model.opt.run_rne_postconstraint = True
+            _check_memory(self.spec, self.mj_model, data, num_worlds, self.device, wp, mjw)
             self.data = mjw.put_data(
                 self.mj_model, data, nworld=num_worlds, nconmax=self.spec.nconmax, njmax=self.spec.njmax
             )

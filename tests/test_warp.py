@@ -1,0 +1,315 @@
+"""The MuJoCo Warp backend against gymnasium's v5 envs (MuJoCo C), on Warp's CPU device.
+
+One step from the same state and action must agree task by task within float32 tolerances;
+where states cannot agree step for step (the friction-cone fallback), returns must agree in
+distribution; the collector's batch must meet the CPU collector's contract; and a run on the
+backend must actually learn. Warp compiles its kernels once per machine (~20 s per task cold,
+cached under ~/.cache/warp), so each task is built once per session and with few worlds.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from vaco.data.normalization import DeviceRewardScaler, RewardScaler
+from vaco.data.policy_buffer import PolicyVersionBuffer
+from vaco.data.warp import TASKS, Warp
+from vaco.data.warp.collector import WarpCollector
+from vaco.data.warp.env import WarpVectorEnv
+from vaco.networks import GaussianActor, gaussian_log_prob
+
+WORLDS = 4
+_envs: dict[tuple, WarpVectorEnv] = {}
+
+
+def warp_env(env_id: str, cone: str | None = None) -> WarpVectorEnv:
+    key = (env_id, cone)
+    if key not in _envs:
+        _envs[key] = WarpVectorEnv(env_id, WORLDS, seed=0, cone=cone)
+    return _envs[key]
+
+
+def gym_env(env_id: str, cone: str | None = None):
+    env = gym.make(env_id).unwrapped
+    if cone == "elliptic":
+        env.model.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+        # and the solver Warp uses: Humanoid's PGS alone moves C's own trajectory (docs/gpu.md)
+        env.model.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+    return env
+
+
+def _states(env, rng, steps: list[int | str]) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """gymnasium states: a seeded reset, then after n random steps, or ("contact") after the
+    first random step that leaves the body touching the floor."""
+    out = []
+    for k, n in enumerate(steps):
+        env.reset(seed=k)
+        for _ in range(200 if n == "contact" else n):
+            _, _, terminated, _, _ = env.step(rng.uniform(env.action_space.low, env.action_space.high))
+            if terminated:
+                env.reset(seed=100 + k)
+            elif n == "contact" and env.data.ncon > 0:
+                break
+        out.append((env.data.qpos.copy(), env.data.qvel.copy(), int(env.data.ncon)))
+    return out
+
+
+def _one_step(env_id: str, cone: str | None, steps: list[int]):
+    """(gymnasium, warp) observation, reward, terminated, qpos, qvel after one step from each state."""
+    rng = np.random.default_rng(0)
+    g, w = gym_env(env_id, cone), warp_env(env_id, cone)
+    states = _states(g, rng, steps)
+    states += [states[-1]] * (w.num_worlds - len(states))  # every world gets a state
+    qpos = torch.tensor(np.stack([s[0] for s in states]), dtype=torch.float32)
+    qvel = torch.tensor(np.stack([s[1] for s in states]), dtype=torch.float32)
+    low, high = g.action_space.low, g.action_space.high
+    actions = rng.uniform(low, high, size=(len(states), low.size)).astype(np.float32)
+    w.set_state(qpos, qvel)
+    _, w_reward, w_term, _, w_obs = w.step(torch.as_tensor(actions))
+    w_qpos, w_qvel = _after_step(w, qpos, qvel, torch.as_tensor(actions))
+    rows = []
+    for k in range(len(states)):
+        g.set_state(qpos[k].double().numpy(), qvel[k].double().numpy())  # the float32 state, exactly
+        obs, reward, terminated, _, _ = g.step(actions[k])
+        rows.append(dict(
+            ncon=states[k][2], obs=(obs, w_obs[k].numpy()), reward=(reward, float(w_reward[k])),
+            terminated=(terminated, bool(w_term[k])), qpos=(g.data.qpos.copy(), w_qpos[k]), qvel=(g.data.qvel.copy(), w_qvel[k]),
+        ))
+    return rows
+
+
+def _after_step(w: WarpVectorEnv, qpos, qvel, actions):
+    """The integrated state before any reset (a terminated world is reset by ``step``)."""
+    w.set_state(qpos, qvel)
+    w.sim.ctrl.copy_(actions)
+    with w._wp.ScopedDevice(w._wp_device):
+        for _ in range(w.spec.frame_skip):
+            w._mjw.step(w.model, w.data)
+    return w.sim.qpos.numpy().copy(), w.sim.qvel.numpy().copy()
+
+
+def _close(pair, atol, rtol=0.0):
+    a, b = (np.asarray(x, dtype=np.float64) for x in pair)
+    return bool(np.all(np.abs(a - b) <= atol + rtol * np.abs(a))), float(np.max(np.abs(a - b)))
+
+
+# states: a reset state, then after 20 and 60 random steps (contacts for the walkers)
+AGREE = {  # task -> (cone, random steps before each state)
+    "InvertedPendulum-v5": (None, [0, 20, 60]),
+    "Hopper-v5": (None, [0, 20, 60]),
+    "Walker2d-v5": (None, [0, 20, 60]),
+    "HalfCheetah-v5": (None, [0, 20, 60]),
+    "Ant-v5": (None, [0]),  # contact-free: with the shipped (pyramidal) cones, contacts differ (below)
+    "Humanoid-v5": (None, [0]),
+}
+
+
+@pytest.mark.parametrize("env_id", list(AGREE))
+def test_one_step_agrees_with_gymnasium(env_id):
+    cone, steps = AGREE[env_id]
+    for row in _one_step(env_id, cone, steps):
+        where = f"{env_id} from a state with {row['ncon']} contacts"
+        assert row["terminated"][0] == row["terminated"][1], where
+        ok, err = _close(row["qpos"], 1e-5)
+        assert ok, f"{where}: qpos differs by {err}"
+        ok, err = _close(row["qvel"], 1e-3, 1e-4)
+        assert ok, f"{where}: qvel differs by {err}"
+        ok, err = _close(row["obs"], 1e-3, 1e-4)
+        assert ok, f"{where}: observation differs by {err}"
+        ok, err = _close(row["reward"], 1e-4, 1e-5)
+        assert ok, f"{where}: reward differs by {err}"
+
+
+@pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
+def test_contact_states_agree_with_elliptic_cones(env_id):
+    """With elliptic cones in both engines the friction frame no longer differs (docs/gpu.md)."""
+    rows = _one_step(env_id, "elliptic", ["contact", "contact"])
+    assert all(row["ncon"] > 0 for row in rows[:2])
+    for row in rows:
+        ok, err = _close(row["qvel"], 1e-2, 1e-3)
+        assert ok, f"{env_id} ({row['ncon']} contacts): qvel differs by {err}"
+        ok, err = _close(row["obs"], 1e-2, 1e-3)
+        assert ok, f"{env_id} ({row['ncon']} contacts): observation differs by {err}"
+
+
+def test_termination_truncation_and_the_final_observation():
+    w = warp_env("Hopper-v5")
+    g = gym_env("Hopper-v5")
+    qpos = torch.tensor(g.init_qpos, dtype=torch.float32).repeat(WORLDS, 1)
+    qpos[0, 1] = 0.5  # world 0: below the healthy height: terminates
+    w.set_state(qpos, torch.zeros(WORLDS, w.sim.qvel.shape[1]))
+    w.length[:] = torch.tensor([3, 999, 10, 998])  # world 1 reaches 1,000 steps now
+    obs, reward, terminated, truncated, final = w.step(torch.zeros(WORLDS, w.act_dim))
+    assert terminated.tolist() == [True, False, False, False]
+    assert truncated.tolist() == [False, True, False, False]
+    assert w.length.tolist() == [0, 0, 11, 999]
+    for i in (0, 1):  # ended: the returned observation is a fresh reset, the final one is kept apart
+        assert not torch.allclose(obs[i], final[i])
+        assert (obs[i][:5] - torch.tensor(g.init_qpos[1:], dtype=torch.float32)).abs().max() <= 5e-3
+    assert torch.equal(obs[2:], final[2:])
+    assert abs(float(final[0, 0]) - 0.5) < 0.05  # the final observation is where it fell
+
+
+@pytest.mark.slow
+def test_returns_agree_in_distribution():
+    """A fixed controller from the same reset distribution: Hopper's episode returns and lengths
+    on the two engines cannot be told apart (two-sample Kolmogorov-Smirnov, 24 episodes each;
+    benchmarks/warp_agreement.py measures every task with more episodes)."""
+
+    def act(obs: torch.Tensor) -> torch.Tensor:  # damping on the three joints: falls after ~300-500 steps
+        return (-0.3 * obs[..., 8:11]).clamp(-1.0, 1.0)
+
+    n = 24
+    env = WarpVectorEnv("Hopper-v5", n, seed=7)
+    obs = env.reset(seed=7)
+    warp_returns, warp_lengths = torch.zeros(n, dtype=torch.float64), torch.zeros(n)
+    finished = torch.zeros(n, dtype=torch.bool)
+    for _ in range(1000):
+        obs, reward, term, trunc, _ = env.step(act(obs))
+        alive = ~finished  # each world's first episode only
+        warp_returns += reward.double() * alive
+        warp_lengths += alive.float()
+        finished |= term | trunc
+        if finished.all():
+            break
+    g = gym_env("Hopper-v5")
+    gym_returns, gym_lengths = [], []
+    for episode in range(n):
+        o, _ = g.reset(seed=1000 + episode)
+        total, length = 0.0, 0
+        while True:
+            o, r, te, tr, _ = g.step(act(torch.as_tensor(o, dtype=torch.float32)).numpy())
+            total, length = total + r, length + 1
+            if te or length >= 1000:
+                break
+        gym_returns.append(total)
+        gym_lengths.append(length)
+    assert finished.all()
+    assert stats.ks_2samp(warp_returns.numpy(), gym_returns).pvalue > 0.01
+    assert stats.ks_2samp(warp_lengths.numpy(), gym_lengths).pvalue > 0.01
+
+
+# ---------------------------------------------------------------- the collector's contract
+def _buffer(obs_dim: int, act_dim: int, K: int = 2) -> PolicyVersionBuffer:
+    torch.manual_seed(0)
+    buffer = None
+    for v in range(K):
+        actor = GaussianActor(obs_dim, act_dim)
+        with torch.no_grad():
+            actor.log_std.fill_(-0.1 * v)
+        buffer = buffer or PolicyVersionBuffer(actor, obs_dim, K)
+        buffer.push(actor, torch.full((obs_dim,), 0.1 * v), torch.full((obs_dim,), 1.0 + v), version=v)
+    return buffer
+
+
+def test_the_batch_meets_the_cpu_collectors_contract():
+    from vaco.data.collector import RolloutCollector
+
+    buffer = _buffer(11, 3)
+    warp = WarpCollector(WarpVectorEnv("Hopper-v5", 4, seed=1), 16, buffer, num_iterations=2, seed=1)
+    cpu = RolloutCollector("Hopper-v5", 4, 16, _buffer(11, 3), num_iterations=2, seed=1)
+    got, ref = next(iter(warp)), next(iter(cpu))
+    assert got.batch_size == ref.batch_size == torch.Size([4, 16])
+    assert set(got.keys(True, True)) == set(ref.keys(True, True))
+    for key in ref.keys(True, True):
+        assert got[key].dtype == ref[key].dtype and got[key].shape == ref[key].shape, key
+    assert torch.equal(got["next", "done"], got["next", "terminated"] | got["next", "truncated"])
+    versions = got["policy_version"]
+    assert (versions == versions[:, :1]).all() and set(versions[:, 0].tolist()) <= {0, 1}
+    # every world's behaviour log-prob is its own version's density of its action
+    for i in range(4):
+        v = int(versions[i, 0])
+        slot = int((buffer.versions == v).nonzero())
+        actor = GaussianActor(11, 3)
+        for name, value in buffer.params(slot).items():
+            actor.get_parameter(name).data.copy_(value)
+        norm = ((got["observation"][i] - buffer.obs_mean[slot].float()) * (buffer.obs_var[slot] + 1e-8).rsqrt().float()).clamp(-10, 10)
+        loc, scale = actor(norm)
+        torch.testing.assert_close(got["behavior_loc"][i], loc, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            got["behavior_log_prob"][i], gaussian_log_prob(got["action"][i], loc, scale.expand_as(loc)), rtol=1e-4, atol=1e-4
+        )
+    # where an episode ended, the next observation is the final one, not the reset that follows
+    done = got["next", "done"][:, :-1]
+    if done.any():
+        assert not torch.isclose(got["next", "observation"][:, :-1][done], got["observation"][:, 1:][done]).all(-1).any()
+    cpu.shutdown()
+
+
+def test_the_collector_resumes_exactly():
+    buffer = _buffer(4, 1)
+    a = WarpCollector(WarpVectorEnv("InvertedPendulum-v5", 4, seed=3), 24, buffer, num_iterations=3, seed=3)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    expected = next(it)
+    b = WarpCollector(WarpVectorEnv("InvertedPendulum-v5", 4, seed=99), 24, _buffer(4, 1), num_iterations=3, seed=99)
+    b.load_state_dict(state)
+    got = b.rollout()
+    for key in expected.keys(True, True):
+        assert torch.equal(expected[key], got[key]), key
+
+
+def test_the_device_reward_scaler_is_the_cpu_one():
+    rng = np.random.default_rng(0)
+    cpu, dev = RewardScaler(5, 0.99), DeviceRewardScaler(5, 0.99)
+    for _ in range(50):
+        r = rng.normal(size=5)
+        term, done = rng.random(5) < 0.1, rng.random(5) < 0.2
+        done |= term
+        a = cpu(r, term, done)
+        b = dev(torch.as_tensor(r), torch.as_tensor(term), torch.as_tensor(done))
+        np.testing.assert_allclose(b.numpy(), a.astype(np.float32), rtol=1e-6)
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_input_names_the_field_before_any_step():
+    from vaco.data.module import RolloutDataModule
+
+    with pytest.raises(ValueError, match=r"`data.env_id`: the Warp backend has no task 'Pusher-v5'; it has InvertedPendulum-v5"):
+        RolloutDataModule(env_id="Pusher-v5", collection=Warp())
+    with pytest.raises(ValueError, match=r"`data.num_envs`: 1,000,000,000 worlds of Hopper-v5 need about"):
+        RolloutDataModule(env_id="Hopper-v5", num_envs=10**9, num_steps=1, total_steps=10**9, collection=Warp())
+    with pytest.raises(ValueError, match=r"`data.env_kwargs`"):
+        RolloutDataModule(env_id="Hopper-v5", env_kwargs={"ctrl_cost_weight": 0.0}, collection=Warp())
+    with pytest.raises(ValueError, match=r"`data.collection.device`"):
+        Warp(device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"torch sees no CUDA device"):
+            RolloutDataModule(env_id="Hopper-v5", collection=Warp(device="cuda"))
+
+
+def test_every_task_has_gymnasiums_spaces():
+    for env_id in TASKS:
+        w, g = warp_env(env_id), gym.make(env_id)
+        assert w.obs_dim == g.observation_space.shape[0] and w.act_dim == g.action_space.shape[0], env_id
+        np.testing.assert_allclose(w.action_low.numpy(), g.action_space.low)
+        assert g.spec.max_episode_steps == w.spec.max_episode_steps == 1000
+
+
+# ---------------------------------------------------------------- learning
+@pytest.mark.slow
+def test_learns_inverted_pendulum_on_warp(tmp_path, mlflow_uri):
+    """VACO at K = 4 on 32 Warp worlds x 16 steps, 25.6k env steps; evaluated on gymnasium
+    (MuJoCo C): a random policy scores < 30, 800 means the pole stays up 80% of 1,000 steps."""
+    from conftest import build_run, metric_histories
+
+    from vaco.advantages import VTrace
+    from vaco.objectives import TVFilter
+
+    module, data, trainer = build_run(
+        tmp_path, mlflow_uri, objective=TVFilter(), advantage=VTrace(), seed=1,
+        data_kwargs=dict(num_envs=32, num_steps=16, total_steps=25_600, eval_every=0, eval_episodes=10, eval_envs=5,
+                         policy_buffer_size=4, collection=Warp(evaluate_on="gymnasium")),
+        model_kwargs=dict(update_epochs=10, num_minibatches=4), every_n_iterations=0,
+    )
+    trainer.fit(module, data)
+    history = metric_histories(mlflow_uri, trainer.logger.run_id)
+    assert history["train/episode_return"][0][1] < 100
+    assert module.last_eval_return >= 800, history["eval/return"]
+    assert max(v for _, v in history["lag/policy_age_max"]) == 3
