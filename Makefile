@@ -15,7 +15,7 @@ export MKL_NUM_THREADS ?= 1
 help:
 	@echo "make demo   - create .venv, install, train VACO (K=4) on Hopper-v5 (~1.5 min on 2 CPU cores)"
 	@echo "make test   - create .venv, install, run the test suite"
-	@echo "make bench  - start-up times, throughput (writes benchmarks/results/throughput.json), the paper-scale update (CPU; and GPU where there is one)"
+	@echo "make bench  - start-up times, throughput (writes benchmarks/results/throughput.json), the paper-scale update (CPU; and GPU where there is one), the Warp backend (docs/gpu.md)"
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,7 @@ bench: $(STAMP)
 	@if $(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
 		$(BIN)/python benchmarks/profile_update.py --algorithm vaco --num-envs 500 --num-steps 1000 --iterations 2 --no-profile --device cuda; \
 	else echo "no CUDA device: the paper-scale update was measured on the CPU only"; fi
+	$(BIN)/python benchmarks/warp_throughput.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -14,6 +14,7 @@ import mujoco
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from scipy import stats
 
 from vaco.data.normalization import DeviceRewardScaler, RewardScaler
@@ -313,3 +314,15 @@ def test_learns_inverted_pendulum_on_warp(tmp_path, mlflow_uri):
     assert history["train/episode_return"][0][1] < 100
     assert module.last_eval_return >= 800, history["eval/return"]
     assert max(v for _, v in history["lag/policy_age_max"]) == 3
+
+
+def test_the_paper_grid_on_the_gpu_backend_is_a_valid_sweep():
+    from vaco import sweep as S
+
+    sweep = S.load_sweep(REPO / "configs" / "sweeps" / "paper_gpu.yaml")
+    cells = S.expand(sweep)
+    assert len(cells) == 5 * 5 * 5 * 10
+    S.validate_with_cli(sweep, cells, "sqlite:////nonexistent/mlflow.db")  # parses; builds nothing
+    config = S.cell_config(sweep, cells[0], "sqlite:////nonexistent/mlflow.db")
+    assert config["data"]["init_args"]["collection"]["class_path"] == "vaco.data.warp.Warp"
+    assert config["data"]["init_args"]["num_envs"] == 500 and config["trainer"]["accelerator"] == "gpu"

@@ -374,8 +374,8 @@ class VacoModule(L.LightningModule):
         """The rollout batch on the learner's device, once per iteration; the advantage and every
         epoch run there. Collection stays on the CPU (see ``PolicyVersionBuffer``). From pinned
         memory the copy to a GPU is asynchronous; on the CPU this is a no-op move."""
-        if self.device.type == "cuda":
-            batch = batch.pin_memory()
+        if self.device.type == "cuda" and (batch.device is None or batch.device.type == "cpu"):
+            batch = batch.pin_memory()  # (a batch collected on the GPU, by the Warp backend, is already there)
         return batch.to(self.device, non_blocking=True)
 
     @torch.no_grad()

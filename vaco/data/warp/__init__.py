@@ -28,7 +28,7 @@ from vaco.data.warp.tasks import TASKS, task
 if TYPE_CHECKING:
     from vaco.data.module import RolloutDataModule
 
-__all__ = ["Warp", "TASKS"]
+__all__ = ["TASKS", "Warp"]
 
 
 class Warp(Collection):

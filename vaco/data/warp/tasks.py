@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["Sim", "Task", "TASKS", "task"]
+__all__ = ["TASKS", "Sim", "Task", "task"]
 
 
 @dataclasses.dataclass
