@@ -326,3 +326,14 @@ def test_the_paper_grid_on_the_gpu_backend_is_a_valid_sweep():
     config = S.cell_config(sweep, cells[0], "sqlite:////nonexistent/mlflow.db")
     assert config["data"]["init_args"]["collection"]["class_path"] == "vaco.data.warp.Warp"
     assert config["data"]["init_args"]["num_envs"] == 500 and config["trainer"]["accelerator"] == "gpu"
+
+
+def test_the_warp_config_instantiates_through_the_cli(mlflow_uri):
+    from vaco.cli import VacoCLI
+    from vaco.data import RolloutDataModule
+
+    configs = REPO / "configs"
+    cli = VacoCLI(args=["--config", str(configs / "env/inverted_pendulum.yaml"), "--config", str(configs / "algo/vaco.yaml"),
+                        "--config", str(configs / "collection/warp.yaml")], run=False)
+    assert type(cli.datamodule) is RolloutDataModule and isinstance(cli.datamodule.collection, Warp)
+    assert cli.datamodule.collection.device == "cpu" and cli.datamodule.collector is None  # nothing built yet
