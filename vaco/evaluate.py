@@ -64,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--deterministic", action="store_true", help="act with the Gaussian's mean")
     parser.add_argument("--video", default=None, help="write one episode to this .mp4 or .gif")
+    parser.add_argument(
+        "--backend",
+        choices=("gymnasium", "warp"),
+        default="gymnasium",
+        help="simulate on gymnasium (MuJoCo C) or on MuJoCo Warp (the video is drawn from the Warp state)",
+    )
+    parser.add_argument("--device", default="cpu", help="warp: the Warp device (cpu, cuda)")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("`--episodes` must be >= 1")
@@ -74,20 +81,36 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)
         env_id, policy = load_policy(args.ckpt)
-    except ValueError as err:  # CheckpointError is one
+        if args.backend == "warp":
+            from vaco.data.warp.env import check_worlds
+
+            check_worlds(env_id, min(args.envs, args.episodes), args.device, field="--envs")
+    except (ValueError, ImportError) as err:  # CheckpointError is a ValueError
         print(f"vaco evaluate: error: {err}", file=sys.stderr)
         return 2
-    from vaco.data.module import run_episodes
+    if args.backend == "warp":
+        from vaco.data.warp import warp_episodes
 
-    returns = run_episodes(env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed, deterministic=args.deterministic)
+        returns = warp_episodes(env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed,
+                                deterministic=args.deterministic, device=args.device)
+    else:
+        from vaco.data.module import run_episodes
+
+        returns = run_episodes(env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed, deterministic=args.deterministic)
+    where = f" on MuJoCo Warp ({args.device})" if args.backend == "warp" else ""
     print(
-        f"{env_id}: return {returns.mean():.1f} +- {returns.std():.1f} "
+        f"{env_id}{where}: return {returns.mean():.1f} +- {returns.std():.1f} "
         f"(min {returns.min():.1f}, max {returns.max():.1f}) over {len(returns)} episodes"
     )
     if args.video:
         backend = os.environ.setdefault("MUJOCO_GL", "egl")
         try:
-            frames = _record(env_id, policy, args.seed, args.deterministic)
+            if args.backend == "warp":
+                from vaco.data.warp import record_warp_episode
+
+                frames = record_warp_episode(env_id, policy, args.seed, args.deterministic, args.device)
+            else:
+                frames = _record(env_id, policy, args.seed, args.deterministic)
         except Exception as err:  # noqa: BLE001 - report any renderer failure plainly
             print(
                 f"no video: offscreen rendering is unavailable here (MUJOCO_GL={backend}): "

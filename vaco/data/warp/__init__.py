@@ -28,7 +28,7 @@ from vaco.data.warp.tasks import TASKS, task
 if TYPE_CHECKING:
     from vaco.data.module import RolloutDataModule
 
-__all__ = ["TASKS", "Warp"]
+__all__ = ["TASKS", "Warp", "record_warp_episode", "warp_episodes"]
 
 
 class Warp(Collection):
@@ -84,7 +84,6 @@ class Warp(Collection):
             seed=seed,
         )
 
-    @torch.no_grad()
     def evaluate(
         self,
         data: RolloutDataModule,
@@ -95,27 +94,85 @@ class Warp(Collection):
     ) -> np.ndarray:
         if self.evaluate_on == "gymnasium":
             return super().evaluate(data, policy, episodes, seed, deterministic)
-        num = max(1, min(data.eval_envs, episodes))
-        env = self._env(data, num, seed)
-        generator = torch.Generator(device=env.device).manual_seed(seed)
-        obs = env.reset(seed=seed)
-        running = torch.zeros(num, dtype=torch.float64, device=env.device)
-        quota = [-(-episodes // num)] * num  # as run_episodes: each world at most ceil(E / n)
-        returns: list[float] = []
-        while len(returns) < episodes:
-            loc, scale = (x.to(env.device) for x in policy(obs.cpu()))  # the learner's evaluation copy is on the CPU
-            action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator, device=env.device)
-            obs, reward, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, env.action_high), env.action_low))
-            running += reward.double()
-            done = (term | trunc).cpu()
-            if bool(done.any()):  # one sync per step here: evaluation is not the hot path
-                ended = running.cpu()
-                for i in done.nonzero().flatten().tolist():
-                    if quota[i] > 0 and len(returns) < episodes:
-                        returns.append(float(ended[i]))
-                        quota[i] -= 1
-                running.masked_fill_(done.to(env.device), 0.0)
-        return np.asarray(returns)
+        return warp_episodes(
+            data.env_id, policy, episodes, num_envs=data.eval_envs, seed=seed, deterministic=deterministic,
+            device=self.device, cone=self.cone,
+        )
 
     def definition(self) -> dict[str, Any]:
         return {**super().definition(), "cone": self.cone}  # the device may change on resume
+
+
+@torch.no_grad()
+def warp_episodes(
+    env_id: str,
+    policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    episodes: int,
+    *,
+    num_envs: int = 10,
+    seed: int = 0,
+    deterministic: bool = False,
+    device: str = "cpu",
+    cone: str | None = None,
+) -> np.ndarray:
+    """Returns of ``episodes`` complete episodes on Warp worlds, counted as
+    :func:`vaco.data.module.run_episodes` counts them (each world at most ceil(E / n) episodes).
+    ``policy`` maps raw observations on the CPU to ``(loc, scale)`` (the learner's evaluation copy)."""
+    from vaco.data.warp.env import WarpVectorEnv
+
+    num = max(1, min(num_envs, episodes))
+    env = WarpVectorEnv(env_id, num, device=device, seed=seed, cone=cone)
+    generator = torch.Generator(device=env.device).manual_seed(seed)
+    obs = env.reset(seed=seed)
+    running = torch.zeros(num, dtype=torch.float64, device=env.device)
+    quota = [-(-episodes // num)] * num
+    returns: list[float] = []
+    while len(returns) < episodes:
+        loc, scale = (x.to(env.device) for x in policy(obs.cpu()))
+        action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator, device=env.device)
+        obs, reward, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, env.action_high), env.action_low))
+        running += reward.double()
+        done = (term | trunc).cpu()
+        if bool(done.any()):  # one sync per step here: evaluation is not the hot path
+            ended = running.cpu()
+            for i in done.nonzero().flatten().tolist():
+                if quota[i] > 0 and len(returns) < episodes:
+                    returns.append(float(ended[i]))
+                    quota[i] -= 1
+            running.masked_fill_(done.to(env.device), 0.0)
+    return np.asarray(returns)
+
+
+@torch.no_grad()
+def record_warp_episode(
+    env_id: str, policy, seed: int = 0, deterministic: bool = False, device: str = "cpu", max_frames: int = 1000
+) -> list:
+    """Frames of one episode simulated on Warp, each drawn by MuJoCo's renderer from the Warp
+    world's state (qpos, qvel copied into gymnasium's MjData, then ``mj_forward``)."""
+    import gymnasium as gym
+
+    from vaco.data.warp.env import WarpVectorEnv
+
+    env = WarpVectorEnv(env_id, 1, device=device, seed=seed)
+    view = gym.make(env_id, render_mode="rgb_array")
+    try:
+        view.reset(seed=seed)
+        generator = torch.Generator(device=env.device).manual_seed(seed)
+        obs = env.reset(seed=seed)
+
+        def frame(t: int):
+            view.unwrapped.data.time = t * env.dt  # the tracking camera follows the body over time
+            view.unwrapped.set_state(env.sim.qpos[0].double().cpu().numpy(), env.sim.qvel[0].double().cpu().numpy())
+            return view.render()
+
+        frames = [frame(0)]
+        for t in range(1, max_frames + 1):
+            loc, scale = (x.to(env.device) for x in policy(obs.cpu()))
+            action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator, device=env.device)
+            obs, _, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, env.action_high), env.action_low))
+            if bool((term | trunc)[0]):  # the world has been reset already: the episode's last state is gone
+                break
+            frames.append(frame(t))
+        return frames
+    finally:
+        view.close()
