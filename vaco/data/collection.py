@@ -35,9 +35,6 @@ __all__ = ["Collection", "InProcess"]
 class Collection:
     """Base of the collection backends (see the module docstring)."""
 
-    #: the learner's batch arrives on this device (the policy buffer lives here too)
-    device: str = "cpu"
-
     def validate(self, data: RolloutDataModule) -> None:
         """Raise a ValueError naming the field if this backend cannot run ``data``'s settings."""
         validate_env_id(data.env_id)

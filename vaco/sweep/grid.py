@@ -355,12 +355,12 @@ def _reserved(algorithms: dict[str, Algorithm]) -> list[str]:
 def _load_overrides(raw: dict, algorithms: dict[str, Algorithm]) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise SweepError("`overrides` must be a mapping of dotted `vaco fit` keys -> values")
-    out = {}
+    out, reserved_keys = {}, _reserved(algorithms)
     for key, value in raw.items():
         key = str(key)
         if key.startswith("--"):
             key = key[2:]
-        for reserved in _reserved(algorithms):
+        for reserved in reserved_keys:
             if key == reserved or key.startswith(reserved + ".") or reserved.startswith(key + "."):
                 raise SweepError(
                     f"`overrides.{key}`: set by the sweep itself ({reserved}); use the grid axes "

@@ -63,7 +63,10 @@ class Warp(Collection):
                 raise ValueError(f"`data.collection.device`: {self.device!r}, but torch sees no CUDA device")
         from vaco.data.warp.env import check_worlds
 
-        for field, worlds in (("data.num_envs", data.num_envs), ("data.eval_envs", data.eval_envs)):
+        sizes = [("data.num_envs", data.num_envs)]
+        if self.evaluate_on == "warp":
+            sizes.append(("data.eval_envs", data.eval_envs))
+        for field, worlds in sizes:
             check_worlds(data.env_id, worlds, self.device, field=field)  # the extra is installed; memory
 
     def _env(self, data: RolloutDataModule, num_worlds: int, seed: int):
