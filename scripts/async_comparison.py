@@ -33,7 +33,7 @@ SETTINGS = {
     "simulated": ["--config", "configs/collection/sync2.yaml"],  # + --data.init_args.policy_buffer_size K
     "async": ["--config", "configs/collection/async2.yaml"],
     # one actor process: on two cores it collects on one while the learner trains on the other
-    "async1": ["--config", "configs/collection/async2.yaml", "--data.init_args.num_workers", "1"],
+    "async1": ["--config", "configs/collection/async2.yaml", "--data.init_args.collection.init_args.num_workers", "1"],
 }
 
 

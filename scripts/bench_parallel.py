@@ -81,7 +81,7 @@ FIT_SETTINGS = {  # name: extra `vaco fit` arguments
     # a different algorithm (the data is one update old), listed for its throughput
     "async, 2 actor procs, learner 1 thread": ["--config", "configs/collection/async2.yaml", "--torch_threads", "1"],
     "async, 1 actor proc, learner 1 thread": ["--config", "configs/collection/async2.yaml",
-                                              "--data.init_args.num_workers", "1", "--torch_threads", "1"],
+                                              "--data.init_args.collection.init_args.num_workers", "1", "--torch_threads", "1"],
 }
 
 

@@ -27,9 +27,9 @@ export OMP_NUM_THREADS=1
 srun --nodes=1 --ntasks=1 --nodelist="$LEARNER" --kill-on-bad-exit=1 \
     "$VENV/bin/vaco" fit "$@" \
     --config configs/collection/distributed2.yaml \
-    --data.init_args.launcher submitit_delayed \
-    --data.init_args.num_workers "$ACTORS" \
-    --data.init_args.tcp_port "$PORT" &
+    --data.init_args.collection.init_args.launcher submitit_delayed \
+    --data.init_args.collection.init_args.num_workers "$ACTORS" \
+    --data.init_args.collection.init_args.tcp_port "$PORT" &
 
 # ranks 1..ACTORS: the actors, wherever SLURM puts them
 srun --ntasks="$ACTORS" --kill-on-bad-exit=1 bash -c \

@@ -7,7 +7,7 @@
 #
 #   sbatch --nodes=2 --ntasks-per-node=2 --cpus-per-task=8 scripts/slurm_ddp.sh \
 #       --config configs/env/hopper.yaml --config configs/algo/vaco.yaml \
-#       --config configs/collection/async2.yaml --data.init_args.num_workers 7 \
+#       --config configs/collection/async2.yaml --data.init_args.collection.init_args.num_workers 7 \
 #       --data.init_args.num_envs 56 --data.init_args.num_steps 256
 #
 # (One CPU per rank for the learner, the rest for its actors; on GPU nodes add

@@ -29,10 +29,12 @@ def filled_buffer(capacity: int, pushes: int, obs_dim: int = 11, act_dim: int = 
 
 def parallel_run(tmp_path: Path, uri: str, *, data_kwargs: dict, model_kwargs: dict | None = None,
                  callbacks: tuple = (), run_id: str | None = None, seed: int = 3):
-    """A real (VacoModule, ParallelRolloutDataModule, Trainer) on a tiny InvertedPendulum setting."""
+    """A real (VacoModule, RolloutDataModule with actor processes, Trainer) on a tiny InvertedPendulum
+    setting; ``data_kwargs`` may hold the data module's and the :class:`Actors` backend's fields."""
     from vaco.advantages import VTrace
     from vaco.callbacks import IterationCheckpoint
-    from vaco.data import ParallelRolloutDataModule
+    from vaco.data import RolloutDataModule
+    from vaco.data.parallel import Actors
     from vaco.module import VacoModule
     from vaco.objectives import TVFilter
 
@@ -45,7 +47,9 @@ def parallel_run(tmp_path: Path, uri: str, *, data_kwargs: dict, model_kwargs: d
     model = dict(update_epochs=2, num_minibatches=4)
     model.update(model_kwargs or {})
     module = VacoModule(objective=TVFilter(delta=0.2), advantage=VTrace(gamma=0.99, lmbda=0.95), **model)
-    datamodule = ParallelRolloutDataModule(**data)
+    actor_fields = ("num_workers", "mode", "staleness_limit", "backend", "launcher", "tcp_port")
+    actors = Actors(**{key: data.pop(key) for key in actor_fields if key in data})
+    datamodule = RolloutDataModule(**data, collection=actors)
     logger = MLFlowLogger(experiment_name="test", tracking_uri=uri, run_id=run_id)
     checkpoint = IterationCheckpoint(every_n_iterations=1, dirpath=str(tmp_path / "ckpt"))
     trainer = L.Trainer(

@@ -83,25 +83,51 @@ def test_two_actors_equal_two_single_process_collectors_and_keep_the_semantics()
 )  # warp.yaml is a collection backend of the in-process data module (tests/test_warp.py)
 def test_every_collection_config_instantiates(config, mlflow_uri):
     from vaco.cli import VacoCLI
-    from vaco.data import ParallelRolloutDataModule
+    from vaco.data import RolloutDataModule
+    from vaco.data.parallel import Actors
 
     cli = VacoCLI(args=["--config", str(CONFIGS / "env/inverted_pendulum.yaml"), "--config",
                         str(CONFIGS / "algo/vaco.yaml"), "--config", str(config)], run=False)
-    assert isinstance(cli.datamodule, ParallelRolloutDataModule)
-    assert cli.datamodule.num_workers == 2 and cli.datamodule.collector is None  # nothing started yet
+    assert type(cli.datamodule) is RolloutDataModule and isinstance(cli.datamodule.collection, Actors)
+    assert cli.datamodule.collection.num_workers == 2 and cli.datamodule.collector is None  # nothing started yet
 
 
 def test_bad_collection_settings_name_the_field():
-    from vaco.data import ParallelRolloutDataModule
+    from vaco.data import RolloutDataModule
+    from vaco.data.parallel import Actors
+
+    with pytest.raises(ValueError, match=r"`data.collection.num_workers` \(3\) must divide `data.num_envs` \(4\)"):
+        RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=3))
+    with pytest.raises(ValueError, match=r"`data.collection.staleness_limit` only applies to `data.collection.mode: async`"):
+        Actors(staleness_limit=1)
+    with pytest.raises(ValueError, match=r"`data.collection.mode` must be 'sync' or 'async'"):
+        Actors(mode="fast")
+    with pytest.raises(ValueError, match=r"`data.collection.backend` must be 'mp' or 'distributed'"):
+        Actors(backend="ray")
+    with pytest.raises(ValueError, match=r"`data.collection.num_workers` must be an integer >= 1"):
+        Actors(num_workers=0)
+
+
+def test_parallel_data_module_is_the_actors_backend_under_its_old_name():
+    """The older spelling keeps its fields and messages, and defines the same run as the new one."""
+    from vaco.advantages import VTrace
+    from vaco.data import ParallelRolloutDataModule, RolloutDataModule
+    from vaco.data.parallel import Actors
+    from vaco.module import VacoModule
+    from vaco.objectives import TVFilter
 
     with pytest.raises(ValueError, match=r"`data.num_workers` \(3\) must divide `data.num_envs` \(4\)"):
         ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=3)
     with pytest.raises(ValueError, match=r"`data.staleness_limit` only applies to `data.mode: async`"):
         ParallelRolloutDataModule(env_id=ENV, num_envs=4, staleness_limit=1)
-    with pytest.raises(ValueError, match=r"`data.mode` must be 'sync' or 'async'"):
-        ParallelRolloutDataModule(env_id=ENV, num_envs=4, mode="fast")
-    with pytest.raises(ValueError, match=r"`data.backend` must be 'mp' or 'distributed'"):
-        ParallelRolloutDataModule(env_id=ENV, num_envs=4, backend="ray")
+    old = ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=2, mode="async")
+    new = RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=2, mode="async"))
+    assert isinstance(old.collection, Actors) and (old.num_workers, old.mode) == (2, "async")
+    module = VacoModule(objective=TVFilter(delta=0.2), advantage=VTrace(gamma=0.99, lmbda=0.95))
+    assert module.run_definition(old) == module.run_definition(new)
+    assert module.run_definition(new)["data.init_args.collection"] == {
+        "class_path": "vaco.data.parallel.module.Actors", "num_workers": 2, "mode": "async", "backend": "mp",
+    }
 
 
 class _StopAt(Callback):

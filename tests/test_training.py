@@ -70,9 +70,13 @@ def test_resume_equals_uninterrupted_and_same_seed_is_identical(tmp_path, mlflow
     kwargs = dict(data_kwargs={"total_steps": 2 * 64 * 8, "policy_buffer_size": 3, "eval_every": 3})
 
     module, data, trainer = build_run(tmp_path / "a", mlflow_uri, **kwargs)
+    assert data.collector is None and data.learner is None  # nothing acts before the learner binds
     trainer.fit(module, data)
     reference = metric_histories(mlflow_uri, trainer.logger.run_id)
     assert len(reference["train/tv"]) == 8
+    # the explicit binding: each holds the other, and the data module owns the buffer its collector acts from
+    assert module.data is data and data.learner is module
+    assert data.collector.policy_buffer is data.policy_buffer and data.policy_buffer.newest_version == 8
 
     module, data, trainer = build_run(tmp_path / "c", mlflow_uri, **kwargs)
     trainer.fit(module, data)

@@ -128,6 +128,7 @@ class VacoModule(L.LightningModule):
         self.actor: GaussianActor | None = None
         self.critic: Critic | None = None
         self.obs_rms: RunningMeanStd | None = None
+        self.data = None  # the RolloutDataModule, bound in setup
         self.register_buffer("version", torch.zeros((), dtype=torch.long))
         self._generator = torch.Generator()
         self._restored = False
@@ -144,11 +145,17 @@ class VacoModule(L.LightningModule):
         self.critic = Critic(spec["obs_dim"], hidden)
         self.obs_rms = RunningMeanStd(spec["obs_dim"])
 
-    def configure_model(self) -> None:
+    def setup(self, stage: str) -> None:
+        """Meet the data module (the one place the learner looks it up, through the trainer):
+        build the networks for its task, then :meth:`~vaco.data.RolloutDataModule.bind` hands it
+        the actor; from here on each holds the other (``self.data``, ``data.learner``)."""
+        data = self.trainer.datamodule
         if self.actor is None:
-            spec = self.trainer.datamodule.env_spec.to_dict()
+            spec = data.env_spec.to_dict()
             self.hparams.env_spec = spec
             self._build(spec)
+        data.bind(self)
+        self.data = data
 
     def check_data(self, data) -> None:
         """Cross-field checks between this module and the data module (before any env starts)."""
@@ -167,7 +174,7 @@ class VacoModule(L.LightningModule):
         params = list(self.actor.parameters()) + list(self.critic.parameters())
         # the fused kernel makes Adam's step ~2x cheaper on CPU than the per-tensor default
         optimizer = torch.optim.Adam(params, lr=self.hparams.lr, eps=self.hparams.adam_eps, fused=True)
-        iterations = self.trainer.datamodule.num_iterations()
+        iterations = self.data.num_iterations()
         anneal = self.hparams.anneal_lr
         # CleanRL: iteration i (0-based) uses lr * (1 - i / iterations)
         schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -177,7 +184,7 @@ class VacoModule(L.LightningModule):
 
     # ------------------------------------------------------------------ fit hooks
     def on_fit_start(self) -> None:
-        data = self.trainer.datamodule
+        data = self.data
         if not self._restored:  # a resumed run keeps the generator state of its checkpoint
             self._generator.manual_seed(data.seed + 7_919 * self.global_rank)
         if data.policy_buffer.size == 0:  # a fresh run: version 0 is the initial policy
@@ -192,7 +199,7 @@ class VacoModule(L.LightningModule):
                 self.logger.log_metrics({"time/total_steps": float(budget)}, step=steps)
 
     def _budget(self) -> int:
-        data = self.trainer.datamodule
+        data = self.data
         return data.num_iterations() * data.batch_size * self.trainer.world_size
 
     def default_run_name(self, data) -> str:
@@ -226,7 +233,7 @@ class VacoModule(L.LightningModule):
 
     def run_params(self) -> dict[str, Any]:
         """The coordinates a user compares runs by, as flat MLflow params."""
-        data = self.trainer.datamodule
+        data = self.data
         params: dict[str, Any] = {
             "algorithm": self.algorithm,
             "objective": type(self.objective).__name__,
@@ -254,7 +261,7 @@ class VacoModule(L.LightningModule):
     def training_step(self, dataloader_iter) -> None:
         # no prefetching: the next batch is collected only after this update has been pushed
         batch, _, _ = next(dataloader_iter)
-        data = self.trainer.datamodule
+        data = self.data
         collect_seconds = data.collector.last_collect_seconds
         start = time.perf_counter()
         batch = self.transfer_batch(batch)
@@ -510,7 +517,7 @@ class VacoModule(L.LightningModule):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        data = self.trainer.datamodule
+        data = self.data
         returns = data.evaluate(self.policy(), seed=data.seed + 104_729 * int(self.version))
         self.last_eval_return = float(returns.mean())
         return {"eval/return": self.last_eval_return, "eval/return_std": float(returns.std())}
@@ -518,7 +525,7 @@ class VacoModule(L.LightningModule):
     def _log(self, metrics: dict[str, float], env_steps: int) -> None:
         if self.logger is not None and self.global_rank == 0:
             self.logger.log_metrics(metrics, step=env_steps)
-        data = self.trainer.datamodule
+        data = self.data
         total = data.num_iterations() * data.batch_size * self.trainer.world_size
         progress = {"steps": f"{_si(env_steps)}/{_si(total)}", "sps": f"{metrics['perf/sps']:.0f}"}
         if not math.isnan(self.last_eval_return):
@@ -535,7 +542,7 @@ class VacoModule(L.LightningModule):
             "python_rng": list(random.getstate()[1]),
             "algorithm": self.algorithm,
             "mlflow_run_id": getattr(self.logger, "run_id", None),
-            "definition": self.run_definition(self.trainer.datamodule),
+            "definition": self.run_definition(self.data),
             "total_steps": self._budget(),
         }
 

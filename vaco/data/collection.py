@@ -9,9 +9,12 @@ reward-scaler settings, checkpointing), so every backend produces the same batch
 learner.
 
 * :class:`InProcess` (the default): gymnasium vector envs stepped in this process on the CPU.
+* :class:`vaco.data.parallel.Actors`: gymnasium envs stepped by actor processes, synchronously or
+  asynchronously (docs/async.md).
 * :class:`vaco.data.warp.Warp`: MuJoCo Warp worlds on a device (``cpu`` or ``cuda``).
 
-(Actor processes are still their own data module, :class:`~vaco.data.ParallelRolloutDataModule`.)
+The learner meets the data module through :meth:`~vaco.data.RolloutDataModule.bind`: the data module
+builds the collector and owns the policy-version buffer; the learner pushes versions into it.
 """
 
 from __future__ import annotations
@@ -60,6 +63,12 @@ class Collection:
             data.env_id, policy, episodes, num_envs=data.eval_envs, seed=seed, deterministic=deterministic,
             env_kwargs=data.env_kwargs,
         )
+
+    def on_policy_pushed(self, data: RolloutDataModule, version: int) -> None:
+        """After the learner pushed ``version`` into the policy buffer (e.g. ship it to actor processes)."""
+
+    def on_exception(self, data: RolloutDataModule) -> None:
+        """Fit stopped on an error or Ctrl-C (e.g. stop actor processes); ``teardown`` shuts down otherwise."""
 
     def definition(self) -> dict[str, Any]:
         """What a resumed run may not change: the class and its defining settings."""

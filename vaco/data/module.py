@@ -99,7 +99,8 @@ class RolloutDataModule(L.LightningDataModule):
         self.collection.validate(self)  # the env id and the backend's own settings, before any work
         self._spec: EnvSpec | None = None
         self.collector: BaseCollector | None = None  # a RolloutCollector, or the backend's
-        self._policy_buffer: PolicyVersionBuffer | None = None
+        self._policy_buffer: PolicyVersionBuffer | None = None  # built by bind()
+        self.learner: L.LightningModule | None = None  # bound by the learner's setup (bind)
         self._pending_state: dict | None = None
 
     # ------------------------------------------------------------------ sizes
@@ -120,28 +121,35 @@ class RolloutDataModule(L.LightningDataModule):
             self._spec = self.collection.env_spec(self)
         return self._spec
 
-    # ------------------------------------------------------------------ Lightning hooks
-    def setup(self, stage: str) -> None:
-        if self.collector is not None:
+    # ------------------------------------------------------------------ the learner
+    def bind(self, learner: L.LightningModule) -> None:
+        """Where the learner and the data module meet: the learner calls this from its ``setup``,
+        once its networks exist, before any env starts.
+
+        Ownership is explicit: the learner owns the networks and the observation statistics and
+        pushes a version after each update (:meth:`push_policy`); the data module owns what acts
+        with those versions: the collector and the policy-version buffer, built here from the
+        learner's actor. The learner's cross-field checks (``check_data``) run first.
+        """
+        if self.learner is learner and self.collector is not None:
             return
-        model = self.trainer.lightning_module
-        check = getattr(model, "check_data", None)
+        check = getattr(learner, "check_data", None)
         if check is not None:
-            check(self)  # cross-field validation before any env starts
-        rank = self.trainer.global_rank
-        self.collector = self.collection.collector(self, seed=self.seed + 1_000 * rank)
+            check(self)
+        self.learner = learner
+        if self.collector is None:
+            self.collector = self.collection.collector(self, seed=self.seed + 1_000 * learner.global_rank)
+        self._policy_buffer = PolicyVersionBuffer(learner.actor, self.env_spec.obs_dim, self.policy_buffer_size)
+        self.collector.policy_buffer = self._policy_buffer
         if self._pending_state is not None:
             self._load(self._pending_state)
             self._pending_state = None
 
     @property
     def policy_buffer(self) -> PolicyVersionBuffer:
-        """The last K versions of the learner's actor. Built on first use: Lightning sets up the
-        data module before the model builds its networks (``configure_model``)."""
+        """The last K versions of the learner's actor (owned here; built by :meth:`bind`)."""
         if self._policy_buffer is None:
-            actor = self.trainer.lightning_module.actor
-            self._policy_buffer = PolicyVersionBuffer(actor, self.env_spec.obs_dim, self.policy_buffer_size)
-            self.collector.policy_buffer = self._policy_buffer
+            raise RuntimeError("the data module has no learner yet: the learner's `setup` calls `data.bind(learner)`")
         return self._policy_buffer
 
     def train_dataloader(self):
@@ -151,6 +159,11 @@ class RolloutDataModule(L.LightningDataModule):
         if self.collector is not None:
             self.collector.shutdown()
 
+    def on_exception(self, exception: BaseException) -> None:
+        # Lightning calls this (not teardown) when fit stops on an error or Ctrl-C
+        if self.collector is not None:
+            self.collection.on_exception(self)
+
     def state_dict(self) -> dict[str, Any]:
         if self.collector is None:
             return {}
@@ -159,7 +172,7 @@ class RolloutDataModule(L.LightningDataModule):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        if self.collector is None:  # restored before setup (e.g. from a Python script)
+        if self._policy_buffer is None:  # restored before the learner is bound (e.g. from a Python script)
             self._pending_state = state_dict
         else:
             self._load(state_dict)
@@ -171,6 +184,7 @@ class RolloutDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ policy versions
     def push_policy(self, actor: torch.nn.Module, obs_mean: torch.Tensor, obs_var: torch.Tensor, version: int) -> None:
         self.policy_buffer.push(actor, obs_mean, obs_var, version)
+        self.collection.on_policy_pushed(self, version)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(

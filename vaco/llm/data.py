@@ -187,6 +187,7 @@ class GSM8kDataModule(L.LightningDataModule):
         self.test: list[dict] | None = None
         self.stream: PromptStream | None = None
         self._position = 0
+        self.learner = None  # bound by the learner's setup (bind)
 
     def setup(self, stage: str) -> None:
         if self.train is None:
@@ -194,18 +195,22 @@ class GSM8kDataModule(L.LightningDataModule):
             self.test = read_gsm8k(self.test_path, "data.test_path", self.question_key, self.answer_key)
             if self.num_eval is not None:
                 self.test = self.test[: self.num_eval]
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        check = getattr(model, "check_data", None)
+
+    def bind(self, learner) -> None:
+        """Where the learner and this data module meet (the learner's ``setup`` calls it): the
+        learner's cross-field checks run before any generation, and its N (minibatches per
+        generation batch, which sets the forward lag) sizes the prompt stream."""
+        check = getattr(learner, "check_data", None)
         if check is not None:
-            check(self)  # cross-field validation before any generation
+            check(self)
+        self.learner = learner
 
     def prompt(self, question: str) -> str:
         return format_prompt(self.prompt_template, question)
 
     def train_dataloader(self) -> PromptStream:
         # N (minibatches per generation batch) is the model's: it sets the forward lag
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        minibatches = getattr(model, "num_minibatches", 1)
+        minibatches = getattr(self.learner, "num_minibatches", 1)
         self.stream = PromptStream(
             [self.prompt(r["question"]) for r in self.train],
             [r["target"] for r in self.train],

@@ -154,11 +154,19 @@ class RLVRModule(L.LightningModule):
         self.initial_eval_accuracy = float("nan")
         self.last_eval_accuracy = float("nan")
         self.progress: dict[str, str] = {}
+        self.data = None  # the GSM8kDataModule, bound in setup
 
     # ------------------------------------------------------------------ construction
     @property
     def num_minibatches(self) -> int:
         return self.hparams.num_minibatches
+
+    def setup(self, stage: str) -> None:
+        """Meet the data module (the one place this module looks it up, through the trainer):
+        :meth:`~vaco.llm.data.GSM8kDataModule.bind` runs the cross-field checks before any generation."""
+        data = self.trainer.datamodule
+        data.bind(self)
+        self.data = data
 
     def configure_model(self) -> None:
         if self.policy is not None:
@@ -187,7 +195,7 @@ class RLVRModule(L.LightningModule):
     def on_fit_start(self) -> None:
         if self.trainer.world_size > 1:
             raise NotImplementedError("the RLVR module runs on one device (`trainer.devices: 1`)")
-        data = self.trainer.datamodule
+        data = self.data
         self._generator = torch.Generator(device=self.device)
         if self._generator_state is not None:  # a resumed run continues its sampling stream
             self._generator.set_state(self._generator_state)
@@ -202,7 +210,7 @@ class RLVRModule(L.LightningModule):
 
     def run_params(self) -> dict[str, Any]:
         """The coordinates a user compares runs by, as flat MLflow params."""
-        data = self.trainer.datamodule
+        data = self.data
         params: dict[str, Any] = {
             "algorithm": self.algorithm,
             "objective": type(self.objective).__name__,
@@ -244,7 +252,7 @@ class RLVRModule(L.LightningModule):
     def training_step(self, dataloader_iter) -> None:
         # pulled here, not prefetched: generation uses the policy as it is after the last update
         prompt_batches, _, _ = next(dataloader_iter)
-        data = self.trainer.datamodule
+        data = self.data
         start = time.perf_counter()
         self.policy.eval()
         minibatches = [self._rollout(batch) for batch in prompt_batches]
@@ -406,7 +414,7 @@ class RLVRModule(L.LightningModule):
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Greedy decoding on the test split; ``eval/accuracy`` is the fraction answered correctly."""
-        data = self.trainer.datamodule
+        data = self.data
         prompts, targets = data.test_set()
         was_training = self.policy.training
         self.policy.eval()
@@ -429,7 +437,7 @@ class RLVRModule(L.LightningModule):
     def _log(self, metrics: dict[str, float], step: int) -> None:
         if self.logger is not None:
             self.logger.log_metrics(metrics, step=step)
-        data = self.trainer.datamodule
+        data = self.data
         progress = dict(self.progress)
         progress["step"] = f"{step}/{data.num_steps}"
         if "train/reward" in metrics:

@@ -3,12 +3,14 @@
 * :class:`ActorCollector` (actors.py): the collector TorchRL builds in each worker process;
 * :class:`ActorPool` (pool.py): W actors behind ``MultiSyncCollector`` / ``MultiAsyncCollector``,
   with the policy-version buffer shipped by TorchRL's weight-sync scheme;
-* :class:`ParallelRolloutDataModule` (module.py): the data module, ``mode: sync | async``.
+* :class:`Actors` (module.py): the collection backend (``data.collection``), ``mode: sync | async``;
+  :class:`ParallelRolloutDataModule`, its older spelling as a data module.
 
 See docs/async.md. Imports are lazy: an actor process needs only actors.py (no Lightning).
 """
 
 __all__ = [
+    "Actors",
     "ActorCollector",
     "ActorFailure",
     "ActorPool",
@@ -26,6 +28,7 @@ _WHERE = {
     "ActorPool": "pool",
     "split_envs": "pool",
     "ParallelRolloutDataModule": "module",
+    "Actors": "module",
 }
 
 

@@ -1,21 +1,26 @@
-"""``ParallelRolloutDataModule``: the MuJoCo data module with its envs stepped in actor processes."""
+"""Actor processes as a collection backend: :class:`Actors` (``data.collection``), and
+:class:`ParallelRolloutDataModule`, the older spelling of the same thing as a data module."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from vaco.data.collection import Collection
 from vaco.data.module import RolloutDataModule
 from vaco.data.parallel.actors import ActorSpec, actor_seed
 from vaco.data.parallel.pool import ActorPool, split_envs, validate_backend, validate_mode
 
-__all__ = ["ParallelRolloutDataModule"]
+if TYPE_CHECKING:
+    from torchrl.collectors import BaseCollector
+
+__all__ = ["Actors", "ParallelRolloutDataModule"]
 
 
-class ParallelRolloutDataModule(RolloutDataModule):
-    """:class:`~vaco.data.RolloutDataModule` whose ``num_envs`` are stepped by ``num_workers`` processes.
+class Actors(Collection):
+    """gymnasium envs stepped by ``num_workers`` actor processes (TorchRL's multi-process collectors).
 
-    Every other argument, the batch (``[num_envs, num_steps]``, same keys) and the learner are
-    unchanged; see :mod:`vaco.data.parallel.pool` for the two modes.
+    The batch (``[num_envs, num_steps]``, same keys) and the learner are those of the in-process
+    backend; see :mod:`vaco.data.parallel.pool` for the two modes.
 
     * ``mode: sync``: the single-process algorithm (each env acts with a version drawn from the
       last K for its whole segment), with env stepping spread over processes. With
@@ -29,7 +34,7 @@ class ParallelRolloutDataModule(RolloutDataModule):
     Each DDP rank runs its own ``num_workers`` actors.
 
     Args:
-        num_workers: actor processes per rank; must divide ``num_envs``.
+        num_workers: actor processes per rank; must divide ``data.num_envs``.
         mode: ``sync`` or ``async``.
         staleness_limit: async only: drop actor batches acting with a version more than this
             many updates older than the learner (``null``: keep all, as VACO does).
@@ -39,10 +44,93 @@ class ParallelRolloutDataModule(RolloutDataModule):
         launcher: ``distributed`` only: ``mp`` (local processes, over TCP), ``submitit``
             (SLURM jobs) or ``submitit_delayed`` (ranks started by the cluster).
         tcp_port: ``distributed`` only: the learner's port (+1, +2 are used too); default: free.
-        **kwargs: the arguments of :class:`~vaco.data.RolloutDataModule`.
     """
 
-    defining_fields = RolloutDataModule.defining_fields + ("num_workers", "mode", "backend")
+    field_prefix = "data.collection"  # how its fields are named in errors
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        mode: Literal["sync", "async"] = "sync",
+        staleness_limit: int | None = None,
+        backend: Literal["mp", "distributed"] = "mp",
+        launcher: Literal["mp", "submitit", "submitit_delayed"] = "mp",
+        tcp_port: int | None = None,
+    ) -> None:
+        prefix = self.field_prefix
+        if not (isinstance(num_workers, int) and num_workers >= 1):
+            raise ValueError(f"`{prefix}.num_workers` must be an integer >= 1, got {num_workers!r}")
+        validate_mode(mode, staleness_limit, prefix)
+        validate_backend(backend, launcher, prefix)
+        self.num_workers, self.mode, self.staleness_limit = num_workers, mode, staleness_limit
+        self.backend, self.launcher, self.tcp_port = backend, launcher, tcp_port
+
+    def validate(self, data: RolloutDataModule) -> None:
+        super().validate(data)
+        split_envs(data.num_envs, self.num_workers, f"{self.field_prefix}.num_workers")
+
+    def actor_specs(self, data: RolloutDataModule, seed: int) -> list[ActorSpec]:
+        """What each actor process of the rank whose collection seed is ``seed`` steps."""
+        per_actor = split_envs(data.num_envs, self.num_workers, f"{self.field_prefix}.num_workers")
+        return [
+            ActorSpec(
+                env_id=data.env_id,
+                num_envs=per_actor,
+                num_steps=data.num_steps,
+                seed=actor_seed(seed, w),
+                first_env=w * per_actor,
+                total_envs=data.num_envs,
+                gamma=data.gamma,
+                scale_reward=data.scale_reward,
+                env_kwargs=dict(data.env_kwargs),
+            )
+            for w in range(self.num_workers)
+        ]
+
+    def collector(self, data: RolloutDataModule, seed: int) -> BaseCollector:
+        if self.backend == "distributed" and data.world_size() > 1:
+            raise ValueError(
+                f"`{self.field_prefix}.backend: distributed` makes the learner rank 0 of torch.distributed's "
+                f"default group of actors, which Lightning's DDP also needs: use `{self.field_prefix}.backend: mp` "
+                "(each DDP rank with its own actor processes) or a single learner device"
+            )
+        pool = ActorPool(
+            self.actor_specs(data, seed),
+            None,  # bound with the policy buffer, once the learner has built its actor
+            data.num_iterations(),
+            mode=self.mode,
+            staleness_limit=self.staleness_limit,
+            backend=self.backend,
+            launcher=self.launcher,
+            tcp_port=self.tcp_port,
+        )
+        # named in the error if an actor dies
+        pool.last_checkpoint = lambda: getattr(data.trainer.checkpoint_callback, "last_model_path", "") or ""
+        return pool
+
+    def on_policy_pushed(self, data: RolloutDataModule, version: int) -> None:
+        data.collector.sync_weights()  # no-op until the actors run; blocks until all have it
+        if self.staleness_limit is not None and version > 0:
+            trainer = data.trainer
+            if trainer is None or trainer.logger is None or trainer.global_rank != 0:
+                return
+            step = version * data.batch_size * trainer.world_size  # the step the learner logs this iteration at
+            trainer.logger.log_metrics({"lag/dropped_batches": float(data.collector.dropped_batches)}, step=step)
+
+    def on_exception(self, data: RolloutDataModule) -> None:
+        data.collector.shutdown(raise_on_error=False)
+
+    def definition(self) -> dict[str, Any]:
+        return {**super().definition(), "num_workers": self.num_workers, "mode": self.mode, "backend": self.backend}
+
+
+class ParallelRolloutDataModule(RolloutDataModule):
+    """:class:`~vaco.data.RolloutDataModule` with ``collection: vaco.data.parallel.Actors``: the
+    spelling of actor processes before collection backends existed, kept so that its configs and
+    checkpoints keep working. Its actor arguments are :class:`Actors`'; the rest are
+    :class:`~vaco.data.RolloutDataModule`'s. Its run definition is the new spelling's, so a run
+    started with one spelling resumes with the other.
+    """
 
     def __init__(
         self,
@@ -66,6 +154,7 @@ class ParallelRolloutDataModule(RolloutDataModule):
         launcher: Literal["mp", "submitit", "submitit_delayed"] = "mp",
         tcp_port: int | None = None,
     ) -> None:
+        actors = _DataFieldActors(num_workers, mode, staleness_limit, backend, launcher, tcp_port)
         super().__init__(
             env_id=env_id,
             num_envs=num_envs,
@@ -80,75 +169,20 @@ class ParallelRolloutDataModule(RolloutDataModule):
             eval_deterministic=eval_deterministic,
             seed=seed,
             env_kwargs=env_kwargs,
+            collection=actors,
         )
-        split_envs(num_envs, num_workers)
-        validate_mode(mode, staleness_limit)
-        validate_backend(backend, launcher)
-        self.num_workers, self.mode, self.staleness_limit = num_workers, mode, staleness_limit
-        self.backend, self.launcher, self.tcp_port = backend, launcher, tcp_port
 
-    def actor_specs(self, rank: int = 0) -> list[ActorSpec]:
-        """What each actor process of DDP rank ``rank`` steps."""
-        per_actor = split_envs(self.num_envs, self.num_workers)
-        base = self.seed + 1_000 * rank  # as RolloutDataModule seeds a rank
-        return [
-            ActorSpec(
-                env_id=self.env_id,
-                num_envs=per_actor,
-                num_steps=self.num_steps,
-                seed=actor_seed(base, w),
-                first_env=w * per_actor,
-                total_envs=self.num_envs,
-                gamma=self.gamma,
-                scale_reward=self.scale_reward,
-                env_kwargs=dict(self.env_kwargs),
-            )
-            for w in range(self.num_workers)
-        ]
+    # the actor settings, where this data module's callers have always read them
+    num_workers = property(lambda self: self.collection.num_workers)
+    mode = property(lambda self: self.collection.mode)
+    backend = property(lambda self: self.collection.backend)
+    staleness_limit = property(lambda self: self.collection.staleness_limit)
 
-    # ------------------------------------------------------------------ Lightning hooks
-    def setup(self, stage: str) -> None:
-        if self.collector is not None:
-            return
-        check = getattr(self.trainer.lightning_module, "check_data", None)
-        if check is not None:
-            check(self)  # cross-field validation before any process starts
-        if self.backend == "distributed" and self.trainer.world_size > 1:
-            raise ValueError(
-                "`data.backend: distributed` makes the learner rank 0 of torch.distributed's default "
-                "group of actors, which Lightning's DDP also needs: use `data.backend: mp` (each DDP "
-                "rank with its own actor processes) or a single learner device"
-            )
-        self.collector = ActorPool(
-            self.actor_specs(self.trainer.global_rank),
-            None,  # bound with the policy buffer, once the model has built its actor
-            self.num_iterations(),
-            mode=self.mode,
-            staleness_limit=self.staleness_limit,
-            backend=self.backend,
-            launcher=self.launcher,
-            tcp_port=self.tcp_port,
-        )
-        self.collector.last_checkpoint = lambda: getattr(self.trainer.checkpoint_callback, "last_model_path", "") or ""
-        if self._pending_state is not None:
-            self._load(self._pending_state)
-            self._pending_state = None
 
-    def on_exception(self, exception: BaseException) -> None:
-        # Lightning calls this (not teardown) when fit stops on an error or Ctrl-C
-        if self.collector is not None:
-            self.collector.shutdown(raise_on_error=False)
+class _DataFieldActors(Actors):
+    """:class:`Actors` whose fields are ``data.*`` (ParallelRolloutDataModule's own arguments)."""
 
-    # ------------------------------------------------------------------ policy versions
-    def push_policy(self, actor, obs_mean, obs_var, version: int) -> None:
-        super().push_policy(actor, obs_mean, obs_var, version)
-        self.collector.sync_weights()  # no-op until the actors run; blocks until all have it
-        if self.staleness_limit is not None and version > 0:
-            self._log_dropped(version)
+    field_prefix = "data"
 
-    def _log_dropped(self, version: int) -> None:
-        trainer = self.trainer
-        if trainer is None or trainer.logger is None or trainer.global_rank != 0:
-            return
-        step = version * self.batch_size * trainer.world_size  # the step the module logs this iteration at
-        trainer.logger.log_metrics({"lag/dropped_batches": float(self.collector.dropped_batches)}, step=step)
+    def definition(self) -> dict[str, Any]:
+        return {**super().definition(), "class_path": f"{Actors.__module__}.{Actors.__qualname__}"}

@@ -54,32 +54,32 @@ class ActorFailure(RuntimeError):
     """An actor process died or stopped answering; the run stops (the last checkpoint is kept)."""
 
 
-def split_envs(num_envs: int, num_workers: int, field: str = "num_workers") -> int:
+def split_envs(num_envs: int, num_workers: int, field: str = "data.collection.num_workers") -> int:
     """Envs per actor; ``num_envs`` must split evenly so every actor batch has the same shape."""
     if not (isinstance(num_workers, int) and num_workers >= 1):
-        raise ValueError(f"`data.{field}` must be an integer >= 1, got {num_workers!r}")
+        raise ValueError(f"`{field}` must be an integer >= 1, got {num_workers!r}")
     if num_envs % num_workers:
         raise ValueError(
-            f"`data.{field}` ({num_workers}) must divide `data.num_envs` ({num_envs}): every actor "
+            f"`{field}` ({num_workers}) must divide `data.num_envs` ({num_envs}): every actor "
             "steps the same number of envs"
         )
     return num_envs // num_workers
 
 
-def validate_backend(backend: str, launcher: str) -> None:
+def validate_backend(backend: str, launcher: str, prefix: str = "data.collection") -> None:
     if backend not in ("mp", "distributed"):
-        raise ValueError(f"`data.backend` must be 'mp' or 'distributed', got {backend!r}")
+        raise ValueError(f"`{prefix}.backend` must be 'mp' or 'distributed', got {backend!r}")
     if launcher not in ("mp", "submitit", "submitit_delayed"):
-        raise ValueError(f"`data.launcher` must be 'mp', 'submitit' or 'submitit_delayed', got {launcher!r}")
+        raise ValueError(f"`{prefix}.launcher` must be 'mp', 'submitit' or 'submitit_delayed', got {launcher!r}")
 
 
-def validate_mode(mode: str, staleness_limit: int | None) -> None:
+def validate_mode(mode: str, staleness_limit: int | None, prefix: str = "data.collection") -> None:
     if mode not in ("sync", "async"):
-        raise ValueError(f"`data.mode` must be 'sync' or 'async', got {mode!r}")
+        raise ValueError(f"`{prefix}.mode` must be 'sync' or 'async', got {mode!r}")
     if staleness_limit is not None and mode != "async":
-        raise ValueError("`data.staleness_limit` only applies to `data.mode: async`")
+        raise ValueError(f"`{prefix}.staleness_limit` only applies to `{prefix}.mode: async`")
     if staleness_limit is not None and not (isinstance(staleness_limit, int) and staleness_limit >= 0):
-        raise ValueError(f"`data.staleness_limit` must be an integer >= 0 or null, got {staleness_limit!r}")
+        raise ValueError(f"`{prefix}.staleness_limit` must be an integer >= 0 or null, got {staleness_limit!r}")
 
 
 class ActorPool(BaseCollector):
