@@ -1,7 +1,8 @@
 """Throughput of the MuJoCo Warp backend on the device at hand, against the gymnasium CPU path.
 
 1. env steps/s of the batched env alone (random actions in the bounds) against ``nworld``
-   (64, 512, 4,096) for Hopper-v5 (``--tasks`` for others);
+   (64, 512, 4,096) for Hopper-v5 (``--tasks`` for others); on a CUDA device also with the
+   physics replayed as a CUDA graph (``cuda_graph: true``);
 2. end-to-end SPS of real training iterations (``vaco fit``, collection + update, as
    ``perf/sps`` logs it) at 500 envs x ``--num-steps`` steps for PPO-clip and VACO, on the Warp
    backend and on the gymnasium CPU path, in the same run.
@@ -38,10 +39,10 @@ def _cpu_name() -> str:
         return platform.processor() or platform.machine()
 
 
-def env_steps_per_second(env_id: str, worlds: int, device: str, seconds: float) -> float:
+def env_steps_per_second(env_id: str, worlds: int, device: str, seconds: float, cuda_graph: bool = False) -> float:
     from vaco.data.warp.env import WarpVectorEnv
 
-    env = WarpVectorEnv(env_id, worlds, device=device, seed=0)
+    env = WarpVectorEnv(env_id, worlds, device=device, seed=0, cuda_graph=cuda_graph)
     env.reset(seed=0)
     gen = torch.Generator(device=env.device).manual_seed(0)
 
@@ -115,12 +116,18 @@ def main() -> None:
     machine = f"{_cpu_name()}, {os.cpu_count()} cores" + (f", {gpu}" if gpu else "")
     print(f"machine: {machine}; Warp device: {args.device}")
     results = {"machine": machine, "device": args.device, "env": {}, "fit": {}}
-    print("\n| task | worlds | env steps/s |\n|---|---|---|")
+    graphs = args.device.startswith("cuda")
+    print("\n| task | worlds | env steps/s |" + (" with a CUDA graph |\n|---|---|---|---|" if graphs else "\n|---|---|---|"))
     for env_id in args.tasks:
         for worlds in args.worlds:
             sps = env_steps_per_second(env_id, worlds, args.device, args.seconds)
             results["env"][f"{env_id}:{worlds}"] = sps
-            print(f"| {env_id} | {worlds:,} | {sps:,.0f} |", flush=True)
+            row = f"| {env_id} | {worlds:,} | {sps:,.0f} |"
+            if graphs:
+                graph_sps = env_steps_per_second(env_id, worlds, args.device, args.seconds, cuda_graph=True)
+                results["env"][f"{env_id}:{worlds}:cuda_graph"] = graph_sps
+                row += f" {graph_sps:,.0f} |"
+            print(row, flush=True)
     if not args.skip_fit:
         shape = f"{args.num_envs} x {args.num_steps}"
         print(f"\nEnd to end, Hopper-v5, {shape} per iteration, {args.iterations} iteration(s) (perf/* means):\n")

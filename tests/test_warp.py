@@ -280,6 +280,10 @@ def test_bad_input_names_the_field_before_any_step():
         RolloutDataModule(env_id="Hopper-v5", env_kwargs={"ctrl_cost_weight": 0.0}, collection=Warp())
     with pytest.raises(ValueError, match=r"`data.collection.device`"):
         Warp(device="tpu")
+    with pytest.raises(ValueError, match=r"`data.collection.cuda_graph`: CUDA graphs need `device: cuda`, got 'cpu'"):
+        Warp(device="cpu", cuda_graph=True)
+    with pytest.raises(ValueError, match=r"`cuda_graph`: CUDA graphs need a cuda device"):
+        WarpVectorEnv("Hopper-v5", 2, device="cpu", cuda_graph=True)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"torch sees no CUDA device"):
             RolloutDataModule(env_id="Hopper-v5", collection=Warp(device="cuda"))

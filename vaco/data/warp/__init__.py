@@ -40,16 +40,24 @@ class Warp(Collection):
             docs/gpu.md for the measured effect on Ant and Humanoid).
         evaluate_on: ``warp`` (evaluation episodes on the same backend) or ``gymnasium`` (MuJoCo C,
             the reference the paper's numbers come from).
+        cuda_graph: replay each env step's physics as one captured CUDA graph (``device: cuda``
+            only; off by default until it has been measured on a GPU; see docs/gpu.md).
     """
 
-    def __init__(self, device: str = "cpu", cone: str | None = None, evaluate_on: str = "warp") -> None:
+    def __init__(
+        self, device: str = "cpu", cone: str | None = None, evaluate_on: str = "warp", cuda_graph: bool = False
+    ) -> None:
         if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
             raise ValueError(f"`data.collection.device` must be 'cpu' or 'cuda[:i]', got {device!r}")
         if cone not in (None, "pyramidal", "elliptic"):
             raise ValueError(f"`data.collection.cone` must be null, 'pyramidal' or 'elliptic', got {cone!r}")
         if evaluate_on not in ("warp", "gymnasium"):
             raise ValueError(f"`data.collection.evaluate_on` must be 'warp' or 'gymnasium', got {evaluate_on!r}")
-        self.device, self.cone, self.evaluate_on = device, cone, evaluate_on
+        if not isinstance(cuda_graph, bool):
+            raise ValueError(f"`data.collection.cuda_graph` must be true or false, got {cuda_graph!r}")
+        if cuda_graph and not device.startswith("cuda"):
+            raise ValueError(f"`data.collection.cuda_graph`: CUDA graphs need `device: cuda`, got {device!r}")
+        self.device, self.cone, self.evaluate_on, self.cuda_graph = device, cone, evaluate_on, cuda_graph
 
     def validate(self, data: RolloutDataModule) -> None:
         task(data.env_id, field="data.env_id")
@@ -72,7 +80,9 @@ class Warp(Collection):
     def _env(self, data: RolloutDataModule, num_worlds: int, seed: int):
         from vaco.data.warp.env import WarpVectorEnv
 
-        return WarpVectorEnv(data.env_id, num_worlds, device=self.device, seed=seed, cone=self.cone)
+        return WarpVectorEnv(
+            data.env_id, num_worlds, device=self.device, seed=seed, cone=self.cone, cuda_graph=self.cuda_graph
+        )
 
     def collector(self, data: RolloutDataModule, seed: int):
         from vaco.data.warp.collector import WarpCollector

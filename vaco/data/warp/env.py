@@ -109,6 +109,22 @@ def _check_memory(spec: Task, mj_model, mj_data, num_worlds: int, device: torch.
         )
 
 
+def _graphs_supported(wp, wp_device: str) -> bool:
+    """CUDA graphs of MuJoCo Warp's step need Warp's memory pool (allocations inside the capture)
+    and a driver with conditional nodes (CUDA 12.4: the solver's while loops)."""
+    import warnings
+
+    reasons = []
+    if not wp.is_mempool_enabled(wp_device):
+        reasons.append("Warp's memory pool is disabled")
+    driver = getattr(getattr(getattr(wp, "context", None), "runtime", None), "driver_version", None)
+    if driver is None or tuple(driver) < (12, 4):
+        reasons.append(f"CUDA driver {driver} < 12.4")
+    if reasons:
+        warnings.warn(f"CUDA graphs off: {', '.join(reasons)}", stacklevel=3)
+    return not reasons
+
+
 class WarpVectorEnv:
     """Batched gymnasium v5 task on MuJoCo Warp.
 
@@ -119,9 +135,17 @@ class WarpVectorEnv:
         device: ``cpu`` or ``cuda[:i]``; the torch device of every tensor this env returns.
         seed: seeds the reset noise (a torch generator on ``device``).
         cone: friction cone for contacts: None keeps the XML's (pyramidal for all six).
+        cuda_graph: on a CUDA device, capture an env step's ``frame_skip`` physics steps once
+            (``wp.ScopedCapture``) and replay the graph (``wp.capture_launch``) instead of
+            launching each kernel from Python, as mjlab does. Needs Warp's memory pool and a
+            CUDA driver >= 12.4 (conditional graph nodes); where either is missing, or the capture
+            fails, the env warns and launches the kernels one by one. Not yet run on a GPU.
     """
 
-    def __init__(self, env_id: str, num_worlds: int, device: str = "cpu", seed: int = 0, cone: str | None = None):
+    def __init__(
+        self, env_id: str, num_worlds: int, device: str = "cpu", seed: int = 0, cone: str | None = None,
+        cuda_graph: bool = False,
+    ):
         import mujoco
 
         self.spec = task(env_id)
@@ -170,6 +194,10 @@ class WarpVectorEnv:
         # GPU the reset is masked writes with no check (no sync; one kernel sequence per step)
         self._skip_idle_resets = self.device.type == "cpu"
         self._wp_mask = wp.from_torch(self._mask)
+        if cuda_graph and self.device.type != "cuda":
+            raise ValueError(f"`cuda_graph`: CUDA graphs need a cuda device, got {device!r}")
+        self._graph = None  # captured on the first step (see _physics)
+        self._use_graph = bool(cuda_graph) and _graphs_supported(wp, wp_device)
 
     # ------------------------------------------------------------------ gymnasium-like API
     def reset(self, seed: int | None = None) -> torch.Tensor:
@@ -187,9 +215,7 @@ class WarpVectorEnv:
         final_obs)``: ``obs`` is the reset observation where an episode ended, ``final_obs`` the
         observation it ended on (equal to ``obs`` elsewhere)."""
         self.sim.ctrl.copy_(action)
-        with self._wp.ScopedDevice(self._wp_device):
-            for _ in range(self.spec.frame_skip):
-                self._mjw.step(self.model, self.data)
+        self._physics()
         position = self.spec.position(self.sim)
         x_velocity = (position - self._position) / self.dt
         final_obs = self._observe()
@@ -201,6 +227,43 @@ class WarpVectorEnv:
         self._reset_masked()
         obs = torch.where(self._mask.unsqueeze(-1), self._observe(), final_obs)
         return obs, reward, terminated, truncated, final_obs
+
+    def _physics(self) -> None:
+        """``frame_skip`` physics steps of every world: kernel by kernel, or one CUDA graph replay.
+
+        Warp's streams are blocking, so work on torch's (legacy) default stream orders with them
+        either way: the ``ctrl`` written above is read by the step, and the state it writes is read
+        by the torch code after it. The graph holds the addresses of ``self.data``'s arrays, which
+        every write here keeps (all in place)."""
+        wp, mjw = self._wp, self._mjw
+        with wp.ScopedDevice(self._wp_device):
+            if self._use_graph and self._graph is None:
+                self._graph = self._capture()
+            if self._graph is not None:
+                wp.capture_launch(self._graph)
+                return
+            for _ in range(self.spec.frame_skip):
+                mjw.step(self.model, self.data)
+
+    def _capture(self):
+        import gc
+        import warnings
+
+        wp, mjw = self._wp, self._mjw
+        enabled = gc.isenabled()
+        gc.disable()  # a finaliser run during capture would be recorded into the graph (mjlab's note)
+        try:
+            with wp.ScopedCapture() as capture:
+                for _ in range(self.spec.frame_skip):
+                    mjw.step(self.model, self.data)
+            return capture.graph
+        except Exception as err:  # noqa: BLE001 - any capture failure falls back to plain launches
+            warnings.warn(f"CUDA graph capture of {self.spec.env_id} failed ({err}); stepping without it", stacklevel=3)
+            self._use_graph = False
+            return None
+        finally:
+            if enabled:
+                gc.enable()
 
     def _observe(self) -> torch.Tensor:
         return self.spec.observation(self.sim)
