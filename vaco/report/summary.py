@@ -176,15 +176,16 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         )
     )
     s += [f"- {n}" for n in notes]
-    final_returns = defaultdict(list)
-    for r in main:
+    final_returns, per_seed = defaultdict(list), defaultdict(list)
+    for r in sorted(main, key=lambda r: r.seed):
         final_returns[(r.env, r.algorithm, r.K)].append(report.final[r.run_id])
-    s += ["", f"Final {report.score_metric} (raw), mean +- std over seeds:", ""]
+        per_seed[(r.env, r.algorithm, r.K)].append(f"s{r.seed}: {report.final[r.run_id]:.1f}")
+    s += ["", f"Final {report.score_metric} (raw), mean +- std over seeds, and each seed's:", ""]
     s.append(
         _table(
-            ["task", "algorithm", "K", "return", "runs"],
+            ["task", "algorithm", "K", "return", "runs", "per seed"],
             [
-                (t, a, K, f"{np.mean(v):.1f} +- {np.std(v):.1f}", len(v))
+                (t, a, K, f"{np.mean(v):.1f} +- {np.std(v):.1f}", len(v), ", ".join(per_seed[(t, a, K)]))
                 for (t, a, K), v in sorted(
                     final_returns.items(), key=lambda x: (x[0][0], report.algorithms.index(x[0][1]), x[0][2])
                 )
