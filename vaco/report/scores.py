@@ -508,16 +508,18 @@ def profiles(report: Report, taus: np.ndarray | None = None) -> Profiles:
     return Profiles(taus, out, notes)
 
 
-def tv_table(report: Report) -> dict[tuple[str, int], tuple[list[float], list[float], float | None]]:
-    """Per (algorithm, K): each run's mean lag/forward_tv and mean train/tv, and its delta."""
+def tv_table(report: Report, by_task: bool = False) -> dict[tuple, tuple[list[float], list[float], float | None]]:
+    """Per (algorithm, K), or per (task, algorithm, K) with ``by_task``: each run's mean
+    lag/forward_tv and mean train/tv, and its delta."""
     rows = {}
-    for (algo, K), runs in sorted(
-        groups_of(report.main_runs(), lambda r: (r.algorithm, r.K)).items(),
-        key=lambda x: (report.algorithms.index(x[0][0]), x[0][1]),
+    key = (lambda r: (r.env, r.algorithm, r.K)) if by_task else (lambda r: (r.algorithm, r.K))
+    for group, runs in sorted(
+        groups_of(report.main_runs(), key).items(),
+        key=lambda x: (*x[0][:-2], report.algorithms.index(x[0][-2]), x[0][-1]),
     ):
         fwd = [r.history("lag/forward_tv")[1].mean() for r in runs if len(r.history("lag/forward_tv")[1])]
         trn = [r.history("train/tv")[1].mean() for r in runs if len(r.history("train/tv")[1])]
-        rows[(algo, K)] = (fwd, trn, runs[0].delta)
+        rows[group] = (fwd, trn, runs[0].delta)
     return rows
 
 

@@ -286,6 +286,28 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
             ],
         )
     )
+    if len(report.tasks) > 1:
+        per_task = tv_table(report, by_task=True)
+        groups = list(dict.fromkeys((a, K) for _, a, K in per_task))
+        s += ["", "`lag/forward_tv` per task (mean over runs):", ""]
+        s.append(
+            _table(
+                ["algorithm", "K", *report.tasks, "delta/2"],
+                [
+                    (
+                        a,
+                        K,
+                        *[
+                            f"{np.mean(per_task[(t, a, K)][0]):.4f}" if per_task.get((t, a, K), ([],))[0] else "-"
+                            for t in report.tasks
+                        ],
+                        next((f"{d / 2:g}" for (_, a2, K2), (_, _, d) in per_task.items()
+                              if (a2, K2) == (a, K) and d is not None), "-"),
+                    )
+                    for a, K in sorted(groups, key=lambda g: (report.algorithms.index(g[0]), g[1]))
+                ],
+            )
+        )
     # -- fractions
     s += [
         "",
