@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="AXIS=VALUE",
         help="the main comparison's value of any axis (repeatable), e.g. --reference truncation=2",
     )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="ALGORITHM",
+        help="the algorithm the probability of improvement compares with (default: ppo_clip where present)",
+    )
     parser.add_argument("--include-unfinished", action="store_true", help="also use runs that did not FINISH")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
     args = parser.parse_args(argv)
@@ -95,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             reps=args.reps,
             seed=args.seed,
             min_runs=args.min_runs,
+            baseline=args.baseline,
         )
+        if args.baseline is not None and args.baseline not in report.algorithms:
+            raise ValueError(f"`--baseline`: no runs of {args.baseline!r}; the algorithms are {', '.join(report.algorithms)}")
     except ValueError as err:
         print(f"vaco report: {err}", file=sys.stderr)
         return 2

@@ -43,6 +43,8 @@ __all__ = [
     "sample_efficiency",
     "score_matrix",
     "tv_table",
+    "probability_of_improvement",
+    "improvement_baseline",
 ]
 
 _PAPER_ORDER = ("vaco", "ppo_clip", "ppo_kl", "spo", "impala", "vaco_no_realign")
@@ -227,6 +229,7 @@ class Report:
     seed: int = 0
     min_runs: int = 3
     last_evals: int = 1
+    baseline: str | None = None  # what probability_of_improvement compares against (None: ppo_clip if present)
 
     @property
     def ref_delta(self) -> float | None:
@@ -308,6 +311,7 @@ def build_report(
     reps: int = 2000,
     seed: int = 0,
     min_runs: int = 3,
+    baseline: str | None = None,
 ) -> Report:
     """Final and normalised scores, AUCs and the reference value of each axis (given, else the
     most used; the paper's delta 0.2 and rho_bar 1 win a tie) of a set of runs."""
@@ -352,7 +356,9 @@ def build_report(
         else _most_common([r.axes[axis] for r in usable if r.axes.get(axis) is not None], _PAPER_REFERENCE.get(axis))
         for axis in axes
     }
-    report = Report(experiment, usable, notes, bounds, final, {}, {}, chosen, reps, seed, min_runs, last_evals)
+    report = Report(
+        experiment, usable, notes, bounds, final, {}, {}, chosen, reps, seed, min_runs, last_evals, baseline
+    )
     for r in usable:
         report.normalized[r.run_id] = float(normalize(final[r.run_id], bounds[r.env]))
         report.auc[r.run_id] = area_under_curve(*report.normalized_curve(r))
@@ -439,6 +445,43 @@ def iqm_against_k(report: Report) -> Scores:
     """IQM of the normalised final score per (algorithm, K)."""
     matrices, _, notes = report.matrices(main_groups(report), lambda r: report.normalized[r.run_id])
     return Scores(iqm_estimates(matrices, report.reps, report.seed, report.min_runs), ("IQM",), notes)
+
+
+def improvement_baseline(report: Report) -> str | None:
+    """The algorithm others are compared with: the report's ``baseline``, else PPO-clip where present."""
+    if report.baseline is not None:
+        return report.baseline
+    return "ppo_clip" if "ppo_clip" in report.algorithms else None
+
+
+def probability_of_improvement(report: Report, baseline: str | None = None) -> Scores:
+    """rliable's probability of improvement P(X > Y) of each algorithm X over ``baseline`` Y at the
+    same K, on the normalised final scores, with a 95% stratified-bootstrap interval: the chance
+    that a run of X scores above a run of Y on a task drawn at random (Agarwal et al. 2021). 0.5
+    means no difference. Groups: ``"vaco K=16 vs ppo_clip K=16"``."""
+    from rliable import library, metrics
+
+    baseline = baseline or improvement_baseline(report)
+    matrices, _, notes = report.matrices(main_groups(report), lambda r: report.normalized[r.run_id])
+    pairs = {}
+    for group, scores in matrices.items():
+        algo, k = group.rsplit(" ", 1)
+        reference = f"{baseline} {k}"
+        if algo != baseline and reference in matrices:
+            pairs[f"{group} vs {reference}"] = (scores, matrices[reference])
+    out: dict[str, Estimate] = {}
+    enough = {key: pair for key, pair in pairs.items() if min(x.shape[0] for x in pair) >= report.min_runs}
+    for key, (x, y) in pairs.items():
+        if key not in enough:
+            out[key] = Estimate(np.atleast_1d(metrics.probability_of_improvement(x, y)), None,
+                                min(x.shape[0], y.shape[0]), x.shape[1])
+    if enough:
+        np.random.seed(report.seed)
+        points, intervals = library.get_interval_estimates(enough, metrics.probability_of_improvement, reps=report.reps)
+        for key, (x, y) in enough.items():
+            out[key] = Estimate(np.atleast_1d(points[key]), np.asarray(intervals[key]).reshape(2, 1),
+                                min(x.shape[0], y.shape[0]), x.shape[1])
+    return Scores({key: out[key] for key in pairs}, ("P(X > Y)",), notes)
 
 
 def _curve_groups(report: Report, runs: Sequence[Run], key: Callable[[Run], str]):

@@ -33,7 +33,9 @@ from vaco.report.scores import (
     ablations,
     aggregate_scores,
     fraction_table,
+    improvement_baseline,
     iqm_against_k,
+    probability_of_improvement,
     profiles,
     sample_efficiency,
     tv_table,
@@ -46,6 +48,7 @@ SECTIONS = (
     "Normalisation",
     "Final scores",
     "IQM against the degree of asynchrony",
+    "Probability of improvement",
     "Returns over training",
     "Sample efficiency",
     "Performance profiles",
@@ -213,6 +216,32 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
             ],
         )
     )
+    # -- probability of improvement
+    baseline = improvement_baseline(report)
+    s += ["", "## Probability of improvement", ""]
+    improvement = probability_of_improvement(report, baseline) if baseline else None
+    if not improvement or not improvement.estimates:
+        s.append(
+            "No comparison: it needs a baseline algorithm (`--baseline NAME`; PPO-clip by default) with runs "
+            "on every task at the K of another algorithm."
+        )
+    else:
+        s += [
+            f"P(X > Y): the probability that a run of X scores above a run of Y = {baseline} at the same K on a "
+            "task drawn at random (rliable's `metrics.probability_of_improvement` on the normalised final "
+            "scores; 0.5: no difference), with its 95% stratified-bootstrap interval. "
+            + _interval_sentence(improvement.estimates, report.min_runs),
+            "",
+        ]
+        s.append(
+            _table(
+                ["X", "Y", "P(X > Y)", "runs/task", "tasks"],
+                [
+                    (key.split(" vs ")[0], key.split(" vs ")[1], _ci(e), e.runs_per_task, e.tasks)
+                    for key, e in improvement.estimates.items()
+                ],
+            )
+        )
     # -- returns
     s += [
         "",
