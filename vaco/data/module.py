@@ -41,8 +41,11 @@ class RolloutDataModule(L.LightningDataModule):
         seed: base seed of envs and collection RNG (linked from ``seed_everything`` by the CLI).
         env_kwargs: extra keyword arguments for ``gymnasium.make``.
         collection: how batches are collected (``class_path`` in YAML): ``vaco.data.InProcess``
-            (default: gymnasium envs in this process) or ``vaco.data.warp.Warp`` (MuJoCo Warp
-            worlds on a device); see :mod:`vaco.data.collection`.
+            (default: gymnasium envs in this process), ``vaco.data.parallel.Actors`` (actor
+            processes, sync or async) or ``vaco.data.warp.Warp`` (MuJoCo Warp worlds on a
+            device); see :mod:`vaco.data.collection`.
+
+    The learner meets it through :meth:`bind` (from the learner's ``setup``); nothing acts before.
     """
 
     # what a resumed run may not change (the module adds its own); see VacoModule.run_definition
