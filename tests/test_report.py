@@ -4,6 +4,7 @@ float64 loops; every figure and section on runs built here; the report on a real
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -345,3 +346,25 @@ def test_report_on_a_missing_experiment_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert R.main(["--experiment", "nope", "--out", str(tmp_path / "r")]) == 2
     assert "no MLflow experiment named 'nope'" in capsys.readouterr().err
+
+
+def test_the_five_task_study_figures_come_from_its_committed_data():
+    """docs/figures/five_tasks/ was written by `vaco report --data docs/data/five_tasks.csv.gz`:
+    the committed data file holds the 120 runs, and every seed's final return and every task's
+    normalisation bounds in the committed summary are those of the data (no bootstrap needed)."""
+    repo = Path(__file__).resolve().parents[1]
+    runs = R.read_runs(repo / "docs" / "data" / "five_tasks.csv.gz")
+    rep = R.build_report("vaco-five-tasks", runs, reps=1)
+    assert len(rep.runs) == 120 and len(rep.tasks) == 5
+    summary = (repo / "docs" / "figures" / "five_tasks" / "summary.md").read_text()
+    rows = {}
+    for line in summary.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 6 and cells[5].startswith("s1: "):
+            rows[(cells[0], cells[1], int(cells[2]))] = cells[5]
+    expected = {}
+    for r in sorted(rep.runs, key=lambda r: r.seed):
+        expected.setdefault((r.env, r.algorithm, r.K), []).append(f"s{r.seed}: {rep.final[r.run_id]:.1f}")
+    assert rows == {key: ", ".join(v) for key, v in expected.items()}
+    for task, (low, high) in rep.bounds.items():
+        assert f"| {task} | {low:.1f} | {high:.1f} |" in summary
