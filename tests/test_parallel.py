@@ -108,6 +108,23 @@ def test_bad_collection_settings_name_the_field():
         Actors(num_workers=0)
 
 
+def test_a_backend_is_saved_as_plain_values(tmp_path):
+    """A checkpoint's data-module hyperparameters hold the backend as its YAML config, which torch's
+    safe loader (and vaco's) reads; an object there would make every resume refuse the file."""
+    from vaco.data import RolloutDataModule
+    from vaco.data.parallel import Actors
+
+    data = RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=2, mode="async", staleness_limit=1))
+    assert data.hparams["collection"] == {
+        "class_path": "vaco.data.parallel.module.Actors",
+        "init_args": {"num_workers": 2, "mode": "async", "staleness_limit": 1, "backend": "mp", "launcher": "mp",
+                      "tcp_port": None},
+    }
+    torch.save({"datamodule_hyper_parameters": dict(data.hparams)}, tmp_path / "h.ckpt")
+    assert torch.load(tmp_path / "h.ckpt", weights_only=True)["datamodule_hyper_parameters"] == dict(data.hparams)
+    assert "collection" not in RolloutDataModule(env_id=ENV).hparams  # the default backend: nothing saved
+
+
 def test_parallel_data_module_is_the_actors_backend_under_its_old_name():
     """The older spelling keeps its fields and messages, and defines the same run as the new one."""
     from vaco.advantages import VTrace

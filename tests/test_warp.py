@@ -289,6 +289,16 @@ def test_bad_input_names_the_field_before_any_step():
             RolloutDataModule(env_id="Hopper-v5", collection=Warp(device="cuda"))
 
 
+def test_the_backend_is_saved_as_plain_values():
+    from vaco.data.module import RolloutDataModule
+
+    data = RolloutDataModule(env_id="Hopper-v5", collection=Warp(cone="elliptic"))
+    assert data.hparams["collection"] == {
+        "class_path": "vaco.data.warp.Warp",
+        "init_args": {"device": "cpu", "cone": "elliptic", "evaluate_on": "warp", "cuda_graph": False},
+    }
+
+
 def test_every_task_has_gymnasiums_spaces():
     for env_id in TASKS:
         w, g = warp_env(env_id), gym.make(env_id)

@@ -70,6 +70,14 @@ class Collection:
     def on_exception(self, data: RolloutDataModule) -> None:
         """Fit stopped on an error or Ctrl-C (e.g. stop actor processes); ``teardown`` shuts down otherwise."""
 
+    def config(self) -> dict[str, Any]:
+        """This backend as plain YAML values (``class_path`` and ``init_args``): what a checkpoint's
+        hyperparameters hold. Every ``__init__`` argument is kept as an attribute of the same name."""
+        import inspect
+
+        names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
+        return {"class_path": self.definition()["class_path"], "init_args": {n: getattr(self, n) for n in names}}
+
     def definition(self) -> dict[str, Any]:
         """What a resumed run may not change: the class and its defining settings."""
         return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}"}

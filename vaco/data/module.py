@@ -89,7 +89,9 @@ class RolloutDataModule(L.LightningDataModule):
                 f"`data.total_steps` ({total_steps}) is smaller than one batch "
                 f"(num_envs * num_steps = {num_envs * num_steps})"
             )
-        self.save_hyperparameters()
+        # the backend is saved as its plain config (class_path + init_args), never as an object: a
+        # checkpoint holds only tensors and plain values (vaco.checkpoint refuses anything else)
+        self.save_hyperparameters(ignore=["collection"])
         self.env_id, self.num_envs, self.num_steps = env_id, num_envs, num_steps
         self.total_steps, self.policy_buffer_size = total_steps, policy_buffer_size
         self.scale_reward, self.gamma, self.seed = scale_reward, gamma, seed
@@ -100,6 +102,8 @@ class RolloutDataModule(L.LightningDataModule):
         if not isinstance(self.collection, Collection):
             raise ValueError(f"`data.collection` must be a vaco.data.collection.Collection, got {type(collection).__name__}")
         self.collection.validate(self)  # the env id and the backend's own settings, before any work
+        if collection is not None:
+            self.hparams["collection"] = self.collection.config()
         self._spec: EnvSpec | None = None
         self.collector: BaseCollector | None = None  # a RolloutCollector, or the backend's
         self._policy_buffer: PolicyVersionBuffer | None = None  # built by bind()
