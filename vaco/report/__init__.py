@@ -2,6 +2,7 @@
 
     vaco report --experiment vaco-laptop [--out reports/vaco-laptop] [--reps 2000] [--save-data runs.csv.gz]
     vaco report --data docs/data/runs.csv.gz          # the same report from a data file, no MLflow store
+    vaco report --data part1.csv.gz part2.csv.gz --tasks Hopper-v5 HalfCheetah-v5 --baseline ppo_clip
 
 The protocol follows the paper's Experiments section and Agarwal et al. (2021), computed with
 rliable itself (``library.get_interval_estimates``, ``metrics.aggregate_*``,
@@ -10,8 +11,13 @@ rliable itself (``library.get_interval_estimates``, ``metrics.aggregate_*``,
 * final score of a run: the mean of its last ``last_evals`` ``eval/return`` values (default 1:
   the return of the final policy, itself the mean over E evaluation episodes);
 * normalised score: ``(return - min) / (max - min)``, with min and max over the final scores of
-  every run of that task in the report (all algorithms, K and ablation values); curves use the
-  same two numbers, so a curve can leave [0, 1];
+  the main algorithms' runs of that task at the main comparison's axis values, as the paper
+  defines it (ablation and control variants are scored on that scale but do not set it;
+  ``--normalize-over all`` takes every run); curves use the same two numbers, so a curve (or a
+  variant) can leave [0, 1];
+* robustness to lag (:mod:`~vaco.report.robustness`, the section that leads the summary): each
+  algorithm's drop from its own K = 1 and the difference of drops against ``--baseline``, with
+  paired stratified-bootstrap intervals;
 * Median, IQM, Mean and Optimality Gap with 95% stratified-bootstrap intervals over runs x tasks,
   per algorithm and degree of asynchrony K; IQM of the normalised return over training and of
   its area under the curve (AUC: the curve's mean over its evaluation steps, trapezoid rule);
@@ -43,6 +49,7 @@ from vaco.report.figures import (
     figure_iqm_vs_k,
     figure_performance_profiles,
     figure_returns,
+    figure_robustness,
     figure_sample_efficiency,
     figure_tv,
 )
@@ -55,6 +62,16 @@ from vaco.report.runs import (
     runs_from_frame,
     runs_to_frame,
     save_runs,
+)
+from vaco.report.robustness import (
+    Drop,
+    Interaction,
+    Robustness,
+    TaskDrop,
+    distinct_resamples,
+    paired_bootstrap,
+    paired_cells,
+    robustness,
 )
 from vaco.report.scores import (
     AGGREGATES,
@@ -76,6 +93,8 @@ from vaco.report.scores import (
     fraction_table,
     iqm_against_k,
     iqm_estimates,
+    iqm_of,
+    is_variant,
     normalization_bounds,
     normalize,
     improvement_baseline,
@@ -96,6 +115,10 @@ __all__ = [
     "METRIC_KEYS",
     "SECTIONS",
     "Ablation",
+    "Drop",
+    "Interaction",
+    "Robustness",
+    "TaskDrop",
     "Estimate",
     "Profiles",
     "Report",
@@ -116,12 +139,19 @@ __all__ = [
     "figure_iqm_vs_k",
     "figure_performance_profiles",
     "figure_returns",
+    "figure_robustness",
     "figure_sample_efficiency",
     "figure_tv",
     "final_score",
     "fraction_table",
     "iqm_against_k",
     "iqm_estimates",
+    "iqm_of",
+    "is_variant",
+    "distinct_resamples",
+    "paired_bootstrap",
+    "paired_cells",
+    "robustness",
     "load_runs",
     "log_report",
     "main",

@@ -9,11 +9,25 @@ from pathlib import Path
 from vaco.report import __doc__ as _DOC
 from vaco.report.figures import _plt
 from vaco.report.runs import load_runs, log_report, read_runs, save_runs
-from vaco.report.scores import build_report
+from vaco.report.scores import NORMALIZATIONS, build_report
 from vaco.report.summary import write_report
 from vaco.tracking import tracking_uri
 
 __all__ = ["main"]
+
+
+def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
+    """The runs of several data files; a run in more than one file (same run id) is kept once."""
+    runs, seen, notes = [], set(), []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ValueError(f"`--data`: no data file at {path}")
+        new = [r for r in read_runs(path) if r.run_id not in seen]
+        seen.update(r.run_id for r in new)
+        runs += new
+    if len(paths) > 1:
+        notes.append(f"{len(runs)} runs read from {len(paths)} data files: {', '.join(map(str, paths))}")
+    return runs, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--experiment", help="MLflow experiment name (a sweep's `experiment`)")
     source.add_argument(
-        "--data", help="a data file written by --save-data: report without the MLflow store (no logging)"
+        "--data",
+        nargs="+",
+        metavar="FILE",
+        help="data files written by --save-data (one or several: a study run in parts): report without the "
+        "MLflow store (no logging)",
     )
     parser.add_argument(
         "--save-data",
@@ -67,10 +85,24 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ALGORITHM",
         help="the algorithm the probability of improvement compares with (default: ppo_clip where present)",
     )
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=None,
+        metavar="ENV_ID",
+        help="report only these tasks (e.g. --tasks Hopper-v5 HalfCheetah-v5)",
+    )
+    parser.add_argument(
+        "--normalize-over",
+        choices=NORMALIZATIONS,
+        default="main",
+        help="a task's min and max: over the main algorithms' runs at the reference axis values, leaving out "
+        "ablation and control variants (main, the paper's), or over every run (all)",
+    )
     parser.add_argument("--include-unfinished", action="store_true", help="also use runs that did not FINISH")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
     args = parser.parse_args(argv)
-    experiment = args.experiment or args.name or Path(args.data).name.split(".")[0]
+    experiment = args.experiment or args.name or Path(args.data[0]).name.split(".")[0]
     reference = {}
     for item in args.reference:
         axis, _, value = item.partition("=")
@@ -87,9 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     uri = tracking_uri()
     try:
         if args.data:
-            runs, notes = read_runs(args.data), []
+            runs, notes = read_data_files(args.data)
         else:
             runs, notes = load_runs(args.experiment, uri, args.include_unfinished)
+        if args.tasks:
+            unknown = sorted(set(args.tasks) - {r.env for r in runs})
+            if unknown:
+                raise ValueError(
+                    f"`--tasks`: no runs of {', '.join(unknown)}; the tasks are {', '.join(sorted({r.env for r in runs}))}"
+                )
+            runs = [r for r in runs if r.env in args.tasks]
         report = build_report(
             experiment,
             runs,
@@ -102,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             min_runs=args.min_runs,
             baseline=args.baseline,
+            normalization=args.normalize_over,
         )
         if args.baseline is not None and args.baseline not in report.algorithms:
             raise ValueError(f"`--baseline`: no runs of {args.baseline!r}; the algorithms are {', '.join(report.algorithms)}")

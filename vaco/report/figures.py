@@ -38,6 +38,7 @@ __all__ = [
     "figure_iqm_vs_k",
     "figure_performance_profiles",
     "figure_returns",
+    "figure_robustness",
     "figure_sample_efficiency",
     "figure_tv",
 ]
@@ -58,6 +59,12 @@ def _colors(keys: Sequence[str]) -> dict[str, tuple]:
 
 def _algo_colors(report: Report) -> dict[str, tuple]:
     return _colors(report.algorithms)
+
+
+def _sample_sd(values: np.ndarray) -> np.ndarray:
+    """The sample standard deviation over the first axis (ddof = 1); 0 for a single run."""
+    values = np.asarray(values, dtype=np.float64)
+    return values.std(0, ddof=1) if values.shape[0] > 1 else np.zeros(values.shape[1:])
 
 
 def _no_interval_note(estimates: Mapping[str, Estimate], min_runs: int) -> str:
@@ -184,7 +191,7 @@ def figure_returns(report: Report):
                     continue
                 grid = common_grid([r.score() for r in runs])
                 ys = np.stack([resample(r.score(), grid) for r in runs])
-                mean, std = ys.mean(0), ys.std(0)
+                mean, std = ys.mean(0), _sample_sd(ys)
                 ax.plot(grid, mean, color=colors[algo], label=f"{algo} (n={len(runs)})")
                 ax.fill_between(grid, mean - std, mean + std, color=colors[algo], alpha=0.15)
             ax.set_title(f"{task}, K={K}", fontsize="medium")
@@ -316,7 +323,7 @@ def figure_tv(report: Report):
                         if r.env == task and r.K == K and r.algorithm == algo and len(r.history(key)[1])
                     ]
                     if vals:
-                        pts.append((K, np.mean(vals), np.std(vals)))
+                        pts.append((K, np.mean(vals), float(_sample_sd(np.asarray(vals)))))
                 if pts:
                     k, m, s = map(np.array, zip(*pts))
                     k = _jitter(k.astype(float), i, len(report.algorithms))
@@ -411,3 +418,53 @@ def figure_ablation(report: Report, ablation: Ablation, scores: tuple[Scores, Sc
     fig.tight_layout()
     return fig, final_est, auc_est, notes
 
+
+
+def figure_robustness(report: Report, data=None):
+    """Left: each algorithm's IQM at K relative to its own K_ref (the ratio; 1 = no loss). Right: the
+    difference of drops against the baseline (drop(baseline) - drop(algorithm); above 0: the
+    algorithm loses less), 95% paired stratified-bootstrap intervals. ``data`` from
+    :func:`vaco.report.robustness.robustness`, else computed."""
+    from vaco.report.robustness import robustness
+
+    plt = _plt()
+    data = data or robustness(report)
+    colors = _algo_colors(report)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    algos = list(dict.fromkeys(a for a, _ in data.drops))
+    ks = sorted({data.k_ref, *(K for _, K in data.drops)})
+    for i, algo in enumerate(algos):
+        pts = [(data.k_ref, 1.0, None)] + [
+            (K, d.ratio, d.ratio_interval) for (a, K), d in data.drops.items() if a == algo
+        ]
+        x = _jitter(np.array([p[0] for p in pts], dtype=float), i, len(algos))
+        left.plot(x, [p[1] for p in pts], marker="o", color=colors[algo], label=algo)
+        for xi, (_, _, ci) in zip(x, pts):
+            if ci is not None:
+                left.vlines(xi, ci[0], ci[1], color=colors[algo], alpha=0.6, linewidth=3)
+    left.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    _k_axis(left, ks)
+    left.set_xlabel("degree of asynchrony K")
+    left.set_ylabel(f"IQM(K) / IQM(K={data.k_ref})")
+    left.set_title(f"Score relative to the algorithm's own K={data.k_ref}")
+    left.grid(alpha=0.25)
+    left.legend(fontsize="small")
+    others = list(dict.fromkeys(a for a, _ in data.interactions))
+    for i, algo in enumerate(others):
+        pts = [(K, x.difference, x.difference_interval) for (a, K), x in data.interactions.items() if a == algo]
+        x = _jitter(np.array([p[0] for p in pts], dtype=float), i, len(others))
+        right.plot(x, [p[1] for p in pts], marker="o", color=colors[algo], label=f"{algo} vs {data.baseline}")
+        for xi, (_, _, ci) in zip(x, pts):
+            if ci is not None:
+                right.vlines(xi, ci[0], ci[1], color=colors[algo], alpha=0.6, linewidth=3)
+    right.axhline(0.0, color="grey", linewidth=0.8, linestyle="--")
+    if len(ks) > 1:
+        _k_axis(right, ks[1:] if len(ks) > 2 else ks)
+    right.set_xlabel("degree of asynchrony K")
+    right.set_ylabel(f"drop({data.baseline}) - drop(algorithm)")
+    right.set_title("Difference of drops (> 0: loses less than the baseline)")
+    right.grid(alpha=0.25)
+    if others:
+        right.legend(fontsize="small")
+    fig.tight_layout()
+    return fig

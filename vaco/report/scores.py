@@ -34,6 +34,8 @@ __all__ = [
     "fraction_table",
     "iqm_against_k",
     "iqm_estimates",
+    "iqm_of",
+    "is_variant",
     "normalization_bounds",
     "normalize",
     "performance_profiles",
@@ -47,7 +49,15 @@ __all__ = [
     "improvement_baseline",
 ]
 
-_PAPER_ORDER = ("vaco", "ppo_clip", "ppo_kl", "spo", "impala", "vaco_no_realign")
+_PAPER_ORDER = (
+    "vaco", "ppo_clip", "ppo_kl", "spo", "impala", "vaco_no_realign", "ppo_clip_tv_matched", "vaco_tv_matched"
+)
+#: Algorithm configs that are variants of another (an ablation or a control), not main algorithms:
+#: the paper's normalisation leaves them out of a task's min and max. A run whose label carries a
+#: dotted-key value (``vaco[normalize_advantage=false]``) or a realignment switch
+#: (``ppo_clip+realign``) is a variant too.
+VARIANTS = ("vaco_no_realign", "ppo_clip_tv_matched", "vaco_tv_matched")
+NORMALIZATIONS = ("main", "all")
 _PAPER_REFERENCE = {"delta": 0.2, "rho_bar": 1.0}  # the paper's values win a tie for "most used"
 MAX_CURVE_POINTS = 20
 AGGREGATES = ("Median", "IQM", "Mean", "Optimality Gap")
@@ -67,6 +77,11 @@ def _aggregates() -> dict[str, Callable[[np.ndarray], float]]:
         "Mean": metrics.aggregate_mean,
         "Optimality Gap": metrics.aggregate_optimality_gap,
     }
+
+
+def is_variant(algorithm: str) -> bool:
+    """An ablation or control variant (see :data:`VARIANTS`), not one of the main algorithms."""
+    return algorithm in VARIANTS or "[" in algorithm or algorithm.endswith(("+realign", "-realign"))
 
 
 # ---------------------------------------------------------------------------------------- math
@@ -230,6 +245,7 @@ class Report:
     min_runs: int = 3
     last_evals: int = 1
     baseline: str | None = None  # what probability_of_improvement compares against (None: ppo_clip if present)
+    normalization: str = "main"  # "main": min/max over the main algorithms' runs; "all": over every run
 
     @property
     def ref_delta(self) -> float | None:
@@ -312,9 +328,17 @@ def build_report(
     seed: int = 0,
     min_runs: int = 3,
     baseline: str | None = None,
+    normalization: str = "main",
 ) -> Report:
     """Final and normalised scores, AUCs and the reference value of each axis (given, else the
-    most used; the paper's delta 0.2 and rho_bar 1 win a tie) of a set of runs."""
+    most used; the paper's delta 0.2 and rho_bar 1 win a tie) of a set of runs.
+
+    ``normalization``: ``"main"`` (the paper's) takes each task's min and max over the runs of the
+    main comparison (every axis at its reference value) of the main algorithms, leaving out
+    ablation and control variants (:func:`is_variant`); ``"all"`` over every run in the report.
+    """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"`--normalize-over` must be one of {', '.join(NORMALIZATIONS)}, got {normalization!r}")
     notes = list(notes or [])
     scored_by = sorted({r.score_metric for r in runs})
     if len(scored_by) > 1:
@@ -329,13 +353,6 @@ def build_report(
         metric = scored_by[0] if scored_by else "eval/return"
         raise ValueError(f"experiment '{experiment}' has no finished run with {metric} to report on")
     final = {r.run_id: final_score(r.score()[1], last_evals) for r in usable}
-    by_task = defaultdict(list)
-    for r in usable:
-        by_task[r.env].append(final[r.run_id])
-    bounds = normalization_bounds(by_task)
-    for task, (low, high) in bounds.items():
-        if low == high:
-            notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")
     ends = defaultdict(set)
     for r in usable:
         ends[r.env].add(int(r.score()[0][-1]))
@@ -356,8 +373,23 @@ def build_report(
         else _most_common([r.axes[axis] for r in usable if r.axes.get(axis) is not None], _PAPER_REFERENCE.get(axis))
         for axis in axes
     }
+    by_task, everything = defaultdict(list), defaultdict(list)
+    for r in usable:
+        everything[r.env].append(final[r.run_id])
+        reference_run = all(r.axes.get(axis) in (None, value) for axis, value in chosen.items())
+        if normalization == "all" or (reference_run and not is_variant(r.algorithm)):
+            by_task[r.env].append(final[r.run_id])
+    for task in everything:
+        if not by_task.get(task):
+            notes.append(f"{task}: no main-algorithm run to normalise by; min and max over all its runs")
+            by_task[task] = everything[task]
+    bounds = normalization_bounds(by_task)
+    for task, (low, high) in bounds.items():
+        if low == high:
+            notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")
     report = Report(
-        experiment, usable, notes, bounds, final, {}, {}, chosen, reps, seed, min_runs, last_evals, baseline
+        experiment, usable, notes, bounds, final, {}, {}, chosen, reps, seed, min_runs, last_evals, baseline,
+        normalization,
     )
     for r in usable:
         report.normalized[r.run_id] = float(normalize(final[r.run_id], bounds[r.env]))
@@ -445,6 +477,20 @@ def iqm_against_k(report: Report) -> Scores:
     """IQM of the normalised final score per (algorithm, K)."""
     matrices, _, notes = report.matrices(main_groups(report), lambda r: report.normalized[r.run_id])
     return Scores(iqm_estimates(matrices, report.reps, report.seed, report.min_runs), ("IQM",), notes)
+
+
+def iqm_of(scores: Scores) -> Scores:
+    """The IQM column of :func:`aggregate_scores`'s estimates (the same bootstrap, so the same
+    interval wherever the IQM is shown)."""
+    i = scores.metrics.index("IQM")
+    return Scores(
+        {
+            k: Estimate(e.point[i : i + 1], None if e.interval is None else e.interval[:, i : i + 1], e.runs_per_task, e.tasks)
+            for k, e in scores.estimates.items()
+        },
+        ("IQM",),
+        scores.notes,
+    )
 
 
 def improvement_baseline(report: Report) -> str | None:

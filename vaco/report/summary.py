@@ -21,9 +21,11 @@ from vaco.report.figures import (
     figure_iqm_vs_k,
     figure_performance_profiles,
     figure_returns,
+    figure_robustness,
     figure_sample_efficiency,
     figure_tv,
 )
+from vaco.report.robustness import FEW_RESAMPLES, Robustness, distinct_resamples, robustness
 from vaco.report.scores import (
     AGGREGATES,
     MAX_CURVE_POINTS,
@@ -34,7 +36,8 @@ from vaco.report.scores import (
     aggregate_scores,
     fraction_table,
     improvement_baseline,
-    iqm_against_k,
+    is_variant,
+    iqm_of,
     probability_of_improvement,
     profiles,
     sample_efficiency,
@@ -46,6 +49,7 @@ __all__ = ["FIGURES", "SECTIONS", "write_report"]
 SECTIONS = (
     "Runs",
     "Normalisation",
+    "Robustness to lag",
     "Final scores",
     "IQM against the degree of asynchrony",
     "Probability of improvement",
@@ -60,6 +64,7 @@ SECTIONS = (
     "How this was computed",
 )
 FIGURES = (
+    "robustness.png",
     "aggregate_metrics.png",
     "iqm_vs_k.png",
     "returns.png",
@@ -79,6 +84,67 @@ def _ci(e: Estimate | None, i: int = 0) -> str:
     if e.interval is None:
         return f"{e.point[i]:.3f} (no CI)"
     return f"{e.point[i]:.3f} [{e.interval[0, i]:.3f}, {e.interval[1, i]:.3f}]"
+
+
+def _sd(values) -> float:
+    """The sample standard deviation (ddof = 1); 0 for one value."""
+    values = np.asarray(values, dtype=np.float64)
+    return float(values.std(ddof=1)) if values.size > 1 else 0.0
+
+
+def _pair(x: float, interval) -> str:
+    if interval is None:
+        return f"{x:.3f} (no CI)"
+    return f"{x:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def _robustness_section(report: Report, data: Robustness, figure: str | None) -> list[str]:
+    s = ["", "## Robustness to lag", ""]
+    if not data.drops:
+        return s + [f"Not in this report: it needs runs of an algorithm at two or more K ({'; '.join(data.notes)})."]
+    k_ref = data.k_ref
+    s += [
+        f"The paper's claim is about robustness: as K grows, does an algorithm lose less of its own K={k_ref} "
+        "score than the baseline? Each algorithm is compared with itself; levels (which algorithm scores "
+        "higher) are in the sections below.",
+        "",
+        f"- **drop** at K = IQM(K={k_ref}) - IQM(K) of the normalised final scores; **ratio** = IQM(K) / IQM(K={k_ref}).",
+        f"- **difference of drops** = drop({data.baseline}) - drop(algorithm): above 0 the algorithm loses "
+        f"less than {data.baseline}. **P(drop smaller)**: the probability that a run of the algorithm drops "
+        f"less than a run of {data.baseline} on a task drawn at random (rliable's probability of improvement "
+        "on the per-seed drops; 0.5: no difference).",
+        f"- Runs are paired by seed; 95% intervals from a paired stratified bootstrap ({report.reps} resamples, "
+        f"seed {report.seed}): per resample and task, one draw of seeds for every cell compared.",
+        "",
+    ]
+    if figure:
+        s += [f"![robustness]({figure})", ""]
+    if data.interactions:
+        s += [f"**Against {data.baseline}** (the headline):", ""]
+        s.append(_table(
+            ["algorithm", "K", "difference of drops", "P(drop smaller)", "paired seeds/task", "tasks"],
+            [(x.algorithm, K, _pair(x.difference, x.difference_interval), _pair(x.p_smaller, x.p_interval),
+              x.seeds, x.tasks) for (_, K), x in data.interactions.items()],
+        ))
+        s.append("")
+    elif data.baseline:
+        s += [f"No comparison with {data.baseline}: it needs its runs at K={k_ref} and at the other K, with the same seeds.", ""]
+    s += ["Each algorithm against its own K = " + str(k_ref) + ":", ""]
+    s.append(_table(
+        ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "ratio", "paired seeds/task", "tasks"],
+        [(d.algorithm, K, f"{d.level_ref:.3f}", f"{d.level:.3f}", _pair(d.drop, d.drop_interval),
+          _pair(d.ratio, d.ratio_interval), d.seeds, d.tasks) for (_, K), d in data.drops.items()],
+    ))
+    s += ["", "Per task: mean normalised score at K = " + str(k_ref) + " and at K, and the per-seed drop "
+          "(mean +- sample SD, ddof = 1):", ""]
+    s.append(_table(
+        ["task", "algorithm", "K", f"mean K={k_ref}", "mean K", "drop", "seeds"],
+        [(t.task, t.algorithm, t.K, f"{t.mean_ref:.3f}", f"{t.mean:.3f}",
+          f"{t.drop:.3f} +- {t.drop_sd:.3f}" if t.seeds > 1 else f"{t.drop:.3f}", t.seeds)
+         for t in sorted(data.per_task, key=lambda t: (t.task, report.algorithms.index(t.algorithm), t.K))],
+    ))
+    s += [f"- {n}" for n in data.notes]
+    return s
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
@@ -147,7 +213,15 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         "",
         "Final score = mean of the last "
         f"{report.last_evals} {report.score_metric} value(s) of a run; normalised = (return - min) / (max - min) per task, "
-        "min and max over every run of the task in this report.",
+        + (
+            "min and max over the runs of the main algorithms at the main comparison's axis values, as the paper "
+            "defines it: ablation and control variants ("
+            + (", ".join(sorted({r.algorithm for r in report.runs if is_variant(r.algorithm)})) or "none here")
+            + ") and runs at other axis values are scored on that scale but do not set it "
+            "(`--normalize-over all` takes every run)."
+            if report.normalization == "main"
+            else "min and max over every run of the task in this report (`--normalize-over all`)."
+        ),
         "",
     ]
     s.append(
@@ -155,6 +229,11 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
             ["task", "min", "max"],
             [(t, f"{lo:.1f}", f"{hi:.1f}") for t, (lo, hi) in sorted(report.bounds.items())],
         )
+    )
+    # -- robustness to lag (the paper's claim), before the levels
+    lag = robustness(report)
+    s += _robustness_section(
+        report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None
     )
     # -- aggregates
     scores = aggregate_scores(report)
@@ -183,12 +262,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
     for r in sorted(main, key=lambda r: r.seed):
         final_returns[(r.env, r.algorithm, r.K)].append(report.final[r.run_id])
         per_seed[(r.env, r.algorithm, r.K)].append(f"s{r.seed}: {report.final[r.run_id]:.1f}")
-    s += ["", f"Final {report.score_metric} (raw), mean +- std over seeds, and each seed's:", ""]
+    s += ["", f"Final {report.score_metric} (raw), mean +- sample SD (ddof = 1) over seeds, and each seed's:", ""]
     s.append(
         _table(
             ["task", "algorithm", "K", "return", "runs", "per seed"],
             [
-                (t, a, K, f"{np.mean(v):.1f} +- {np.std(v):.1f}", len(v), ", ".join(per_seed[(t, a, K)]))
+                (t, a, K, f"{np.mean(v):.1f} +- {_sd(v):.1f}", len(v), ", ".join(per_seed[(t, a, K)]))
                 for (t, a, K), v in sorted(
                     final_returns.items(), key=lambda x: (x[0][0], report.algorithms.index(x[0][1]), x[0][2])
                 )
@@ -196,14 +275,15 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         )
     )
     # -- IQM vs K
-    fig, iqm, _ = figure_iqm_vs_k(report, iqm_against_k(report))
+    fig, iqm, _ = figure_iqm_vs_k(report, iqm_of(scores))  # the IQM column above: one bootstrap, one interval
     s += [
         "",
         "## IQM against the degree of asynchrony",
         "",
         f"![IQM vs K]({save(fig, 'iqm_vs_k.png')})",
         "",
-        "Does an algorithm keep its final score as K grows? " + _interval_sentence(iqm, report.min_runs),
+        "The IQM of the table above, against K: which algorithm scores higher at each K (a level "
+        "comparison; robustness is the section above). The intervals are the same as above.",
         "",
     ]
     s.append(
@@ -249,7 +329,7 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         "",
         f"![returns]({save(figure_returns(report), 'returns.png')})",
         "",
-        f"Raw {report.score_metric} per task and K; lines are means over seeds, bands one standard deviation.",
+        f"Raw {report.score_metric} per task and K; lines are means over seeds, bands one sample standard deviation.",
     ]
     # -- sample efficiency
     fig, _, auc, notes = figure_sample_efficiency(report, sample_efficiency(report))
@@ -297,7 +377,8 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         "Top: `lag/forward_tv`, the TV between the behaviour mixture and the policy after the iteration's "
         "epochs, on the whole batch (the paper's 'TV of the final policy'). Bottom: `train/tv`, the minibatch "
         "TV the filter tests, averaged over the epochs. Each run contributes its mean over all iterations; "
-        "lines are means over runs, bands one standard deviation; the dashed line is delta/2.",
+        "lines are means over runs, bands one sample standard deviation; the dashed line is delta/2. "
+        "+- in the table: sample SD (ddof = 1) over runs.",
         "",
     ]
     s.append(
@@ -307,8 +388,8 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
                 (
                     a,
                     K,
-                    f"{np.mean(f):.4f} +- {np.std(f):.4f}" if f else "-",
-                    f"{np.mean(t):.4f} +- {np.std(t):.4f}" if t else "-",
+                    f"{np.mean(f):.4f} +- {_sd(f):.4f}" if f else "-",
+                    f"{np.mean(t):.4f} +- {_sd(t):.4f}" if t else "-",
                     f"{d / 2:g}" if d is not None else "-",
                 )
                 for (a, K), (f, t, d) in tv_table(report).items()
@@ -393,10 +474,32 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         f"runs of a figure evaluated at (at most {MAX_CURVE_POINTS}), else interpolated onto a shared range. "
         "Reference values: " + ", ".join(f"{axis} = {value}" for axis, value in report.reference.items()) + ".",
         "",
+        _resample_sentence(report),
+        "",
     ]
     path = out / "summary.md"
     path.write_text("\n".join(s) + "\n")
     return path
+
+
+def _resample_sentence(report: Report) -> str:
+    """How many seeds the main comparison's cells have, and how many distinct resamples that allows."""
+    counts = sorted(set(Counter((r.algorithm, r.K, r.env) for r in report.main_runs()).values()))
+    if not counts:
+        return ""
+    few = [n for n in counts if distinct_resamples(n) < FEW_RESAMPLES]
+    text = (
+        f"Seeds per cell (algorithm, K, task): {', '.join(map(str, counts))}. With n seeds a task has only "
+        "C(2n - 1, n) distinct bootstrap resamples ("
+        + ", ".join(f"{n} seeds: {distinct_resamples(n):,}" for n in counts)
+        + ")."
+    )
+    if few:
+        text += (
+            f" **Warning:** under {FEW_RESAMPLES:,} for {', '.join(map(str, few))} seeds: intervals from so few "
+            "distinct resamples are optimistic; read them as rough."
+        )
+    return text
 
 
 def _rliable_version() -> str:

@@ -1,0 +1,183 @@
+"""`vaco report`'s robustness-to-lag section: drops, ratios, the difference of drops and P(drop
+smaller), checked against float64 loops written here; the paired bootstrap against a loop that
+draws the same seeds; the paper's normalisation; several data files and a task filter."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from vaco import report as R
+
+TASKS = (("Hopper-v5", 1000.0), ("HalfCheetah-v5", 3000.0))
+SEEDS = (1, 2, 3, 4, 5, 6)
+
+
+def _iqm(values) -> float:
+    """Interquartile mean by hand: sort, drop int(n/4) values at each end, average the rest."""
+    values = sorted(float(v) for v in np.ravel(values))
+    cut = int(0.25 * len(values))
+    kept = values[cut : len(values) - cut]
+    return math.fsum(kept) / len(kept)
+
+
+def _run(algo, env, K, seed, final, axes=None, realign=False) -> R.Run:
+    steps = np.array([1000.0, 2000.0])
+    constant = (steps, np.array([0.05, 0.05]))
+    histories = {"eval/return": (steps, np.array([0.5 * final, final])), "lag/forward_tv": constant,
+                 "train/tv": constant, "train/clip_fraction": constant}
+    return R.Run(
+        f"{algo}-{env}-{K}-{seed}-{axes}", f"{algo}-{env}-K{K}-s{seed}", "FINISHED", algo, env, K, seed,
+        dict(axes or {}), realign, "PPOClip", histories, fraction_metric="train/clip_fraction",
+    )
+
+
+def _runs(seed: int = 0) -> list[R.Run]:
+    """Two algorithms x 2 tasks x K in {1, 4, 16} x 6 seeds; the seed shifts every cell of a task
+    alike (paired), ppo_clip loses more with K; plus a control variant that scores far outside."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for env, scale in TASKS:
+        seed_effect = {s: rng.normal(0, 0.1) for s in SEEDS}
+        for algo, level, loss in (("vaco", 0.8, 0.02), ("ppo_clip", 0.7, 0.04)):
+            for K in (1, 4, 16):
+                for s in SEEDS:
+                    value = scale * (level - loss * K + seed_effect[s] + rng.normal(0, 0.03))
+                    runs.append(_run(algo, env, K, s, value, {"delta": 0.2} if algo == "vaco" else None))
+        for K in (1, 4, 16):
+            for s in SEEDS:  # far above every main run: it must not set the scale
+                runs.append(_run("ppo_clip_tv_matched", env, K, s, scale * 3 + rng.normal(0, 1)))
+    return runs
+
+
+def _normalised_by_hand(runs):
+    """Per task min/max over the main algorithms' runs (vaco, ppo_clip), then every run on it."""
+    out = {}
+    for env, _ in TASKS:
+        main = [r.score()[1][-1] for r in runs if r.env == env and r.algorithm in ("vaco", "ppo_clip")]
+        low, high = min(main), max(main)
+        for r in runs:
+            if r.env == env:
+                out[(r.algorithm, r.K, r.env, r.seed)] = (float(r.score()[1][-1]) - low) / (high - low)
+    return out
+
+
+def test_the_paper_normalisation_leaves_variants_out_of_min_and_max():
+    runs = _runs()
+    rep = R.build_report("robust", runs, reps=10)
+    assert rep.normalization == "main"
+    by_hand = _normalised_by_hand(runs)
+    for r in rep.runs:
+        assert rep.normalized[r.run_id] == pytest.approx(by_hand[(r.algorithm, r.K, r.env, r.seed)], abs=1e-12)
+    assert all(rep.normalized[r.run_id] > 1.5 for r in rep.runs if r.algorithm == "ppo_clip_tv_matched")
+    everything = R.build_report("robust", runs, reps=10, normalization="all")
+    for env, _ in TASKS:
+        finals = [float(r.score()[1][-1]) for r in runs if r.env == env]
+        assert everything.bounds[env] == (min(finals), max(finals))
+    with pytest.raises(ValueError, match="normalize-over"):
+        R.build_report("robust", runs, normalization="some")
+    assert R.is_variant("vaco_no_realign") and R.is_variant("vaco[normalize_advantage=false]")
+    assert R.is_variant("ppo_clip+realign") and not R.is_variant("vaco") and not R.is_variant("my_objective")
+
+
+def test_drops_ratios_and_the_interaction_equal_float64_loops():
+    runs = _runs()
+    rep = R.build_report("robust", runs, reps=300, seed=4)
+    got = R.robustness(rep, baseline="ppo_clip")
+    x = _normalised_by_hand(runs)
+    tasks = sorted(env for env, _ in TASKS)
+
+    def cell(algo, K):
+        return [[x[(algo, K, t, s)] for s in SEEDS] for t in tasks]
+
+    assert got.k_ref == 1 and got.baseline == "ppo_clip"
+    for algo in ("vaco", "ppo_clip", "ppo_clip_tv_matched"):
+        for K in (4, 16):
+            d = got.drops[(algo, K)]
+            ref, cur = _iqm(cell(algo, 1)), _iqm(cell(algo, K))
+            assert (d.level_ref, d.level) == (pytest.approx(ref, abs=1e-12), pytest.approx(cur, abs=1e-12))
+            assert d.drop == pytest.approx(ref - cur, abs=1e-12)
+            assert d.ratio == pytest.approx(cur / ref, abs=1e-12)
+            assert d.seeds == len(SEEDS) and d.tasks == 2
+            assert d.drop_interval[0] <= d.drop <= d.drop_interval[1]
+    for K in (4, 16):
+        i = got.interactions[("vaco", K)]
+        drop_v = _iqm(cell("vaco", 1)) - _iqm(cell("vaco", K))
+        drop_p = _iqm(cell("ppo_clip", 1)) - _iqm(cell("ppo_clip", K))
+        assert i.difference == pytest.approx(drop_p - drop_v, abs=1e-12)
+        # P(a vaco run's drop < a ppo_clip run's drop): per task over all pairs of seeds, ties half
+        per_task = []
+        for t in tasks:
+            dv = [x[("vaco", 1, t, s)] - x[("vaco", K, t, s)] for s in SEEDS]
+            dp = [x[("ppo_clip", 1, t, s)] - x[("ppo_clip", K, t, s)] for s in SEEDS]
+            wins = sum(1.0 if a < b else 0.5 if a == b else 0.0 for a in dv for b in dp)
+            per_task.append(wins / (len(dv) * len(dp)))
+        assert i.p_smaller == pytest.approx(sum(per_task) / len(per_task), abs=1e-12)
+        assert i.difference > 0  # the synthetic ppo_clip loses 0.04 per unit of K, vaco 0.02
+    # per task: means, the mean paired drop and its sample SD (ddof = 1)
+    for t in got.per_task:
+        drops = [x[(t.algorithm, 1, t.task, s)] - x[(t.algorithm, t.K, t.task, s)] for s in SEEDS]
+        mean = math.fsum(drops) / len(drops)
+        sd = math.sqrt(math.fsum((v - mean) ** 2 for v in drops) / (len(drops) - 1))
+        assert t.drop == pytest.approx(mean, abs=1e-12) and t.drop_sd == pytest.approx(sd, abs=1e-12)
+    frame = got.frame()
+    assert len(frame) == 6 and set(frame.columns) >= {"drop", "ratio", "difference", "p_smaller"}
+
+
+def test_the_paired_bootstrap_draws_one_set_of_seeds_per_task_for_every_cell():
+    """A loop that draws the same indices by hand: the four cells move together."""
+    rng = np.random.default_rng(7)
+    a, b = rng.normal(size=(5, 2)), rng.normal(size=(5, 2))
+    samples = R.paired_bootstrap([a, b], lambda p, q: np.array([(p - q).sum(), p.sum()]), reps=50, seed=11)
+    draw = np.random.default_rng(11)
+    for rep in range(50):
+        rows = draw.integers(0, 5, size=(5, 2))
+        diff = sum(a[rows[i, j], j] - b[rows[i, j], j] for i in range(5) for j in range(2))
+        total = sum(a[rows[i, j], j] for i in range(5) for j in range(2))
+        assert samples[rep, 0] == pytest.approx(diff, abs=1e-12)
+        assert samples[rep, 1] == pytest.approx(total, abs=1e-12)
+    # pairing matters: b = a + 1 exactly, so every paired resample of mean(a - b) is -1
+    paired = R.paired_bootstrap([a, a + 1.0], lambda p, q: np.array([(p - q).mean()]), reps=200, seed=0)
+    assert np.allclose(paired, -1.0)
+
+
+def test_distinct_resamples_are_multisets_counted_by_hand():
+    for n in range(1, 7):
+        by_hand = len({tuple(sorted(c)) for c in itertools.product(range(n), repeat=n)})
+        assert R.distinct_resamples(n) == by_hand
+    assert R.distinct_resamples(3) == 10 and R.distinct_resamples(10) == 92378
+
+
+def test_the_summary_leads_with_robustness_and_warns_of_few_resamples(tmp_path):
+    runs = [r for r in _runs() if r.seed <= 3]
+    rep = R.build_report("robust", runs, reps=100)
+    summary = R.write_report(rep, tmp_path).read_text()
+    assert summary.index("## Robustness to lag") < summary.index("## Final scores")
+    assert "difference of drops" in summary and "| vaco | 4 |" in summary
+    assert "3 seeds per task give 10 per task" in summary and "**Warning:**" in summary
+    assert "sample SD (ddof = 1)" in summary and "ppo_clip_tv_matched" in summary.split("## Normalisation")[1]
+    assert (tmp_path / "robustness.png").is_file()
+    # one K only: the section says what it needs
+    one_k = R.build_report("one", [r for r in runs if r.K == 1], reps=10)
+    text = R.write_report(one_k, tmp_path / "one").read_text()
+    assert "needs runs of an algorithm at two or more K" in text
+
+
+def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys):
+    runs = _runs()
+    first = R.save_runs([r for r in runs if r.seed <= 3], tmp_path / "part1.csv.gz")
+    second = R.save_runs([r for r in runs if r.seed >= 3], tmp_path / "part2.csv.gz")  # seed 3 in both
+    out = tmp_path / "report"
+    code = R.main(["--data", str(first), str(second), "--tasks", "Hopper-v5", "--baseline", "ppo_clip",
+                   "--reps", "50", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    summary = (out / "summary.md").read_text()
+    assert "1 task(s) (Hopper-v5)" in summary and f"{len(runs) // 2} finished runs" in summary
+    assert "| vaco | 4 |" in summary
+    assert R.main(["--data", str(first), "--tasks", "Ant-v5", "--out", str(out)]) == 2
+    assert "`--tasks`: no runs of Ant-v5" in capsys.readouterr().err
+    assert R.main(["--data", str(tmp_path / "missing.csv.gz"), "--out", str(out)]) == 2
+    assert "`--data`: no data file at" in capsys.readouterr().err
