@@ -68,8 +68,29 @@ class VacoProgressBar(TQDMProgressBar):
         self.train_progress_bar.set_description("iteration")
 
 
+def redacted_config(config):
+    """A copy of a jsonargparse config with ``trainer.logger.init_args.tracking_uri`` redacted."""
+    from vaco.tracking import has_secrets, redact_uri
+
+    key = "trainer.logger.init_args.tracking_uri"
+    try:
+        uri = config.get(key)
+    except (AttributeError, KeyError, TypeError):
+        return config
+    if not isinstance(uri, str) or not has_secrets(uri):
+        return config
+    config = config.clone()
+    config[key] = redact_uri(uri)
+    return config
+
+
 class SaveConfigToMLflow(SaveConfigCallback):
-    """Writes the resolved config next to the logs and as the MLflow artifact ``config.yaml``."""
+    """Writes the resolved config next to the logs and as the MLflow artifact ``config.yaml``,
+    with the tracking URI's user info and secrets redacted (every reader of the experiment sees
+    the artifact; the running logger keeps the real URI)."""
+
+    def __init__(self, parser, config, *args, **kwargs) -> None:
+        super().__init__(parser, redacted_config(config), *args, **kwargs)
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
         logger = trainer.logger

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from vaco.files import current_umask
+
 __all__ = ["CheckpointError", "load_checkpoint", "save_atomic", "SafeCheckpointIO", "pack_state", "unpack_state"]
 
 
@@ -77,11 +79,15 @@ def load_checkpoint(path: str | os.PathLike, *, field: str = "checkpoint", map_l
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same directory, fsync, then ``os.replace``."""
+    """``torch.save`` to a temporary file in the same directory, fsync, then ``os.replace``.
+
+    The file gets the mode a plain ``open`` would give it (0666 less the umask): ``mkstemp``
+    creates 0600, which would hide checkpoints on shared storage from collaborators' accounts."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()

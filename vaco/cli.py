@@ -22,6 +22,7 @@ from vaco.config_errors import did_you_mean
 __all__ = ["main", "COMMANDS"]
 
 # name -> (module with a `main(argv)`, one-line description)
+USER_MODULE_COMMANDS = ("fit", "sweep")  # the commands that import class paths from the user's directory
 COMMANDS = {
     "fit": ("vaco.fit", "train one run (LightningCLI: --config files, --print_config, --ckpt_path to resume)"),
     "evaluate": ("vaco.evaluate", "run a checkpoint's policy for E episodes, optionally write a video"),
@@ -56,10 +57,11 @@ def main(argv: list[str] | None = None) -> int | None:
         # diagnosed without stopping it (the tests use it when a run does not exit in time)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     argv = list(sys.argv[1:] if argv is None else argv)
-    # as `python -m` does: a class_path to the user's own module (my_objectives.ClippedIS) resolves
-    # from the directory vaco runs in
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    # A class_path to the user's own module (my_objectives.ClippedIS) resolves from the directory
+    # vaco runs in: only for the commands that read class paths (fit, sweep), and *after* the
+    # installed packages, so a stray numpy.py or yaml.py in the working directory never shadows them.
+    if argv and argv[0] in USER_MODULE_COMMANDS and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0

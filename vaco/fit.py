@@ -31,6 +31,7 @@ from vaco.tracking import (
     DEFAULT_TRACKING_URI,
     TrackingStoreError,
     check_tracking_store,
+    redact_uri,
     tracking_uri,
 )
 
@@ -172,7 +173,7 @@ class VacoCLI(LightningCLI):
         if run_id:
             uri = getattr(logger, "_tracking_uri", tracking_uri())
             lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
-            lines.append("  open it with: vaco ui" + ("" if uri == tracking_uri() else f" --store {uri}"))
+            lines.append("  open it with: vaco ui" + ("" if uri == tracking_uri() else f" --store {redact_uri(uri)}"))
         if ckpt and hasattr(model, "actor"):  # `vaco evaluate` runs MuJoCo policies
             lines.append(f"  evaluate it with: vaco evaluate --ckpt {ckpt}")
         print("\n".join(lines), flush=True)
@@ -237,7 +238,7 @@ def _continue_mlflow_run(config, state: dict | None) -> None:
         mlflow.MlflowClient(uri).get_run(run_id)
     except mlflow.exceptions.MlflowException:
         raise ConfigurationError(
-            f"`ckpt_path`: its MLflow run {run_id} is not in the tracking store {uri}; set MLFLOW_TRACKING_URI "
+            f"`ckpt_path`: its MLflow run {run_id} is not in the tracking store {redact_uri(uri)}; set MLFLOW_TRACKING_URI "
             "to the store the run was tracked in, or pass --trainer.logger.init_args.run_id to log elsewhere"
         ) from None
     init_args["run_id"] = run_id

@@ -6,7 +6,10 @@ Two things Lightning's logger does not do:
   exponential backoff), which rides out a server restart. If a request still fails, the batch of
   metrics is kept and sent with the next one; a run that ends with metrics still unsent retries
   for ~30 s, then writes
-  them to ``unsent-metrics-<run id>.jsonl`` in the working directory and says so. Training goes on.
+  them to ``unsent-metrics-<run id>.jsonl`` in the working directory (else the system's temporary
+  directory, else stderr itself) and says so. Training goes on. A batch the server refuses for
+  good (an HTTP 4xx other than 408/429: it would be refused again) is set aside with the unsent
+  ones at once instead of blocking every later metric.
 * **Resume with a larger budget.** MLflow params are immutable, so the budget (``total_steps``)
   is not a param: it is the tag ``total_steps`` (the current budget) and the metric
   ``time/total_steps`` (its history, at the env step where it changed). Every other param that a
@@ -53,6 +56,7 @@ class VacoMLFlowLogger(MLFlowLogger):
             kwargs["tags"] = {str(k): str(v) for k, v in kwargs["tags"].items()}
         super().__init__(*args, **kwargs)
         self._unsent: list[tuple[dict[str, float], int | None]] = []
+        self._rejected: list[tuple[dict[str, float], int | None]] = []  # refused for good (HTTP 4xx)
         self.last_error: str | None = None
         self.default_run_name: str | None = None  # from the run's coordinates, set by `vaco fit`
         self._prepared = False
@@ -115,6 +119,15 @@ class VacoMLFlowLogger(MLFlowLogger):
             try:
                 super().log_metrics(metrics, step)
             except Exception as err:  # noqa: BLE001 - MlflowException, ConnectionError, ...
+                if _refused_for_good(err):
+                    self._rejected.append(self._unsent.pop(0))
+                    print(
+                        f"vaco: MLflow refused a metric batch at step {step} ({type(err).__name__}: {str(err)[:200]}); "
+                        "it is kept aside and written to the unsent-metrics file at the end",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    continue
                 if self.last_error is None:
                     print(
                         f"vaco: could not send metrics to MLflow ({type(err).__name__}: {str(err)[:200]}); "
@@ -136,21 +149,53 @@ class VacoMLFlowLogger(MLFlowLogger):
             if not self._unsent or self._flush():
                 break
             time.sleep(wait)
-        if self._unsent and not self._flush():
-            path = os.path.abspath(f"unsent-metrics-{self.run_id}.jsonl")
-            with open(path, "a") as f:
-                for metrics, step in self._unsent:
-                    f.write(json.dumps({"step": step, "metrics": metrics}) + "\n")
-            print(
-                f"vaco: {len(self._unsent)} metric batches could not be sent to MLflow; they are in {path}",
-                file=sys.stderr,
-                flush=True,
-            )
-            self._unsent.clear()
+        if self._unsent and not self._flush() or self._rejected:
+            try:
+                self._write_unsent(self._rejected + self._unsent)
+            finally:
+                self._unsent.clear()
+                self._rejected.clear()
         try:
             super().finalize(status)
         except Exception as err:  # noqa: BLE001 - the run's data is on disk; say so, do not mask the run's own error
             print(f"vaco: could not mark the MLflow run {self.run_id} as ended: {err}", file=sys.stderr, flush=True)
+
+
+    def _write_unsent(self, batches: list[tuple[dict[str, float], int | None]]) -> None:
+        """The batches MLflow never took, as JSON lines: in the working directory, else the temporary
+        directory, else on stderr. Never raises: the run is then marked ended either way."""
+        import tempfile
+
+        lines = [json.dumps({"step": step, "metrics": metrics}) + "\n" for metrics, step in batches]
+        name = f"unsent-metrics-{self.run_id}.jsonl"
+        for folder in (os.getcwd(), tempfile.gettempdir()):
+            path = os.path.join(os.path.abspath(folder), name)
+            try:
+                with open(path, "a") as f:
+                    f.writelines(lines)
+            except OSError:
+                continue
+            print(f"vaco: {len(batches)} metric batches could not be sent to MLflow; they are in {path}",
+                  file=sys.stderr, flush=True)
+            return
+        print(f"vaco: {len(batches)} metric batches could not be sent to MLflow and no file could be written; "
+              "here they are:", file=sys.stderr, flush=True)
+        sys.stderr.writelines(lines)
+        sys.stderr.flush()
+
+
+def _refused_for_good(err: Exception) -> bool:
+    """An HTTP 4xx from the tracking server other than 408 (timeout) and 429 (too many requests):
+    the same request would be refused again."""
+    code = getattr(err, "get_http_status_code", None)
+    try:
+        status = int(code()) if callable(code) else None
+    except (TypeError, ValueError):
+        status = None
+    if status is None:
+        response = getattr(err, "response", None)
+        status = getattr(response, "status_code", None)
+    return isinstance(status, int) and 400 <= status < 500 and status not in (408, 429)
 
 
 def unique_run_name(client, experiment_id: str, base: str) -> str:

@@ -14,13 +14,13 @@ import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
 __all__ = [
     "DEFAULT_TRACKING_URI", "TrackingStoreError", "tracking_uri", "absolute_tracking_uri", "check_tracking_store",
     "search_all_runs", "CELL_TAG", "SETTINGS_TAG", "PARENT_TAG", "PARENT_RUN_ID_TAG", "REPORT_TAG",
     "EXPERIMENT_KIND_TAG", "EXPERIMENT_KIND", "AXES_PARAM", "FRACTION_PARAM", "SCORE_PARAM", "PAPER_AXES", "declared_axes",
-    "run_axes",
+    "run_axes", "redact_uri", "has_secrets",
 ]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -65,6 +65,40 @@ class TrackingStoreError(RuntimeError):
     """The tracking store cannot be used (the message names the setting and what to do)."""
 
 
+_SECRET_QUERY_KEYS = ("password", "passwd", "pwd", "token", "secret", "key", "access_token", "api_key", "sslpassword")
+REDACTED = "***"
+
+
+def redact_uri(uri: str | None) -> str:
+    """``uri`` with its user info and secret query values replaced by ``***``: what vaco prints,
+    logs or writes wherever a tracking URI appears (``postgresql://vaco:pw@db/mlflow`` ->
+    ``postgresql://***@db/mlflow``; ``https://token@host`` -> ``https://***@host``). The user name
+    goes too: with a token as user info, the user name is the secret."""
+    if not uri:
+        return uri or ""
+    try:
+        parts = urlparse(uri)
+    except ValueError:
+        return REDACTED
+    netloc = parts.netloc
+    secret_query = any(k.lower() in _SECRET_QUERY_KEYS for k, _ in parse_qsl(parts.query, keep_blank_values=True))
+    if "@" not in netloc and not secret_query:
+        return uri  # unchanged, character for character (urlunparse would rewrite sqlite:////abs paths)
+    if "@" in netloc:
+        netloc = REDACTED + "@" + netloc.rsplit("@", 1)[1]
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k.lower() in _SECRET_QUERY_KEYS for k, _ in pairs):
+            query = urlencode([(k, REDACTED if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*")
+    return urlunparse(parts._replace(netloc=netloc, query=query))
+
+
+def has_secrets(uri: str | None) -> bool:
+    """Whether ``uri`` carries user info or a secret query value."""
+    return bool(uri) and redact_uri(uri) != uri
+
+
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` if set, else a local SQLite store."""
     return os.environ.get(ENV_VAR) or DEFAULT_TRACKING_URI
@@ -105,11 +139,12 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
     for a database URL, that a connection opens.
     """
     name = _field(uri, field)
+    shown = redact_uri(uri)
     scheme = urlparse(uri).scheme.split("+")[0]
     hint = f"set {ENV_VAR} to a reachable server (http://host:port) or a local store such as {DEFAULT_TRACKING_URI}"
     if scheme in ("", "file"):
         raise TrackingStoreError(
-            f"`{name}`={uri!r}: MLflow 3.14+ refuses the file store; {hint}"
+            f"`{name}`={shown!r}: MLflow 3.14+ refuses the file store; {hint}"
         )
     if scheme == "sqlite":
         _check_sqlite(uri, name)
@@ -119,7 +154,7 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
         _check_database(uri, name, timeout)
     elif scheme not in ("databricks", "databricks-uc", "uc"):
         raise TrackingStoreError(
-            f"`{name}`={uri!r}: unknown scheme {scheme!r} (expected sqlite, http(s), postgresql, mysql "
+            f"`{name}`={shown!r}: unknown scheme {scheme!r} (expected sqlite, http(s), postgresql, mysql "
             f"or databricks); {hint}"
         )
 
@@ -145,9 +180,22 @@ def _check_sqlite(uri: str, name: str) -> None:
 
 
 def _check_http(uri: str, name: str, timeout: float, hint: str) -> None:
-    url = uri.rstrip("/") + "/health"
+    """MLflow's client sends a URI's user info as HTTP basic auth to the host after the ``@``: so
+    does this check (urllib would try to resolve ``user:password@host`` as a host name)."""
+    import base64
+    from urllib.parse import unquote
+
+    parts = urlparse(uri)
+    request_headers = {}
+    if parts.username is not None or parts.password is not None:
+        credentials = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        request_headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
+    url = urlunparse(parts).rstrip("/") + "/health"
+    uri = redact_uri(uri)
     try:
-        with urllib.request.urlopen(url, timeout=timeout):  # noqa: S310 - the user's own server
+        request = urllib.request.Request(url, headers=request_headers)
+        with urllib.request.urlopen(request, timeout=timeout):  # noqa: S310 - the user's own server
             return
     except urllib.error.HTTPError as err:
         if err.code in (401, 403):

@@ -32,6 +32,7 @@ from vaco.tracking import (
     SCORE_PARAM,
     run_axes,
     search_all_runs,
+    redact_uri,
     tracking_uri,
 )
 
@@ -111,7 +112,7 @@ def load_runs(
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ValueError(
-            f"`--experiment`: no MLflow experiment named '{experiment}' in {uri or tracking_uri()}"
+            f"`--experiment`: no MLflow experiment named '{experiment}' in {redact_uri(uri or tracking_uri())}"
         )
     found = search_all_runs(client, [exp.experiment_id])
     notes: list[str] = []

@@ -6,9 +6,10 @@ import argparse
 import fnmatch
 import sys
 
-from vaco.sweep.grid import LAUNCHERS, SweepError, expand, load_sweep, validate_with_cli
+from vaco.sweep.grid import LAUNCHERS, SweepError, check_resources, expand, load_sweep, validate_with_cli
 from vaco.sweep.launchers import say
 from vaco.sweep.state import lock, parent_run, plan, resolve_tracking_uri
+from vaco.tracking import redact_uri
 
 __all__ = ["main"]
 
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         launcher = args.launcher or sweep.launcher
         resources = {**sweep.resources, **{k[len("resource_"):]: v for k, v in vars(args).items()
                                            if k.startswith("resource_") and v is not None}}
+        check_resources(resources)
         cells = expand(sweep)
         if args.only:
             cells = [c for c in cells if any(fnmatch.fnmatch(c.id, g) for g in args.only)]
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(skipped), " + (f"{counts['running']} running, " if args.status else "")
         + f"{counts['resume']} resume from a checkpoint, {counts['new']} new; launcher {launcher}"
         + (f", {jobs} at a time" if launcher == "local" else "")
-        + f"\n  MLflow: {uri}  outputs: {sweep.output_dir}"
+        + f"\n  MLflow: {redact_uri(uri)}  outputs: {sweep.output_dir}"
     )
     if args.dry_run or args.status:
         for cell in cells:
@@ -86,11 +88,14 @@ def main(argv: list[str] | None = None) -> int:
             say(f"skip   {cell.id} (finished)")
     todo = [c for c in cells if states[c.id] != "finished"]
     if not todo:
-        say("nothing to do: every cell has finished")
+        closed = close_parent_run(uri, sweep)
+        say("nothing to do: every cell has finished" + (" (the sweep's parent run is now FINISHED)" if closed else ""))
         return 0
     try:
         lock_file = lock(sweep.output_dir)
-    except SweepError as err:
+        if launcher == "slurm":
+            runner.check_unrecorded()
+    except (SweepError, RuntimeError) as err:
         print(f"vaco sweep: {err}", file=sys.stderr)
         return 2
     import mlflow
@@ -119,6 +124,24 @@ def main(argv: list[str] | None = None) -> int:
         if status != "RUNNING":
             client.set_terminated(sweep.parent_run_id, status)
         lock_file.close()
+
+
+def close_parent_run(uri: str, sweep) -> bool:
+    """Mark the sweep's parent run FINISHED once every cell has finished (a SLURM sweep leaves it
+    RUNNING at submission: the cells finish after `vaco sweep` has returned)."""
+    import mlflow
+
+    from vaco.tracking import PARENT_TAG
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(sweep.experiment)
+    if exp is None:
+        return False
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    if found and found[0].info.status == "RUNNING":
+        client.set_terminated(found[0].info.run_id, "FINISHED")
+        return True
+    return False
 
 
 def _check_store(uri: str) -> None:

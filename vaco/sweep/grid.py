@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,30 @@ _RESERVED = (
 
 class SweepError(ValueError):
     """An invalid sweep file; the message names the field."""
+
+
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.+=-]+")  # what a value may hold to become part of a cell id
+_SAFE_SLURM = re.compile(r"[A-Za-z0-9_.,-]+")  # partition and account names (a comma lists several)
+
+
+def check_text(field: str, value: str) -> str:
+    """A free string that reaches a job script, a log or a run name: no control characters (a
+    newline would end an ``#SBATCH`` line and run the rest on the compute node)."""
+    bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise SweepError(f"`{field}` holds a control character ({bad!r}): use printable text only")
+    return value
+
+
+def check_resources(resources: dict) -> dict:
+    """The SLURM names in ``resources`` (from the file or the command line) are plain names."""
+    for key in ("partition", "account"):
+        value = resources.get(key)
+        if value is not None and not _SAFE_SLURM.fullmatch(str(value)):
+            raise SweepError(
+                f"`resources.{key}` = {value!r}: a SLURM {key} name is letters, digits and _ . - (a comma lists several)"
+            )
+    return resources
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -223,6 +248,7 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     experiment = raw.get("experiment")
     if not (isinstance(experiment, str) and experiment.strip()):
         raise SweepError(f"{path}: `experiment` (the MLflow experiment name) is required")
+    check_text("experiment", experiment)
     jobs = raw.get("jobs", 1)
     if not (isinstance(jobs, int) and not isinstance(jobs, bool) and jobs >= 1):
         raise SweepError(f"`jobs` must be an integer >= 1, got {jobs!r}")
@@ -278,7 +304,7 @@ def _load_resources(raw) -> dict:
         kind = RESOURCE_FIELDS[key][0]
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
             raise SweepError(f"`resources.{key}` must be a {'non-negative integer' if kind is int else 'string'}, got {value!r}")
-    return dict(raw)
+    return check_resources(dict(raw))
 
 
 def _configs_dir(path: Path, given: str | None) -> Path:
@@ -414,7 +440,15 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
     for key in dict.fromkeys([k for k in (*defaults, *body) if "." in str(k)]):
         _load_overrides({key: None}, algorithms)  # the same reserved-key check as `overrides`
         raw = body.get(key, defaults.get(key))
-        extra.append((str(key), tuple(dict.fromkeys(_as_list(name, key, raw)))))
+        values = tuple(dict.fromkeys(_as_list(name, key, raw)))
+        for value in values:  # each value becomes part of a cell id: a folder name and an MLflow filter
+            text = _fmt(value)
+            if not _SAFE_ID.fullmatch(text) or ".." in text:
+                raise SweepError(
+                    f"`grid.{name}.{key}`: {value!r} cannot name a cell (its folder and MLflow run): a value is "
+                    "a number, true/false, or text of letters, digits and _ . + = - (no '..')"
+                )
+        extra.append((str(key), values))
     values: dict[str, Any] = {}
     for axis in (*AXES, *axes):
         raw = body.get(axis, defaults.get(axis, _AXIS_DEFAULTS.get(axis)))
@@ -519,8 +553,10 @@ def _twin(algorithms: dict[str, Algorithm], algo: Algorithm, realigned: bool) ->
     return None
 
 
-def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
-    """The whole ``vaco fit`` config of one cell (env YAML + algorithm YAML + axes + overrides)."""
+def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str | None = None) -> dict:
+    """The whole ``vaco fit`` config of one cell (env YAML + algorithm YAML + axes + overrides).
+    The tracking store is not in it (``tracking_uri`` is accepted and unused): the cell's process
+    gets ``MLFLOW_TRACKING_URI`` from its launcher."""
     algo = sweep.algorithms[cell.base]
     config = copy.deepcopy(sweep.envs[cell.env])
     _merge(config, copy.deepcopy({k: v for k, v in algo.config.items() if k != "data"}))
@@ -555,7 +591,8 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str) -> dict:
                         **cell.tags(sweep.settings),
                         **({PARENT_RUN_ID_TAG: sweep.parent_run_id} if sweep.parent_run_id else {}),
                     },
-                    "tracking_uri": tracking_uri,
+                    # no tracking_uri: a cell reads MLFLOW_TRACKING_URI from the environment the
+                    # launcher gives it, so credentials in the URI never reach shared storage
                     "log_model": given_logger.get("log_model", True),  # a config's false stays false
                 },
             },

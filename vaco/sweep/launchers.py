@@ -26,8 +26,9 @@ from pathlib import Path
 
 import yaml
 
+from vaco.files import write_text_atomic
 from vaco.sweep.grid import Cell, Sweep, cell_config
-from vaco.tracking import CELL_TAG
+from vaco.tracking import CELL_TAG, redact_uri
 
 __all__ = ["LocalLauncher", "run_cell"]
 
@@ -36,7 +37,12 @@ def prepare_cell(sweep: Sweep, cell: Cell, tracking_uri: str) -> Path:
     """Write the cell's ``config.yaml`` into its folder (on storage every host can read)."""
     cell_dir = sweep.cell_dir(cell)
     cell_dir.mkdir(parents=True, exist_ok=True)
-    (cell_dir / "config.yaml").write_text(yaml.safe_dump(cell_config(sweep, cell, tracking_uri), sort_keys=False))
+    header = (
+        "# A cell of `vaco sweep`. The tracking store is not written here (a URI may hold credentials):\n"
+        f"# the sweep ran it with MLFLOW_TRACKING_URI={redact_uri(tracking_uri)}. To rerun the cell by hand:\n"
+        f"#   MLFLOW_TRACKING_URI=... vaco fit --config {cell_dir / 'config.yaml'}\n"
+    )
+    write_text_atomic(cell_dir / "config.yaml", header + yaml.safe_dump(cell_config(sweep, cell), sort_keys=False))
     return cell_dir
 
 
@@ -358,6 +364,37 @@ class SlurmLauncher:
                 continue
         return active
 
+    def unrecorded_jobs(self) -> list[str]:
+        """Jobs of this sweep (by job name) that SLURM still holds but ``jobs.yaml`` does not record:
+        a submitter killed between ``sbatch`` and the record. Their cells would run twice if
+        submitted again. Empty where ``squeue`` is not available (submitit's local executor)."""
+        import shutil
+
+        if self.kind != "slurm" or not shutil.which("squeue"):
+            return []
+        name = self.parameters(1)["job_name"]
+        try:
+            out = subprocess.run(["squeue", "--me", "--noheader", "--name", name, "--format", "%i"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        if out.returncode != 0:
+            return []
+        record = self.folder / "jobs.yaml"
+        recorded = {str(j).split("_")[0] for j in ((yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}).values()}
+        held = {line.split()[0].split("_")[0] for line in out.stdout.splitlines() if line.strip()}
+        return sorted(held - recorded)
+
+    def check_unrecorded(self) -> None:
+        """Refuse to submit while SLURM holds jobs of this sweep that nothing records (one line)."""
+        jobs = self.unrecorded_jobs()
+        if jobs:
+            raise RuntimeError(
+                f"SLURM still holds job(s) {', '.join(jobs)} named {self.parameters(1)['job_name']!r} that "
+                f"{self.folder / 'jobs.yaml'} does not record (a submission cut off before it was recorded?): "
+                f"submitting again would run their cells twice; wait for them to end or `scancel {' '.join(jobs)}`, then rerun"
+            )
+
     def launch(self, cells: list[Cell], wait: bool = False) -> int:
         import submitit
 
@@ -381,7 +418,7 @@ class SlurmLauncher:
         record = self.folder / "jobs.yaml"
         ids = (yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}
         ids.update({cell.id: job.job_id for cell, job in zip(cells, jobs)})
-        record.write_text(yaml.safe_dump(ids))
+        write_text_atomic(record, yaml.safe_dump(ids))  # a kill mid-write leaves the old record whole
         say(f"submitted {len(jobs)} cells as {self.kind} job array {jobs[0].job_id.split('_')[0]}; "
             f"logs in {self.folder}; `vaco sweep --config {self.sweep.path} --status` shows their state")
         if not wait:

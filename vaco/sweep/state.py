@@ -65,12 +65,24 @@ def plan(sweep: Sweep, cells: list[Cell], tracking_uri: str, with_running: bool 
 def lock(output_dir: Path):
     import fcntl
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    handle = open(output_dir / ".sweep.lock", "w")
+    import errno
+
+    path = output_dir / ".sweep.lock"
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "w")
+    except OSError as err:
+        raise SweepError(f"`output_dir`: cannot write the sweep's lock file {path} ({err.strerror})") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        raise SweepError(f"another `vaco sweep` is running on {output_dir}") from None
+    except OSError as err:
+        handle.close()
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise SweepError(f"another `vaco sweep` is running on {output_dir} (it holds {path})") from None
+        raise SweepError(
+            f"`output_dir`: cannot lock {path} ({err.strerror or err}): the filesystem may not support file locks "
+            "(some NFS mounts); put `output_dir` on a filesystem that does (a local disk, or NFS with locking)"
+        ) from None
     return handle
 
 
