@@ -143,7 +143,7 @@ def test_micro_batches_give_the_same_update(setting, tmp_path, mlflow_env):
         torch.testing.assert_close(full[key], micro[key], atol=1e-5, rtol=1e-4)
 
 
-def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path, mlflow_env):
+def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path, mlflow_env, capsys):
     # straight: 4 steps as 2 generation batches of N = 2 minibatches
     args = ("--model.init_args.num_minibatches", "2", "--checkpoint.every_n_iterations", "1")
     main(fit_args(setting, tmp_path / "straight", *args, objective="vaco_grpo.yaml"))
@@ -154,6 +154,13 @@ def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)  # tensors and plain values only
     assert int(saved["state_dict"]["version"]) == 1
     run_id = saved["vaco"]["mlflow_run_id"]
+    assert saved["vaco"]["definition"]["model.init_args.objective.init_args.delta"] == 0.05
+    # the LLM track has a run definition too: a changed delta is refused, in one line, before any step
+    with pytest.raises(SystemExit) as exit_info:
+        main(fit_args(setting, tmp_path / "first", *args, "--ckpt_path", str(ckpt),
+                      "--model.init_args.objective.init_args.delta", "0.1", objective="vaco_grpo.yaml"))
+    assert exit_info.value.code == 2
+    assert "`model.init_args.objective.init_args.delta` cannot change when resuming" in capsys.readouterr().err
     main(fit_args(setting, tmp_path / "first", *args, "--ckpt_path", str(ckpt), objective="vaco_grpo.yaml"))
 
     straight, resumed = final_policy_state(tmp_path / "straight"), final_policy_state(tmp_path / "first")

@@ -146,6 +146,9 @@ class GSM8kDataModule(L.LightningDataModule):
         seed: shuffling seed (linked from ``seed_everything`` by the CLI).
     """
 
+    # what a resumed run may not change (the learner adds its own); see RLVRModule.run_definition
+    defining_fields = ("train_path", "prompts_per_minibatch", "prompt_template", "question_key", "answer_key", "seed")
+
     def __init__(
         self,
         train_path: str,

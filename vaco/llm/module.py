@@ -446,6 +446,27 @@ class RLVRModule(L.LightningModule):
             progress["eval"] = f"{self.last_eval_accuracy:.3f}"
         self.progress = progress
 
+    #: hyperparameters a resumed run may change: evaluation, and the run's label
+    resumable_hparams: ClassVar[tuple[str, ...]] = (
+        "algorithm_name", "eval_batch_size", "eval_max_completion_length", "micro_batch_size", "gradient_checkpointing",
+    )
+
+    def run_definition(self, data) -> dict[str, Any]:
+        """The fields that make a run what it is, by config path: a resumed run must match them
+        (``vaco fit --ckpt_path`` refuses a changed delta, lr or model path). Everything but the
+        budget (``data.num_steps``), evaluation and the label."""
+        out: dict[str, Any] = {
+            "model.init_args.objective": f"{type(self.objective).__module__}.{type(self.objective).__qualname__}"
+        }
+        for key, value in plain_fields(self.objective).items():
+            out[f"model.init_args.objective.init_args.{key}"] = value
+        for key, value in self.hparams.items():
+            if key not in self.resumable_hparams:
+                out[f"model.init_args.{key}"] = list(value) if isinstance(value, (list, tuple)) else value
+        for key in getattr(data, "defining_fields", ()):
+            out[f"data.init_args.{key}"] = getattr(data, key)
+        return out
+
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # tensors and plain values only (loads with weights_only=True). All sampling goes through
@@ -458,6 +479,7 @@ class RLVRModule(L.LightningModule):
             "torch_rng": torch.get_rng_state(),
             "algorithm": self.algorithm,
             "mlflow_run_id": getattr(self.logger, "run_id", None),
+            "definition": self.run_definition(self.data) if self.data is not None else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
