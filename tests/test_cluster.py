@@ -1,0 +1,166 @@
+"""A sweep on a real one-node SLURM cluster and against a real PostgreSQL database (tests/services.py
+starts them once per session): submission through `sbatch` as a job array, a cell requeued
+mid-run with `scontrol requeue`, a lost submission record that must not lead to a second
+submission, the parent run closed once the cells are done, and a PostgreSQL password that
+appears in no artifact, param, tag, cell file or log line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from services import postgres, slurm_cluster
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "configs" / "sweeps" / "tiny.yaml")
+VACO = str(Path(sys.executable).with_name("vaco"))
+FIRST, SECOND = "vaco-inverted_pendulum-K2-s1", "ppo_clip-inverted_pendulum-K2-s1"
+ONLY = ["--only", FIRST, "--only", SECOND]
+ITERATIONS = 32  # tiny.yaml: 4096 steps / (2 envs x 64 steps)
+SECRET = "Pg-s3cr3t-7f1c"
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    env, why = slurm_cluster()
+    if env is None:
+        pytest.skip(why)
+    return env
+
+
+def _vaco(*args: str, cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([VACO, *args], cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _squeue(env: dict) -> list[tuple[str, str]]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], env=dict(os.environ, **env), capture_output=True, text=True)
+    return [tuple(line.split()) for line in out.stdout.splitlines() if line.strip()]
+
+
+def _wait_until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(1)
+
+
+def _cell_runs(uri: str, experiment: str = "vaco-tiny") -> dict[str, list]:
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    out: dict[str, list] = {}
+    for run in client.search_runs([exp.experiment_id]):
+        cell = run.data.tags.get("vaco.sweep.cell")
+        if cell:
+            out.setdefault(cell, []).append(run)
+    return out
+
+
+def _parent(uri: str, experiment: str = "vaco-tiny"):
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'")
+    return parent
+
+
+def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_run(slurm, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**slurm, "MLFLOW_TRACKING_URI": uri}
+    out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "slurm",
+                "--mem-gb", "2", "--time-min", "30", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "submitted 2 cells as slurm job array" in out.stdout
+    jobs = yaml.safe_load((tmp_path / "out" / "submitit" / "jobs.yaml").read_text())
+    assert sorted(jobs) == sorted([FIRST, SECOND])
+    # requeue the first cell once it has a checkpoint (SLURM sends SIGTERM; the cell stops after its
+    # iteration); a requeued job waits for its begin time, which the test moves to now
+    ckpt = tmp_path / "out" / FIRST / "checkpoints" / "last.ckpt"
+    _wait_until(ckpt.is_file, 600, "the first cell's first checkpoint")
+    job = str(jobs[FIRST])
+    subprocess.run(["scontrol", "requeue", job], env=dict(os.environ, **slurm), check=True)
+    _wait_until(lambda: any(j == job and s == "PENDING" for j, s in _squeue(slurm)), 120, "the requeued job pending")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=dict(os.environ, **slurm), check=True)
+    _wait_until(lambda: not _squeue(slurm), 900, "every job of the array ending")
+    runs = _cell_runs(uri)
+    assert sorted(runs) == sorted([FIRST, SECOND])
+    client = mlflow.MlflowClient(uri)
+    for cell, found in runs.items():
+        assert len(found) == 1 and found[0].info.status == "FINISHED", cell
+        steps = [m.step for m in client.get_metric_history(found[0].info.run_id, "time/iteration")]
+        assert sorted(steps) == sorted(set(steps)) and len(steps) == ITERATIONS, (cell, steps)
+    log = (tmp_path / "out" / FIRST / "train.log").read_text()
+    assert log.count("=== ") >= 2 and "--ckpt_path" in log  # it ran again, from its checkpoint
+    # the parent run stays RUNNING while the cells run on their own; a rerun closes it
+    assert _parent(uri).info.status == "RUNNING"
+    again = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "slurm",
+                  cwd=tmp_path, env=env)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+    assert _parent(uri).info.status == "FINISHED"
+
+
+def test_a_submitter_killed_before_recording_its_jobs_does_not_submit_twice(slurm, tmp_path):
+    """The state a submitter killed between `sbatch` and writing jobs.yaml leaves behind: the job
+    is queued and nothing records it. The rerun asks SLURM and refuses, in one line."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**slurm, "MLFLOW_TRACKING_URI": uri}
+    slurm_env = dict(os.environ, **slurm)
+    subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=slurm_env, check=True)
+    try:  # jobs stay queued while the partition is down
+        out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST, "--launcher", "slurm",
+                    "--mem-gb", "2", cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        record = tmp_path / "out" / "submitit" / "jobs.yaml"
+        job = str(yaml.safe_load(record.read_text())[FIRST]).split("_")[0]
+        record.unlink()
+        again = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST, "--launcher", "slurm",
+                      cwd=tmp_path, env=env)
+        assert again.returncode == 2, again.stdout + again.stderr
+        (line,) = again.stderr.strip().splitlines()
+        assert f"SLURM still holds job(s) {job}" in line and "would run their cells twice" in line
+        assert [j for j, _ in _squeue(slurm)] == [f"{job}_0"]  # nothing was submitted again
+    finally:
+        subprocess.run(["scancel", "--user", "root"], env=slurm_env)
+        subprocess.run(["scontrol", "update", "PartitionName=debug", "State=UP"], env=slurm_env, check=True)
+        _wait_until(lambda: not _squeue(slurm), 120, "the queue emptying")
+
+
+def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
+    url, why = postgres(SECRET)
+    if url is None:
+        pytest.skip(why)
+    env = {"MLFLOW_TRACKING_URI": url}
+    out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    report = _vaco("report", "--experiment", "vaco-tiny", "--out", str(tmp_path / "report"), "--reps", "20",
+                   cwd=tmp_path, env=env)
+    assert report.returncode == 0, report.stderr[-3000:]
+    client = mlflow.MlflowClient(url)
+    runs = _cell_runs(url)
+    assert len(runs[FIRST]) == 1 and runs[FIRST][0].info.status == "FINISHED"
+    texts = [out.stdout, out.stderr, report.stdout, report.stderr]
+    exp = client.get_experiment_by_name("vaco-tiny")
+    for run in client.search_runs([exp.experiment_id]):
+        texts += [repr(run.data.params), repr(run.data.tags)]
+        local = client.download_artifacts(run.info.run_id, "", str(tmp_path / "artifacts" / run.info.run_id))
+        for path in Path(local).rglob("*"):
+            if path.is_file():
+                texts.append(path.read_bytes().decode("utf-8", "replace"))
+    for path in (tmp_path / "out").rglob("*"):
+        if path.is_file() and path.suffix != ".ckpt":
+            texts.append(path.read_bytes().decode("utf-8", "replace"))
+    for path in (tmp_path / "report").rglob("*.md"):
+        texts.append(path.read_text())
+    assert any("config.yaml" in t or "trainer:" in t for t in texts)  # the artifacts were read
+    leaks = [t[max(0, t.find(SECRET) - 80): t.find(SECRET) + 40] for t in texts if SECRET in t]
+    assert not leaks, leaks
+    assert "postgresql+psycopg://***@127.0.0.1" in out.stdout  # what the sweep shows of the store
