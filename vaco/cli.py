@@ -75,8 +75,35 @@ def main(argv: list[str] | None = None) -> int | None:
         hint = did_you_mean(command, COMMANDS)
         print(f"vaco: unknown command {command!r}.{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
+    _check_gl(command, argv[1:])
     module = importlib.import_module(COMMANDS[command][0])
     return module.main(argv[1:])
+
+
+_GL_LIBRARIES = {"osmesa": ("OSMesa", "libosmesa6"), "egl": ("EGL", "libegl1")}
+
+
+def _check_gl(command: str, argv: list[str]) -> None:
+    """``MUJOCO_GL=osmesa`` (or egl) without its library breaks every import of torchrl (PyOpenGL
+    loads the platform at import). Where nothing renders, vaco runs without the setting; where a
+    video is asked for, it says in one line which library to install."""
+    import ctypes.util
+
+    backend = (os.environ.get("MUJOCO_GL") or os.environ.get("PYOPENGL_PLATFORM") or "").lower()
+    if backend not in _GL_LIBRARIES:
+        return
+    library, package = _GL_LIBRARIES[backend]
+    if ctypes.util.find_library(library):
+        return
+    if command == "evaluate" and any(a == "--video" or a.startswith("--video=") for a in argv):
+        print(
+            f"vaco evaluate: error: `MUJOCO_GL={backend}`: the {library} library is not installed, so no video can be "
+            f"rendered (Debian/Ubuntu: apt-get install {package}; or set MUJOCO_GL to a backend this machine has)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    for name in ("MUJOCO_GL", "PYOPENGL_PLATFORM"):  # nothing renders in this command
+        os.environ.pop(name, None)
 
 
 if __name__ == "__main__":

@@ -95,3 +95,78 @@ def one_line(message: str, known_options=()) -> str:
     if "Parser key" in message or "class_path" in message:
         return summarize_validation_error(message)
     return " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+
+
+# ---------------------------------------------------------------------------------------- config files
+def config_files(argv: list[str]) -> list[str]:
+    """The files given as ``--config FILE`` or ``--config=FILE``, in order."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            out.append(arg.split("=", 1)[1])
+    return out
+
+
+def check_config_files(paths: list[str]) -> dict[str, object]:
+    """Read each ``--config`` file before the parser does, so a missing or unreadable file, a tab,
+    or broken indentation is one line naming the file, the line and what is wrong (jsonargparse
+    says ``"<unicode string>", line 4``). Returns file -> its parsed content."""
+    import yaml
+
+    loaded = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            raise ConfigurationError(f"`--config {path}`: no such file") from None
+        except IsADirectoryError:
+            raise ConfigurationError(f"`--config {path}`: a directory, not a YAML file") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise ConfigurationError(f"`--config {path}`: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+        try:
+            loaded[path] = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            where = f"line {line}, column {mark.column + 1}" if mark is not None else "somewhere"
+            bad_line = text.splitlines()[line - 1] if line and line <= len(text.splitlines()) else ""
+            if "\t" in bad_line[: len(bad_line) - len(bad_line.lstrip())] or (mark is not None and "\t" in bad_line):
+                what = "a tab character: YAML indents with spaces only"
+            else:
+                what = getattr(err, "problem", None) or str(err).splitlines()[0]
+                if any(p in what for p in ("block end", "block mapping", "mapping values are not allowed")):
+                    what = f"the indentation does not line up with the lines above (YAML nests by indentation; {what})"
+                else:
+                    context = getattr(err, "context", None)
+                    what = f"{what} ({context})" if context else what
+            raise ConfigurationError(f"`--config {path}`: {where}: {what}") from None
+        if loaded[path] is not None and not isinstance(loaded[path], dict):
+            raise ConfigurationError(f"`--config {path}`: a config file is a mapping of fields, got {type(loaded[path]).__name__}")
+    return loaded
+
+
+def _flat_keys(tree, prefix: str = "") -> set[str]:
+    keys = set()
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            full = f"{prefix}{key}"
+            keys.add(full)
+            keys |= _flat_keys(value, full + ".")
+    return keys
+
+
+def file_of_key(message: str, loaded: dict[str, object]) -> str | None:
+    """The ``--config`` file that holds the field a one-line error names (```a.b.c`: ...``)."""
+    found = re.match(r"`([^`]+)`", message)
+    if not found:
+        return None
+    key = found.group(1)
+    short = key.replace(".init_args.", ".")
+    for path, tree in reversed(list(loaded.items())):  # the last file wins, as in the parser
+        keys = _flat_keys(tree)
+        if key in keys or short in {k.replace(".init_args.", ".") for k in keys}:
+            return path
+    return None

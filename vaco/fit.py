@@ -25,7 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vaco.callbacks import IterationCheckpoint, SaveConfigToMLflow, VacoProgressBar
 from vaco.checkpoint import CheckpointError, load_checkpoint
-from vaco.config_errors import ConfigurationError, one_line
+from vaco.config_errors import ConfigurationError, check_config_files, config_files, file_of_key, one_line
 from vaco.logger import VacoMLFlowLogger
 from vaco.tracking import (
     DEFAULT_TRACKING_URI,
@@ -36,6 +36,9 @@ from vaco.tracking import (
 )
 
 __all__ = ["VacoCLI", "ConfigurationError", "main", "DEFAULT_TRACKING_URI", "tracking_uri"]
+
+
+_CONFIG_FILES: dict[str, object] = {}  # the --config files of this `vaco fit`, read by main()
 
 
 class VacoArgumentParser(LightningArgumentParser):
@@ -50,7 +53,11 @@ class VacoArgumentParser(LightningArgumentParser):
             return super().error(message, ex)
         options = [o for action in self._actions for o in action.option_strings]
         prog = "vaco fit"
-        print(f"{prog}: error: {one_line(message, options)}\n(`{prog} --help` lists the fields)", file=sys.stderr)
+        text = one_line(message, options)
+        where = file_of_key(text, _CONFIG_FILES)
+        if where is not None:
+            text += f" (in {where})"
+        print(f"{prog}: error: {text}\n(`{prog} --help` lists the fields)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -114,6 +121,13 @@ class VacoCLI(LightningCLI):
         """
         config = self.config.get(self.config.get("subcommand") or "", None) if self.config.get("subcommand") else None
         self._resume_state = _read_resume_checkpoint(config) if config is not None else None
+
+    def _set_seed(self) -> None:
+        """The checks that need no object, before Lightning prints "Seed set to" and before any
+        MLflow store is touched: the seed's range and the MuJoCo task (registered, continuous)."""
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        _early_checks(config)
+        super()._set_seed()
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
@@ -179,6 +193,23 @@ class VacoCLI(LightningCLI):
         print("\n".join(lines), flush=True)
 
 
+def _early_checks(config) -> None:
+    seed = config.get("seed_everything")
+    if not (seed is None or isinstance(seed, bool) or (isinstance(seed, int) and 0 <= seed < 2**32)):
+        raise ConfigurationError(f"`seed_everything` must be an integer in [0, 2^32 - 1] (or true for a random one), got {seed!r}")
+    data = config.get("data")
+    init = (data.get("init_args") if hasattr(data, "get") else None) or {}
+    env_id = init.get("env_id") if hasattr(init, "get") else None
+    if env_id is not None:  # the MuJoCo data modules (the LLM track's has no env_id)
+        from vaco.data.envs import env_spec
+
+        kwargs = init.get("env_kwargs") if hasattr(init, "get") else None
+        try:
+            env_spec(env_id, dict(kwargs) if kwargs else None, field="data.env_id")
+        except ValueError as err:
+            raise ConfigurationError(str(err)) from None
+
+
 def _config_error(err: Exception) -> str:
     """The validators' own messages, without jsonargparse's union bookkeeping around them."""
     text = str(err)
@@ -186,6 +217,7 @@ def _config_error(err: Exception) -> str:
         line.strip()[2:]
         for line in text.splitlines()
         if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
+        and "Does not validate against any of the Union subtypes" not in line
     ]
     return "; ".join(reasons) if reasons else one_line(text)
 
@@ -323,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--help-all":  # Lightning's complete list (every Trainer flag)
         argv = ["--help", *argv[1:]]
     try:
+        _CONFIG_FILES.clear()
+        _CONFIG_FILES.update(check_config_files(config_files(argv)))
         VacoCLI(args=["fit", *argv])
     except (ConfigurationError, CheckpointError, TrackingStoreError) as err:
         print(f"vaco fit: error: {err}", file=sys.stderr)

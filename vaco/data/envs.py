@@ -41,15 +41,24 @@ def validate_env_id(env_id: str, field: str = "env_id") -> None:
         raise ValueError(f"`{field}`: unknown gymnasium env id {env_id!r}.{hint}")
 
 
-def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
-    validate_env_id(env_id)
-    env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+def env_spec(env_id: str, env_kwargs: dict | None = None, field: str = "env_id") -> EnvSpec:
+    """The task's sizes and bounds, read from one env made and closed here; a task vaco cannot
+    train (not registered, a discrete action space, an image observation) is a ValueError naming
+    ``field``."""
+    validate_env_id(env_id, field)
+    try:
+        env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"`{field}`: {env_id} cannot be made with env_kwargs {env_kwargs or {}} ({err})") from None
     try:
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(act_space, gym.spaces.Box) or len(act_space.shape) != 1:
-            raise ValueError(f"`env_id`: {env_id} must have a 1-D continuous (Box) action space, got {act_space}")
+            raise ValueError(
+                f"`{field}`: {env_id} has the action space {act_space}; vaco's policies are Gaussian and need a "
+                "1-D continuous (Box) one, as the MuJoCo tasks have (Hopper-v5, HalfCheetah-v5, ...)"
+            )
         if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
-            raise ValueError(f"`env_id`: {env_id} must have a flat Box observation space, got {obs_space}")
+            raise ValueError(f"`{field}`: {env_id} must have a flat Box observation space, got {obs_space}")
         return EnvSpec(
             env_id=env_id,
             obs_dim=int(obs_space.shape[0]),

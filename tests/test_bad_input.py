@@ -1,0 +1,131 @@
+"""Bad input is one line naming the field, exit 2, before any env, process or MLflow run exists
+(issue 22): every numeric field of every shipped config with a wrong type, a wrong sign and an
+out-of-range value; config files that are missing, unreadable, tabbed or misspelt; a task vaco
+cannot train; a negative seed; an OpenGL backend whose library is missing."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from vaco.config_errors import ConfigurationError
+from vaco.fit import VacoCLI
+
+REPO = Path(__file__).resolve().parents[1]
+VACO = str(Path(sys.executable).with_name("vaco"))
+BASE = ["--config", str(REPO / "configs/env/hopper.yaml"), "--config", str(REPO / "configs/algo/vaco.yaml")]
+# values the math allows at any size: a truncation level, a penalty weight, SPO's ratio bound, delta
+UNBOUNDED_ABOVE = {"c_bar", "kl_coef", "epsilon", "delta", "rho_bar"}
+
+
+def _numeric_fields():
+    seen = {}
+    for folder in ("env", "algo", "collection"):
+        for path in sorted((REPO / "configs" / folder).glob("*.yaml")):
+            def walk(tree, prefix=""):
+                if isinstance(tree, dict):
+                    for key, value in tree.items():
+                        if key != "class_path":
+                            yield from walk(value, f"{prefix}{key}.")
+                elif isinstance(tree, (int, float)) and not isinstance(tree, bool):
+                    yield prefix[:-1], tree
+
+            for key, value in walk(yaml.safe_load(path.read_text())):
+                seen.setdefault(key, (path, value))
+    return sorted(seen.items())
+
+
+FIELDS = _numeric_fields()
+
+
+def _refused(argv: list[str]) -> str:
+    """The one-line message a bad config gets (SystemExit 2 from the parser, or ConfigurationError)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            VacoCLI(args=argv, run=False)
+        except SystemExit as exit_:
+            assert exit_.code == 2, err.getvalue()
+            lines = [l for l in err.getvalue().strip().splitlines() if l.startswith("vaco fit: error:")]
+            assert len(lines) == 1, err.getvalue()
+            return lines[0]
+        except ConfigurationError as error:
+            assert "\n" not in str(error)
+            return str(error)
+    raise AssertionError(f"accepted: {argv[-1]}")
+
+
+def test_every_shipped_numeric_field_is_found():
+    keys = {k for k, _ in FIELDS}
+    assert {"data.init_args.num_envs", "model.init_args.objective.init_args.delta",
+            "model.init_args.advantage.init_args.gamma", "data.init_args.collection.init_args.num_workers"} <= keys
+
+
+@pytest.mark.parametrize(("key", "where"), FIELDS, ids=[k for k, _ in FIELDS])
+def test_a_wrong_type_sign_or_range_in_any_shipped_field_is_one_line(key, where, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    path, value = where
+    argv = [*BASE, *(["--config", str(path)] if path.parent.name != "env" else [])]
+    short = key.rsplit(".", 1)[-1]
+    for bad in ("abc", "-1", *([] if short in UNBOUNDED_ABOVE or isinstance(value, float) and short not in ("gamma", "lmbda", "clip_epsilon") else ["1e30"])):
+        message = _refused([*argv, f"--{key}={bad}"])
+        assert short in message, (key, bad, message)
+    assert not (tmp_path / "mlflow.db").exists() or not [
+        r for e in mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+        for r in mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs([e.experiment_id])
+    ]
+
+
+def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([VACO, "fit", *BASE, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", **(env or {})))
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--data.init_args.env_id", "CartPole-v1"), "`data.env_id`: CartPole-v1 has the action space Discrete(2)"),
+        (("--data.init_args.env_id", "Hoper-v5"), "`data.env_id`: unknown gymnasium env id 'Hoper-v5'. Did you mean Hopper-v5"),
+        (("--seed_everything=-3",), "`seed_everything` must be an integer in [0, 2^32 - 1]"),
+        (("--config", "missing.yaml"), "`--config missing.yaml`: no such file"),
+        (("--config", "tab.yaml"), "`--config tab.yaml`: line 3, column 1: a tab character: YAML indents with spaces only"),
+        (("--config", "indent.yaml"), "`--config indent.yaml`: line 4, column 4: the indentation does not line up"),
+        (("--config", "typo.yaml"), "has no field 'num_env'. Did you mean num_envs or num_steps? (in typo.yaml)"),
+        (("--config", "."), "`--config .`: a directory, not a YAML file"),
+    ],
+    ids=["discrete-actions", "misspelt-env", "negative-seed", "missing-file", "tab", "indentation", "misspelt-key", "directory"],
+)
+def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):
+    (tmp_path / "tab.yaml").write_text("data:\n  init_args:\n\tnum_envs: 4\n")
+    (tmp_path / "indent.yaml").write_text("data:\n  init_args:\n    num_envs: 4\n   num_steps: 8\n")
+    (tmp_path / "typo.yaml").write_text("data:\n  init_args:\n    num_env: 4\n")
+    out = _fit(tmp_path, *args)
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("vaco fit: error:")]
+    assert len(errors) == 1 and expected in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "Seed set to" not in out.stderr + out.stdout
+    assert not (tmp_path / "mlflow.db").exists()  # no store touched, no run
+
+
+def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_render(tmp_path):
+    import ctypes.util
+
+    if ctypes.util.find_library("OSMesa"):
+        pytest.skip("OSMesa is installed here: the missing-library path cannot be shown")
+    env = dict(os.environ, MUJOCO_GL="osmesa")
+    plain = subprocess.run([VACO, "evaluate", "--ckpt", "none.ckpt"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert plain.returncode == 2 and plain.stderr.strip() == "vaco evaluate: error: `--ckpt`: no checkpoint at none.ckpt"
+    video = subprocess.run([VACO, "evaluate", "--ckpt", "none.ckpt", "--video", "x.mp4"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert video.returncode == 2
+    (line,) = video.stderr.strip().splitlines()
+    assert "`MUJOCO_GL=osmesa`: the OSMesa library is not installed" in line and "apt-get install libosmesa6" in line
