@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 _started: dict[str, object] = {}
+MAX_ARRAY_SIZE = 4  # small, so the tiny sweep's 5 cells need two job arrays
 
 
 def _free_port() -> int:
@@ -58,6 +59,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 KillWait=30
+MaxArraySize={max_array}
 NodeName={host} CPUs={cpus} RealMemory={memory} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -92,7 +94,7 @@ def slurm_cluster() -> tuple[dict[str, str] | None, str]:
     memory = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
     conf = root / "slurm.conf"
     conf.write_text(SLURM_CONF.format(host=host, root=root, ctld_port=_free_port(), d_port=_free_port(),
-                                      cpus=os.cpu_count() or 1, memory=memory))
+                                      cpus=os.cpu_count() or 1, memory=memory, max_array=MAX_ARRAY_SIZE))
     env = dict(os.environ, SLURM_CONF=str(conf))
     subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True)
     subprocess.run(["slurmd", "-f", str(conf)], env=env, check=True)

@@ -108,26 +108,41 @@ def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_ru
     assert _parent(uri).info.status == "FINISHED"
 
 
+def test_the_dry_run_shows_the_arrays_and_the_script_that_will_be_submitted(slurm, tmp_path):
+    out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--launcher", "slurm", "--dry-run",
+                cwd=tmp_path, env={**slurm, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    assert out.returncode == 0, out.stderr
+    assert "5 cells to submit as 2 job array(s) of at most 4 (the cluster's MaxArraySize), 4 running at once" in out.stdout
+    script = out.stdout.split("sbatch script:", 1)[1]
+    assert "#SBATCH --array=0-3%4" in script and f"{sys.executable} -u -m submitit.core._submit" in script
+    assert "cells on other hosts cannot share one SQLite file safely" in out.stderr
+
+
 def test_a_submitter_killed_before_recording_its_jobs_does_not_submit_twice(slurm, tmp_path):
-    """The state a submitter killed between `sbatch` and writing jobs.yaml leaves behind: the job
-    is queued and nothing records it. The rerun asks SLURM and refuses, in one line."""
+    """The state a submitter killed between `sbatch` and writing jobs.yaml leaves behind: the jobs
+    are queued and nothing records them. The rerun asks SLURM and refuses, in one line. The five
+    cells go as two job arrays (the test cluster's MaxArraySize is 4)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**slurm, "MLFLOW_TRACKING_URI": uri}
     slurm_env = dict(os.environ, **slurm)
     subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=slurm_env, check=True)
     try:  # jobs stay queued while the partition is down
-        out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST, "--launcher", "slurm",
+        out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--launcher", "slurm",
                     "--mem-gb", "2", cwd=tmp_path, env=env)
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "submitted 5 cells as slurm job arrays" in out.stdout
         record = tmp_path / "out" / "submitit" / "jobs.yaml"
-        job = str(yaml.safe_load(record.read_text())[FIRST]).split("_")[0]
+        ids = yaml.safe_load(record.read_text())
+        arrays = sorted({str(j).split("_")[0] for j in ids.values()}, key=int)
+        assert len(ids) == 5 and len(arrays) == 2
+        queued = sorted(j for j, _ in _squeue(slurm))
         record.unlink()
-        again = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST, "--launcher", "slurm",
+        again = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--launcher", "slurm",
                       cwd=tmp_path, env=env)
         assert again.returncode == 2, again.stdout + again.stderr
-        (line,) = again.stderr.strip().splitlines()
-        assert f"SLURM still holds job(s) {job}" in line and "would run their cells twice" in line
-        assert [j for j, _ in _squeue(slurm)] == [f"{job}_0"]  # nothing was submitted again
+        (line,) = [l for l in again.stderr.strip().splitlines() if not l.startswith("vaco sweep: warning")]
+        assert f"SLURM still holds job(s) {', '.join(arrays)}" in line and "would run their cells twice" in line
+        assert sorted(j for j, _ in _squeue(slurm)) == queued  # nothing was submitted again
     finally:
         subprocess.run(["scancel", "--user", "root"], env=slurm_env)
         subprocess.run(["scontrol", "update", "PartitionName=debug", "State=UP"], env=slurm_env, check=True)

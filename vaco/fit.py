@@ -176,6 +176,9 @@ class VacoCLI(LightningCLI):
         if self.trainer.global_rank != 0:
             return
         model, logger = self.model, self.trainer.logger
+        from vaco.cli import vaco_command
+
+        vaco = vaco_command()  # `.venv/bin/vaco` where `vaco` is not on PATH (after `make demo`)
         lines = ["", "vaco: training finished."]
         final = getattr(model, "last_eval_return", None)
         if final is not None:
@@ -187,9 +190,9 @@ class VacoCLI(LightningCLI):
         if run_id:
             uri = getattr(logger, "_tracking_uri", tracking_uri())
             lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
-            lines.append("  open it with: vaco ui" + ("" if uri == tracking_uri() else f" --store {redact_uri(uri)}"))
+            lines.append(f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {redact_uri(uri)}"))
         if ckpt and hasattr(model, "actor"):  # `vaco evaluate` runs MuJoCo policies
-            lines.append(f"  evaluate it with: vaco evaluate --ckpt {ckpt}")
+            lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {ckpt}")
         print("\n".join(lines), flush=True)
 
 
@@ -336,6 +339,7 @@ def _quiet() -> None:
         ".*The number of training batches .* is smaller than the logging interval.*",
         ".*does not have many workers which may be a bottleneck.*",
         ".*LightningCLI's args parameter is intended to run from within Python.*",
+        ".*The `srun` command is available on your system but is not used.*",
     ):
         warnings.filterwarnings("ignore", message=message)
     # vaco prints its own summary; Lightning's "`Trainer.fit` stopped: `max_epochs=1` reached." says

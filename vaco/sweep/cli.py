@@ -13,6 +13,9 @@ from vaco.tracking import redact_uri
 
 __all__ = ["main"]
 
+MAX_LISTED = 40  # --dry-run/--status list at most this many cells unless --all-cells
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaco sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -23,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--status", action="store_true", help="print every cell's state (finished, running, resume, new) and exit")
     parser.add_argument("--out", default=None, help="output folder of cell configs, logs, checkpoints (default: the file's `output_dir`)")
     parser.add_argument("--only", action="append", default=[], metavar="GLOB", help="run only cells whose id matches (repeatable)")
+    parser.add_argument("--all-cells", action="store_true", help="--dry-run/--status: list every cell, even in a large sweep")
     parser.add_argument("--grace", type=float, default=15.0, help="local: seconds a stopped cell gets to exit before SIGKILL")
     parser.add_argument("--status-every", type=float, default=60.0, help="local: seconds between progress lines")
     launch = parser.add_argument_group("launchers (the sweep file's `launcher` and `resources`, overridden here)")
@@ -71,9 +75,23 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {jobs} at a time" if launcher == "local" else "")
         + f"\n  MLflow: {redact_uri(uri)}  outputs: {sweep.output_dir}"
     )
+    if launcher in ("slurm", "ray") and uri.startswith("sqlite:"):
+        print(
+            f"vaco sweep: warning: a {launcher} sweep with a SQLite store ({redact_uri(uri)}): cells on other hosts cannot "
+            "share one SQLite file safely; run an MLflow server with a database backend (docs/sweeps.md) and set "
+            "MLFLOW_TRACKING_URI to it",
+            file=sys.stderr,
+        )
     if args.dry_run or args.status:
-        for cell in cells:
+        shown = cells if args.all_cells or len(cells) <= MAX_LISTED else cells[:MAX_LISTED // 2]
+        for cell in shown:
             print(f"  {states[cell.id]:8s}  {cell.id}")
+        if len(shown) < len(cells):
+            by_algo: dict[str, int] = {}
+            for cell in cells:
+                by_algo[cell.algorithm] = by_algo.get(cell.algorithm, 0) + 1
+            print(f"  ... and {len(cells) - len(shown)} more (--all-cells lists them); cells per algorithm: "
+                  + ", ".join(f"{a} {n}" for a, n in by_algo.items()))
         print(
             f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
         )
@@ -81,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             from vaco.sweep.launchers import SlurmLauncher
 
             todo = sum(1 for c in cells if states[c.id] != "finished")
-            print("  the job array's sbatch script:\n" + SlurmLauncher(sweep, uri, resources).submission_script(max(todo, 1)))
+            slurm = SlurmLauncher(sweep, uri, resources)
+            sizes = slurm.chunks(max(todo, 1))
+            print(f"  {todo} cells to submit as {len(sizes)} job array(s) of at most {max(sizes)} "
+                  f"(the cluster's MaxArraySize), {slurm.parameters(max(sizes))['array_parallelism']} running at once per array")
+            print("  the first job array's sbatch script:\n" + slurm.submission_script(max(todo, 1)))
         return 0
     for cell in cells:
         if states[cell.id] == "finished":

@@ -166,11 +166,12 @@ class LocalLauncher:
             for s, handler in old.items():
                 signal.signal(s, handler)
         if self.stop_requested:
-            say(f"stopped: {self._status(len(pending))}. Rerun the same command to resume.")
+            say(f"stopped: {self._status(len(pending), eta=False)}. Rerun the same command to resume.")
             return 130
         say(f"sweep finished: {self._status(0)}")
         if self.failed:
             say("failed cells: " + ", ".join(c.id for c in self.failed))
+        say(see_results(self.sweep))
         return 1 if self.failed else 0
 
     def _start(self, cell: Cell) -> None:
@@ -238,11 +239,13 @@ class LocalLauncher:
             job.proc.wait()
             self._finish(job)
 
-    def _status(self, pending: int | None, detail: bool = False) -> str:
+    def _status(self, pending: int | None, detail: bool = False, eta: bool = True) -> str:
         done, failed, running = len(self.done), len(self.failed), len(self.running)
         left = self.total - done - failed
         text = f"done {done}/{self.total}, running {running}, failed {failed}"
-        if self.done and left > 0:
+        if not eta:
+            pass
+        elif self.done and left > 0:
             mean = sum(s for _, s in self.done) / len(self.done)
             now = time.monotonic()
             busy = sum(max(mean - (now - j.started), 0.0) for j in self.running.values())
@@ -263,12 +266,45 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def see_results(sweep: Sweep) -> str:
+    """The closing hint of a sweep: the commands that show its results, runnable from here."""
+    from vaco.cli import vaco_command
+
+    vaco = vaco_command()
+    return f"see the results: {vaco} report --experiment {sweep.experiment}   (or browse the runs: {vaco} ui)"
+
+
 def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 
 # ---------------------------------------------------------------------------------------- clusters
+DEFAULT_ARRAY_PARALLELISM = 64  # a sweep of thousands of cells must not take a whole partition at once
+SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # SLURM's own default, when `scontrol show config` cannot say
+
+
+def max_array_size(env: dict | None = None) -> int:
+    """The cluster's MaxArraySize (``scontrol show config``); SLURM's default 1001 where it cannot be read.
+    A job array's indices must be below it, so one array holds at most this many cells."""
+    import shutil
+
+    if not shutil.which("scontrol"):
+        return SLURM_DEFAULT_MAX_ARRAY_SIZE
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return SLURM_DEFAULT_MAX_ARRAY_SIZE
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize":
+            try:
+                return max(1, int(value.strip()))
+            except ValueError:
+                break
+    return SLURM_DEFAULT_MAX_ARRAY_SIZE
+
+
 RESOURCE_FIELDS = {
     # name: (type, meaning) — the sweep file's `resources:` and the matching command-line flags
     "cpus": (int, "CPUs per cell (default 1: one env-stepping process with one torch thread)"),
@@ -277,7 +313,7 @@ RESOURCE_FIELDS = {
     "time_min": (int, "wall-time limit per cell, minutes (SLURM; a cell past it is requeued and resumes)"),
     "partition": (str, "SLURM partition"),
     "account": (str, "SLURM account"),
-    "array_parallelism": (int, "SLURM: cells of the job array running at once (default: all)"),
+    "array_parallelism": (int, f"SLURM: cells of a job array running at once (default {DEFAULT_ARRAY_PARALLELISM})"),
     "max_retries": (int, "Ray: retries of a cell whose worker or node died (default 3)"),
 }
 
@@ -327,7 +363,7 @@ class SlurmLauncher:
             "cpus_per_task": r.get("cpus", 1),
             "time": r.get("time_min", 60 * 24),
             "mem": f"{r.get('mem_gb', 8)}GB",
-            "array_parallelism": r.get("array_parallelism", n),
+            "array_parallelism": min(r.get("array_parallelism", DEFAULT_ARRAY_PARALLELISM), n),
         }
         if r.get("gpus"):
             params["gpus_per_node"] = r["gpus"]
@@ -337,12 +373,21 @@ class SlurmLauncher:
             params["account"] = r["account"]
         return params
 
+    def chunks(self, n: int) -> list[int]:
+        """How many cells each job array of the submission holds: at most the cluster's MaxArraySize."""
+        size = max_array_size() if self.kind == "slurm" else n or 1
+        return [min(size, n - start) for start in range(0, n, size)] or [0]
+
     def submission_script(self, n: int) -> str:
-        """The sbatch script the array would be submitted with (``--dry-run`` prints it)."""
+        """The sbatch script of the (first) job array, as submitit writes it for this interpreter
+        (``--dry-run`` prints it)."""
+        import shlex
+
         from submitit.slurm.slurm import _make_sbatch_string  # what SlurmExecutor writes (no public name)
 
-        return _make_sbatch_string(command="python -u -m submitit.core._submit " + str(self.folder), folder=self.folder,
-                                   map_count=n, **self.parameters(n))
+        n = self.chunks(n)[0]
+        command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(self.folder))}"
+        return _make_sbatch_string(command=command, folder=self.folder, map_count=n, **self.parameters(n))
 
     _ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING")
 
@@ -406,21 +451,27 @@ class SlurmLauncher:
             return 0
         cell_dirs = _cell_dirs(self.sweep, cells, self.uri)
         executor = submitit.AutoExecutor(folder=self.folder, cluster=None if self.kind == "slurm" else "local")
-        params = self.parameters(len(cells))
-        executor.update_parameters(
-            name=params["job_name"], timeout_min=params["time"], cpus_per_task=params["cpus_per_task"],
-            gpus_per_node=params.get("gpus_per_node", 0), mem_gb=self.resources.get("mem_gb", 8),
-            slurm_array_parallelism=params["array_parallelism"],
-            **({"slurm_partition": params["partition"]} if "partition" in params else {}),
-            **({"slurm_account": params["account"]} if "account" in params else {}),
-        )
-        jobs = executor.map_array(CellJob(self.uri), cell_dirs)
         record = self.folder / "jobs.yaml"
-        ids = (yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}
-        ids.update({cell.id: job.job_id for cell, job in zip(cells, jobs)})
-        write_text_atomic(record, yaml.safe_dump(ids))  # a kill mid-write leaves the old record whole
-        say(f"submitted {len(jobs)} cells as {self.kind} job array {jobs[0].job_id.split('_')[0]}; "
-            f"logs in {self.folder}; `vaco sweep --config {self.sweep.path} --status` shows their state")
+        jobs, arrays, start = [], [], 0
+        for size in self.chunks(len(cells)):  # one job array per MaxArraySize cells
+            params = self.parameters(size)
+            executor.update_parameters(
+                name=params["job_name"], timeout_min=params["time"], cpus_per_task=params["cpus_per_task"],
+                gpus_per_node=params.get("gpus_per_node", 0), mem_gb=self.resources.get("mem_gb", 8),
+                slurm_array_parallelism=params["array_parallelism"],
+                **({"slurm_partition": params["partition"]} if "partition" in params else {}),
+                **({"slurm_account": params["account"]} if "account" in params else {}),
+            )
+            chunk = executor.map_array(CellJob(self.uri), cell_dirs[start : start + size])
+            ids = (yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}
+            ids.update({cell.id: job.job_id for cell, job in zip(cells[start : start + size], chunk)})
+            write_text_atomic(record, yaml.safe_dump(ids))  # after each array; a kill mid-write leaves the old record whole
+            jobs += chunk
+            arrays.append(chunk[0].job_id.split("_")[0])
+            start += size
+        say(f"submitted {len(jobs)} cells as {self.kind} job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}"
+            f" ({self.parameters(len(jobs))['array_parallelism']} at once per array); logs in {self.folder}; "
+            f"`vaco sweep --config {self.sweep.path} --status` shows their state, and a rerun once they end closes the sweep")
         if not wait:
             return 0
         failed = 0
@@ -497,8 +548,11 @@ class RayLauncher:
             if stop["signal"]:
                 for ref in pending:
                     ray.cancel(ref, force=True)
-                say("stopped: rerun the same command to resume")
+                say(f"stopped: done {len(cells) - len(pending) - failed}/{len(cells)}, failed {failed}; "
+                    "rerun the same command to resume")
                 return 130
+            say(f"sweep finished: done {len(cells) - failed}/{len(cells)}, failed {failed} (ray)")
+            say(see_results(self.sweep))
             return 1 if failed else 0
         finally:
             for s, handler in old.items():
