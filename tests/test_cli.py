@@ -120,6 +120,57 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
     assert not _serving(port), "a UI process outlived `vaco ui`"
 
 
+def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
+    """What a new user sees: the address `vaco ui` prints, opened in headless Chromium with a new,
+    empty profile, shows the experiment's runs table in the model-training view (MLflow 3's default
+    for a fresh browser is its GenAI pages: Overview, Traces, Token usage). A screenshot is kept."""
+    import shutil
+
+    import mlflow
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no Chromium here (apt-get install chromium): the browser check needs a real browser")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("vaco-first-look")
+    for name in ("vaco Hopper-v5 K=4 s1", "ppo_clip Hopper-v5 K=4 s1"):
+        run = client.create_run(experiment, run_name=name)
+        client.log_metric(run.info.run_id, "eval/return", 100.0, step=4096)
+        client.set_terminated(run.info.run_id)
+    port = free_port()
+    ui = subprocess.Popen(
+        [VACO, "ui", "--port", str(port)], cwd=tmp_path, env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while not line.startswith("vaco ui: http"):  # the server prints its own address first
+            assert ui.poll() is None and time.monotonic() < deadline, line
+            line = ui.stdout.readline()
+        url = line.split("vaco ui: ", 1)[1].split()[0]
+        assert url == f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?workflowType=machine_learning", line
+        assert "the runs of 'vaco-first-look'" in line
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1400,900", "--virtual-time-budget=20000"]
+        dom = subprocess.run([chromium, *flags, f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom", url],
+                             capture_output=True, text=True, timeout=180).stdout
+        assert "vaco Hopper-v5 K=4 s1" in dom and "ppo_clip Hopper-v5 K=4 s1" in dom and ">Runs<" in dom
+        assert "Token" not in dom  # not the GenAI overview (Traces, Latency, Token usage)
+        shot = tmp_path / "vaco_ui.png"
+        subprocess.run([chromium, *flags, f"--user-data-dir={tmp_path / 'profile-shot'}", f"--screenshot={shot}", url],
+                       capture_output=True, timeout=180)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=60) == 0
+    finally:
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()
+
+
 def _serving(port: int) -> list[str]:
     """Live processes started for this port (the UI's server and its workers)."""
     found = []

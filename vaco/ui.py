@@ -3,6 +3,11 @@
     vaco ui                      # http://127.0.0.1:5000, store: MLFLOW_TRACKING_URI or sqlite:///mlflow.db
     vaco ui --port 5001 --store sqlite:///results/mlflow.db
     vaco ui --host 0.0.0.0       # only when you mean to expose it (no authentication)
+    vaco ui --experiment vaco-laptop
+
+It prints the address of an experiment's runs table in MLflow's model-training view (MLflow 3
+opens a fresh browser on its GenAI pages; ``?workflowType=machine_learning`` is what it honours):
+the experiment given, else the one with the most recent run.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from vaco.tracking import TrackingStoreError, absolute_tracking_uri, check_tracking_store
+from vaco.tracking import TrackingStoreError, absolute_tracking_uri, check_tracking_store, redact_uri
 
 __all__ = ["main"]
 
@@ -28,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the UI to answer")
+    parser.add_argument("--experiment", default=None, help="the experiment whose runs the printed address opens (default: the most recent)")
     args = parser.parse_args(argv)
     store = absolute_tracking_uri(args.store)
     if store.startswith(("http://", "https://")):
@@ -68,12 +74,39 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 time.sleep(0.3)
         if stop["signal"] is None:
-            print(f"vaco ui: {url}  (store {store}; Ctrl-C stops it)", flush=True)
+            page, name = runs_page(store, args.experiment)
+            if args.experiment and name is None:
+                print(f"vaco ui: error: `--experiment`: no experiment named {args.experiment!r} in {redact_uri(store)}", file=sys.stderr)
+                return 2
+            where = f"the runs of '{name}'" if name else "no runs yet"
+            print(f"vaco ui: {url}/{page}  ({where}; store {redact_uri(store)}; Ctrl-C stops it)", flush=True)
         while stop["signal"] is None and server.poll() is None:
             time.sleep(0.2)
         return 0
     finally:
         _stop(server)
+
+
+TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3's model-training view (not its GenAI pages)
+
+
+def runs_page(store: str, experiment: str | None = None) -> tuple[str, str | None]:
+    """The UI path of an experiment's runs table in the model-training view, and the experiment's
+    name: the one given, else the one whose latest run started last (the UI's home without runs)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(store)
+    if experiment is not None:
+        found = client.get_experiment_by_name(experiment)
+        return (f"#/experiments/{found.experiment_id}/runs?{TRAINING_VIEW}", found.name) if found else ("", None)
+    best, best_time = None, -1
+    for exp in client.search_experiments():
+        runs = client.search_runs([exp.experiment_id], max_results=1, order_by=["attributes.start_time DESC"])
+        if runs and runs[0].info.start_time > best_time:
+            best, best_time = exp, runs[0].info.start_time
+    if best is None:
+        return f"#/experiments?{TRAINING_VIEW}", None
+    return f"#/experiments/{best.experiment_id}/runs?{TRAINING_VIEW}", best.name
 
 
 def _stop(server: subprocess.Popen) -> None:
