@@ -6,13 +6,13 @@ import os
 import tempfile
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from vaco.checkpoint import SafeCheckpointIO
 
-__all__ = ["IterationCheckpoint", "VacoProgressBar", "SaveConfigToMLflow"]
+__all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfigToMLflow"]
 
 
 class IterationCheckpoint(ModelCheckpoint):
@@ -50,6 +50,47 @@ class IterationCheckpoint(ModelCheckpoint):
         if self._should_skip_saving_checkpoint(trainer):
             return
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+class IterationLog(Callback):
+    """One line per iteration, for output that is not a terminal (a sweep cell's ``train.log``, a
+    batch job's log): tqdm's bars redrawn into a file make one unreadable line. ``vaco fit`` uses
+    it instead of :class:`VacoProgressBar` when stdout is not a TTY."""
+
+    #: (metric, label): printed where the learner logged them this iteration
+    COLUMNS = (
+        ("eval/return", "eval"),
+        ("train/episode_return", "ep return"),
+        ("lag/forward_tv", "tv"),
+        ("train/filter_fraction", "filtered"),
+        ("train/clip_fraction", "clipped"),
+        ("train/policy_loss", "pi loss"),
+        ("train/value_loss", "v loss"),
+        ("train/explained_variance", "expl var"),
+        ("lag/policy_age_mean", "age"),
+    )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_rank != 0:
+            return
+        iteration = int(getattr(pl_module, "version", batch_idx + 1))
+        data = getattr(pl_module, "data", None)
+        total = data.num_iterations() if hasattr(data, "num_iterations") else None
+        width = len(str(total)) if total else 1
+        parts = [f"iter {iteration:>{width}}" + (f"/{total}" if total else "")]
+        progress = dict(getattr(pl_module, "progress", {}))
+        parts += [f"{key} {value}" for key, value in progress.items() if key != "eval"]
+        metrics = getattr(pl_module, "last_metrics", {}) or {}
+        own = getattr(getattr(pl_module, "objective", None), "fraction_metric", None)
+        for key, label in self.COLUMNS:
+            if own and key.endswith("_fraction") and key != f"train/{own}":
+                continue  # the objective's own intervention fraction only
+            value = metrics.get(key)
+            if value is None and key == "eval/return" and "eval" in progress:
+                parts.append(f"eval {progress['eval']}")
+            elif value is not None:
+                parts.append(f"{label} {float(value):.4g}")
+        print(" | ".join(parts), flush=True)
 
 
 class VacoProgressBar(TQDMProgressBar):

@@ -23,7 +23,7 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vaco.callbacks import IterationCheckpoint, SaveConfigToMLflow, VacoProgressBar
+from vaco.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow, VacoProgressBar
 from vaco.checkpoint import CheckpointError, load_checkpoint
 from vaco.config_errors import ConfigurationError, check_config_files, config_files, file_of_key, one_line
 from vaco.logger import VacoMLFlowLogger
@@ -156,6 +156,9 @@ class VacoCLI(LightningCLI):
     def _instantiate_trainer(self, config, callbacks):
         if config.get("enable_progress_bar") is False:  # e.g. sweeps writing to log files
             callbacks = [c for c in callbacks if not isinstance(c, VacoProgressBar)]
+        elif not sys.stdout.isatty():  # a log file: a line per iteration, not tqdm's redrawn bars
+            callbacks = [c for c in callbacks if not isinstance(c, VacoProgressBar)] + [IterationLog()]
+            config["enable_progress_bar"] = False
         try:
             return super()._instantiate_trainer(config, callbacks)
         except MisconfigurationException as err:  # e.g. `--trainer.accelerator gpu` on a machine without one

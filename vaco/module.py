@@ -523,6 +523,7 @@ class VacoModule(L.LightningModule):
         return {"eval/return": self.last_eval_return, "eval/return_std": float(returns.std())}
 
     def _log(self, metrics: dict[str, float], env_steps: int) -> None:
+        self.last_metrics = metrics  # what vaco.callbacks.IterationLog prints when not on a terminal
         if self.logger is not None and self.global_rank == 0:
             self.logger.log_metrics(metrics, step=env_steps)
         data = self.data
