@@ -256,6 +256,7 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
     evaluated = run_cli("evaluate", "--ckpt", str(ckpt), "--episodes", "3", "--envs", "3", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert "InvertedPendulum-v5: return" in evaluated.stdout and "over 3 episodes" in evaluated.stdout
+    assert evaluated.stdout.startswith("evaluating InvertedPendulum-v5: 3 episodes")
 
 
 def test_print_config_shows_the_composed_config(mlflow_uri):

@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError) as err:  # CheckpointError is a ValueError
         print(f"vaco evaluate: error: {err}", file=sys.stderr)
         return 2
+    print(f"evaluating {env_id}: {args.episodes} episodes on {min(args.envs, args.episodes)} envs ...", flush=True)
     if args.backend == "warp":
         from vaco.data.warp import warp_episodes
 
@@ -104,13 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.video:
         backend = os.environ.setdefault("MUJOCO_GL", "egl")
+        print(f"recording one episode for {args.video} (MUJOCO_GL={backend}; up to 1000 frames, a progress line every 100)",
+              flush=True)
         try:
             if args.backend == "warp":
                 from vaco.data.warp import record_warp_episode
 
                 frames = record_warp_episode(env_id, policy, args.seed, args.deterministic, args.device)
             else:
-                frames = _record(env_id, policy, args.seed, args.deterministic)
+                frames = _record(env_id, policy, args.seed, args.deterministic, on_frame=_frame_progress)
         except Exception as err:  # noqa: BLE001 - report any renderer failure plainly
             print(
                 f"no video: offscreen rendering is unavailable here (MUJOCO_GL={backend}): "
@@ -120,12 +123,19 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         import imageio.v2 as imageio
 
+        print(f"  {len(frames)} frames rendered; encoding {args.video} ...", flush=True)
+
         imageio.mimsave(args.video, frames, fps=30) if args.video.endswith(".gif") else imageio.mimwrite(args.video, frames, fps=30)
         print(f"wrote {len(frames)} frames to {args.video} ({backend})")
     return 0
 
 
-def _record(env_id: str, policy, seed: int, deterministic: bool, max_frames: int = 1000) -> list:
+def _frame_progress(count: int) -> None:
+    if count % 100 == 0:
+        print(f"  frame {count}", flush=True)
+
+
+def _record(env_id: str, policy, seed: int, deterministic: bool, max_frames: int = 1000, on_frame=None) -> list:
     import gymnasium as gym
     import numpy as np
     import torch
@@ -142,6 +152,8 @@ def _record(env_id: str, policy, seed: int, deterministic: bool, max_frames: int
             action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator)
             obs, _, term, trunc, _ = env.step(np.clip(action.squeeze(0).numpy(), low, high))
             frames.append(env.render())
+            if on_frame is not None:
+                on_frame(len(frames) - 1)
             if term or trunc:
                 break
         return frames
