@@ -7,6 +7,7 @@ appears in no artifact, param, tag, cell file or log line."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,6 +90,8 @@ def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_ru
     job = str(jobs[FIRST])
     subprocess.run(["scontrol", "requeue", job], env=dict(os.environ, **slurm), check=True)
     _wait_until(lambda: any(j == job and s == "PENDING" for j, s in _squeue(slurm)), 120, "the requeued job pending")
+    status = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--status", cwd=tmp_path, env=env)
+    assert "launcher slurm" in status.stdout and re.search(rf"queued\s+{FIRST}", status.stdout), status.stdout
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=dict(os.environ, **slurm), check=True)
     _wait_until(lambda: not _squeue(slurm), 900, "every job of the array ending")
     runs = _cell_runs(uri)

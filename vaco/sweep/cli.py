@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SweepError(f"`--jobs` must be >= 1, got {args.jobs}")
         sweep = load_sweep(args.config, args.out)
         launcher = args.launcher or sweep.launcher
+        if args.status and args.launcher is None and (sweep.output_dir / "submitit" / "jobs.yaml").is_file():
+            launcher = "slurm"  # submitted to SLURM before: --status asks the scheduler too
         resources = {**sweep.resources, **{k[len("resource_"):]: v for k, v in vars(args).items()
                                            if k.startswith("resource_") and v is not None}}
         check_resources(resources)
@@ -63,14 +65,21 @@ def main(argv: list[str] | None = None) -> int:
         runner = _launcher(launcher, sweep, uri, resources, args) if not (args.dry_run or args.status) else None
         validate_with_cli(sweep, cells, uri)
         states = plan(sweep, cells, uri, with_running=args.status)
+        if args.status and launcher == "slurm" and runner is None:
+            from vaco.sweep.launchers import SlurmLauncher
+
+            for cell_id, state in SlurmLauncher(sweep, uri, resources, executor=args.slurm_executor).job_states().items():
+                if states.get(cell_id) != "finished":
+                    states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
     except (SweepError, RuntimeError) as err:
         print(f"vaco sweep: {err}", file=sys.stderr)
         return 2
     jobs = args.jobs or sweep.jobs
-    counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "running", "resume", "new")}
+    counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "running", "queued", "resume", "new")}
     say(
         f"sweep '{sweep.experiment}' ({sweep.path}): {len(cells)} cells; {counts['finished']} finished "
         f"(skipped), " + (f"{counts['running']} running, " if args.status else "")
+        + (f"{counts['queued']} queued, " if counts["queued"] else "")
         + f"{counts['resume']} resume from a checkpoint, {counts['new']} new; launcher {launcher}"
         + (f", {jobs} at a time" if launcher == "local" else "")
         + f"\n  MLflow: {redact_uri(uri)}  outputs: {sweep.output_dir}"

@@ -393,20 +393,26 @@ class SlurmLauncher:
 
     def active_cells(self) -> set[str]:
         """Cells whose job from an earlier submission is still queued or running (never submitted twice)."""
+        return set(self.job_states())
+
+    def job_states(self) -> dict[str, str]:
+        """Cell -> its job's scheduler state (PENDING, RUNNING, REQUEUED, ...), for the cells whose
+        job from an earlier submission is still queued or running."""
         import submitit
 
         record = self.folder / "jobs.yaml"
         if not record.is_file():
-            return set()
+            return {}
         jobs = yaml.safe_load(record.read_text()) or {}
         job_class = submitit.SlurmJob if self.kind == "slurm" else submitit.LocalJob
-        active = set()
+        active = {}
         for cell_id, job_id in jobs.items():
             try:
-                if job_class(folder=self.folder, job_id=str(job_id)).state.upper() in self._ACTIVE:
-                    active.add(cell_id)
+                state = job_class(folder=self.folder, job_id=str(job_id)).state.upper()
             except Exception:  # noqa: BLE001 - a job the scheduler no longer knows is not active
                 continue
+            if state.split()[0] in self._ACTIVE:
+                active[cell_id] = state.split()[0]
         return active
 
     def unrecorded_jobs(self) -> list[str]:
