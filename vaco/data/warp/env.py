@@ -24,6 +24,7 @@ without an episode end skips the reset kernels.)
 from __future__ import annotations
 
 import os
+import sys
 from collections import OrderedDict
 
 import torch
@@ -35,14 +36,38 @@ __all__ = ["WarpVectorEnv", "load_model"]
 
 def _import_warp():
     try:
-        import mujoco_warp as mjw
         import warp as wp
+
+        # before anything initialises Warp (importing mujoco_warp does): no version banner, warnings kept
+        wp.config.quiet = True
+        wp.config.log_level = max(getattr(wp.config, "log_level", 0), getattr(wp, "LOG_WARNING", 30))
+        _init_quietly(wp)
+        import mujoco_warp as mjw
     except ImportError as err:  # the optional extra
         raise ImportError(
             "the Warp backend needs MuJoCo Warp: pip install -e '.[warp]' (mujoco-warp, warp-lang)"
         ) from err
-    wp.config.quiet = True
     return wp, mjw
+
+
+def _init_quietly(wp) -> None:
+    """``wp.init()``; on a machine with no CUDA driver library at all, without Warp's native
+    "Could not find or load the NVIDIA CUDA driver" line (printed by C code to fd 2, which says
+    nothing to a CPU run). Where a driver is installed, its messages stay: they may explain a fault."""
+    import ctypes.util
+
+    if ctypes.util.find_library("cuda") is not None:
+        wp.init()
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            wp.init()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def load_model(spec: Task, cone: str | None = None):
