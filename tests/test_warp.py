@@ -72,12 +72,14 @@ def _one_step(env_id: str, cone: str | None, steps: list[int]):
     actions = rng.uniform(low, high, size=(len(states), low.size)).astype(np.float32)
     w.set_state(qpos, qvel)
     _, w_reward, w_term, _, w_obs = w.step(torch.as_tensor(actions))
+    w_info = {k: v.clone() for k, v in w.info.items()}
     w_qpos, w_qvel = _after_step(w, qpos, qvel, torch.as_tensor(actions))
     rows = []
     for k in range(len(states)):
         g.set_state(qpos[k].double().numpy(), qvel[k].double().numpy())  # the float32 state, exactly
-        obs, reward, terminated, _, _ = g.step(actions[k])
+        obs, reward, terminated, _, info = g.step(actions[k])
         rows.append(dict(
+            info={key: (info[key], float(w_info[key][k])) for key in ("x_position", "x_velocity") if key in info},
             ncon=states[k][2], obs=(obs, w_obs[k].numpy()), reward=(reward, float(w_reward[k])),
             terminated=(terminated, bool(w_term[k])), qpos=(g.data.qpos.copy(), w_qpos[k]), qvel=(g.data.qvel.copy(), w_qvel[k]),
         ))
@@ -124,6 +126,10 @@ def test_one_step_agrees_with_gymnasium(env_id):
         assert ok, f"{where}: observation differs by {err}"
         ok, err = _close(row["reward"], 1e-4, 1e-5)
         assert ok, f"{where}: reward differs by {err}"
+        for key, pair in row["info"].items():  # gymnasium's info: the same numbers per world
+            ok, err = _close(pair, 1e-4, 1e-5)
+            assert ok, f"{where}: info[{key!r}] differs by {err}"
+        assert env_id == "InvertedPendulum-v5" or "x_velocity" in row["info"]
 
 
 @pytest.mark.parametrize("env_id", ["Ant-v5", "Humanoid-v5"])
@@ -154,6 +160,19 @@ def test_termination_truncation_and_the_final_observation():
         assert (obs[i][:5] - torch.tensor(g.init_qpos[1:], dtype=torch.float32)).abs().max() <= 5e-3
     assert torch.equal(obs[2:], final[2:])
     assert abs(float(final[0, 0]) - 0.5) < 0.05  # the final observation is where it fell
+
+
+def test_hopper_at_infinite_height_is_unhealthy_as_in_gymnasium():
+    """gymnasium's healthy z range is (0.7, inf): z = +inf ends the episode; a finite z does not."""
+    from vaco.data.warp.tasks import Sim, task
+
+    spec = task("Hopper-v5")
+    qpos = torch.zeros(3, 6)
+    qpos[:, 1] = torch.tensor([1.25, float("inf"), 0.5])
+    sim = Sim(qpos, torch.zeros(3, 6), torch.zeros(3, 3), *(torch.zeros(3, 4, 3),) * 2, torch.zeros(3, 4, 10),
+              torch.zeros(3, 4, 6), torch.zeros(3, 6), torch.zeros(3, 4, 6), torch.ones(4))
+    _, terminated = spec.reward(sim, torch.zeros(3, dtype=torch.float64), torch.zeros(3, 3))
+    assert terminated.tolist() == [False, True, True]
 
 
 @pytest.mark.slow

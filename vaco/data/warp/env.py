@@ -214,6 +214,7 @@ class WarpVectorEnv:
         self.generator.manual_seed(int(seed))
         self.length = torch.zeros(num_worlds, dtype=torch.long, device=self.device)
         self._position = torch.zeros(num_worlds, dtype=torch.float32, device=self.device)
+        self.info: dict[str, torch.Tensor] = {}  # after a step: x_position and x_velocity per world (gymnasium's info)
         self._mask = torch.zeros(num_worlds, dtype=torch.bool, device=self.device)
         # on the CPU a host check costs nothing and skips the reset kernels on most steps; on a
         # GPU the reset is masked writes with no check (no sync; one kernel sequence per step)
@@ -242,9 +243,14 @@ class WarpVectorEnv:
         self.sim.ctrl.copy_(action)
         self._physics()
         position = self.spec.position(self.sim)
-        x_velocity = (position - self._position) / self.dt
+        # in float64, as gymnasium computes it (the positions themselves are Warp's float32)
+        x_velocity = (position.double() - self._position.double()) / self.dt
         final_obs = self._observe()
         reward, terminated = self.spec.reward(self.sim, x_velocity, self.sim.ctrl)
+        reward = reward.float()
+        # gymnasium's info keys that every forward-moving task reports, per world, before any reset
+        # (x_position is the root's qpos[0] in all of them; x_velocity is measured on `position`)
+        self.info = {"x_position": self.sim.qpos[:, 0].double().clone(), "x_velocity": x_velocity}
         self.length += 1
         truncated = self.length >= self.spec.max_episode_steps
         self._mask.copy_(terminated | truncated)

@@ -80,7 +80,8 @@ def _root_x(sim: Sim) -> torch.Tensor:
 def _hopper_reward(sim: Sim, x_velocity: torch.Tensor, action: torch.Tensor):
     z, angle = sim.qpos[:, 1], sim.qpos[:, 2]
     state = torch.cat([sim.qpos, sim.qvel], dim=-1)[:, 2:]
-    healthy = ((state > -100.0) & (state < 100.0)).all(-1) & (z > 0.7) & (angle > -0.2) & (angle < 0.2)
+    # gymnasium: 0.7 < z < inf (so z = +inf is unhealthy), -100 < state < 100, -0.2 < angle < 0.2
+    healthy = ((state > -100.0) & (state < 100.0)).all(-1) & (z > 0.7) & (z < float("inf")) & (angle > -0.2) & (angle < 0.2)
     reward = x_velocity + healthy.float() - _ctrl_cost(action, 1e-3)
     return reward, ~healthy
 
