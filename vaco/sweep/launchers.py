@@ -525,6 +525,12 @@ class RayLauncher:
         if self.address:
             ray.init(address=self.address, log_to_driver=False)
         else:  # a local cluster on this host only
+            import logging
+
+            # its notices about a cluster only this process uses (a generated token, "Started a local
+            # Ray instance") say nothing to the user; errors still show
+            for name in ("ray._private.authentication.authentication_token_setup", "ray._private.worker", "ray.worker"):
+                logging.getLogger(name).setLevel(logging.ERROR)
             ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
                      _node_ip_address="127.0.0.1")
         stop = {"signal": 0}
