@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         lock_file = lock(sweep.output_dir)
         if launcher == "slurm":
             runner.check_unrecorded()
+            runner.active_cells()  # the scheduler answers (else one line here, not a traceback later)
     except (SweepError, RuntimeError) as err:
         print(f"vaco sweep: {err}", file=sys.stderr)
         return 2

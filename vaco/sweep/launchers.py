@@ -404,7 +404,9 @@ class SlurmLauncher:
         if not record.is_file():
             return {}
         jobs = yaml.safe_load(record.read_text()) or {}
-        job_class = submitit.SlurmJob if self.kind == "slurm" else submitit.LocalJob
+        if self.kind == "slurm":
+            return self._squeue_states(jobs)
+        job_class = submitit.LocalJob
         active = {}
         for cell_id, job_id in jobs.items():
             try:
@@ -414,6 +416,24 @@ class SlurmLauncher:
             if state.split()[0] in self._ACTIVE:
                 active[cell_id] = state.split()[0]
         return active
+
+    def _squeue_states(self, jobs: dict) -> dict[str, str]:
+        """The recorded jobs SLURM still holds, from ``squeue`` (submitit asks ``sacct``, which a
+        cluster without job accounting cannot answer: its jobs would all look gone)."""
+        import shutil
+
+        if not jobs or not shutil.which("squeue"):
+            return {}
+        try:  # by the sweep's job name: `--jobs` with one id SLURM has forgotten fails as a whole
+            out = subprocess.run(["squeue", "--me", "--noheader", "--array", "--format", "%i %T",
+                                  "--name", self.parameters(1)["job_name"]],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        if out.returncode != 0:
+            raise RuntimeError(f"`squeue` failed ({out.stderr.strip()[:200]}): cannot tell which cells are still queued")
+        held = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+        return {cell: held[str(job)] for cell, job in jobs.items() if held.get(str(job)) in self._ACTIVE}
 
     def unrecorded_jobs(self) -> list[str]:
         """Jobs of this sweep (by job name) that SLURM still holds but ``jobs.yaml`` does not record:
