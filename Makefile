@@ -10,26 +10,42 @@ EXTRAS  ?= test,llm,video,slurm,ray,warp,postgres
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: help venv install test test-fast demo bench clean
+.PHONY: help venv install test test-fast check constraints demo bench clean
 
 help:
 	@echo "make demo   - create .venv, install, train VACO (K=4) on Hopper-v5 (~1.5 min on 2 CPU cores)"
 	@echo "make test   - create .venv, install, run the test suite"
+	@echo "make check  - ruff format --check and ruff check (what CI runs first)"
 	@echo "make bench  - start-up times, throughput (writes benchmarks/results/throughput.json), the paper-scale update (CPU; and GPU where there is one), the Warp backend (docs/gpu.md)"
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip >/dev/null
 
-$(STAMP): $(BIN)/python pyproject.toml
+# constraints.txt pins every package to the versions the tests passed with (`make constraints` refreshes it)
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install "$(TORCH)"
-	$(BIN)/pip install -e ".[$(EXTRAS)]"
+	$(BIN)/pip install -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 venv install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# formatting and lint (ruff, configured in pyproject.toml); .ci/run runs it before the tests
+check: $(STAMP)
+	$(BIN)/ruff format --check vaco tests benchmarks scripts
+	$(BIN)/ruff check vaco tests benchmarks scripts
+
+# re-pin constraints.txt from a fresh install of pyproject.toml's dependencies (unconstrained)
+constraints: $(BIN)/python
+	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install -e ".[$(EXTRAS)]"
+	( echo "# Every package the tests passed with (make installs with -c constraints.txt), from a venv made by"; \
+	  echo "# 'make install' on Python 3.11. Refresh after changing pyproject.toml's dependencies:"; \
+	  echo "#   make constraints   (pip freeze --exclude-editable of a fresh .venv; torch's local tag dropped)"; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v '^vaco' | sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/' ) > constraints.txt
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests

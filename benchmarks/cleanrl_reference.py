@@ -34,7 +34,7 @@ def make_env(env_id: str, gamma: float):
     return thunk
 
 
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):  # noqa: B008 - CleanRL's own signature
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
@@ -46,11 +46,17 @@ class Agent(nn.Module):
         obs = np.array(envs.single_observation_space.shape).prod()
         act = np.prod(envs.single_action_space.shape)
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            layer_init(nn.Linear(obs, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
             layer_init(nn.Linear(64, 1), std=1.0),
         )
         self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            layer_init(nn.Linear(obs, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
             layer_init(nn.Linear(64, act), std=0.01),
         )
         self.actor_logstd = nn.Parameter(torch.zeros(1, act))
@@ -68,8 +74,16 @@ class Agent(nn.Module):
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
 
-def run(env_id: str, num_envs: int, num_steps: int, iterations: int, *, update_epochs: int = 10,
-        num_minibatches: int = 32, seed: int = 1) -> dict[str, float]:
+def run(
+    env_id: str,
+    num_envs: int,
+    num_steps: int,
+    iterations: int,
+    *,
+    update_epochs: int = 10,
+    num_minibatches: int = 32,
+    seed: int = 1,
+) -> dict[str, float]:
     """Run ``iterations`` CleanRL iterations; return median seconds per phase per iteration."""
     gamma, gae_lambda, clip_coef, ent_coef, vf_coef, max_grad_norm = 0.99, 0.95, 0.2, 0.0, 0.5, 0.5
     batch_size = num_envs * num_steps
@@ -130,10 +144,10 @@ def run(env_id: str, num_envs: int, num_steps: int, iterations: int, *, update_e
         b_returns = returns.reshape(-1)
         b_values = values.reshape(-1)
         b_inds = np.arange(batch_size)
-        for epoch in range(update_epochs):
+        for _epoch in range(update_epochs):
             np.random.shuffle(b_inds)
             for start_i in range(0, batch_size, minibatch_size):
-                mb_inds = b_inds[start_i:start_i + minibatch_size]
+                mb_inds = b_inds[start_i : start_i + minibatch_size]
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()

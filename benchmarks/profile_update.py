@@ -32,7 +32,6 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from throughput import ALGORITHMS, ReplayData  # noqa: E402
-
 from vaco import VacoModule  # noqa: E402
 
 torch.set_num_threads(1)
@@ -103,22 +102,43 @@ def main() -> None:
     objective, advantage = ALGORITHMS[args.algorithm]()
     module = VacoModule(objective=objective, advantage=advantage, update_epochs=10, num_minibatches=32)
     n, t = args.num_envs, args.num_steps
-    data = ReplayData(env_id="Hopper-v5", num_envs=n, num_steps=t, total_steps=n * t * (args.iterations + 2),
-                      eval_every=0, eval_episodes=1, eval_envs=1, seed=1)
+    data = ReplayData(
+        env_id="Hopper-v5",
+        num_envs=n,
+        num_steps=t,
+        total_steps=n * t * (args.iterations + 2),
+        eval_every=0,
+        eval_episodes=1,
+        eval_envs=1,
+        seed=1,
+    )
     activities = [torch.profiler.ProfilerActivity.CPU]
     if args.device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with tempfile.TemporaryDirectory() as tmp:
         profiler = torch.profiler.profile(activities=activities)
         callback = _Profile(profiler, args.iterations, args.profile)
-        trainer = L.Trainer(max_epochs=1, accelerator=args.device, devices=1, logger=False, enable_checkpointing=False,
-                            callbacks=[callback], enable_progress_bar=False, enable_model_summary=False,
-                            num_sanity_val_steps=0, default_root_dir=tmp)
+        trainer = L.Trainer(
+            max_epochs=1,
+            accelerator=args.device,
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            callbacks=[callback],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=tmp,
+        )
         trainer.fit(module, data)
 
     steps = 10 * 32
     seconds = sum(callback.seconds) / len(callback.seconds)
-    device = torch.cuda.get_device_name() if args.device == "cuda" else f"{args.device}, torch threads {torch.get_num_threads()}"
+    device = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"{args.device}, torch threads {torch.get_num_threads()}"
+    )
     print(f"{args.algorithm}, batch {n}x{t} ({n * t} samples), 10 epochs x 32 minibatches, on {device}")
     print(
         f"  {seconds:.3f} s per iteration ({'profilers on' if args.profile else 'no profilers'}), "

@@ -40,7 +40,6 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cleanrl_reference  # noqa: E402
-
 from vaco import RolloutDataModule, VacoModule  # noqa: E402
 from vaco.advantages import GAE, VTrace  # noqa: E402
 from vaco.data.collector import RolloutCollector  # noqa: E402
@@ -64,7 +63,9 @@ def ceiling(env_id: str, num_envs: int, steps: int) -> float:
     env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync")
     env.reset(seed=0)
     space = env.single_action_space
-    actions = np.random.default_rng(0).uniform(space.low, space.high, size=(64, num_envs, *space.shape)).astype(np.float32)
+    actions = (
+        np.random.default_rng(0).uniform(space.low, space.high, size=(64, num_envs, *space.shape)).astype(np.float32)
+    )
     for i in range(20):
         env.step(actions[i % 64])
     start = time.perf_counter()
@@ -81,7 +82,9 @@ def collection(env_id: str, num_envs: int, num_steps: int, K: int, rounds: int) 
     torch.manual_seed(0)
     buffer = PolicyVersionBuffer(GaussianActor(spec.obs_dim, spec.act_dim), spec.obs_dim, K)
     for version in range(K):
-        buffer.push(GaussianActor(spec.obs_dim, spec.act_dim), torch.zeros(spec.obs_dim), torch.ones(spec.obs_dim), version)
+        buffer.push(
+            GaussianActor(spec.obs_dim, spec.act_dim), torch.zeros(spec.obs_dim), torch.ones(spec.obs_dim), version
+        )
     collector = RolloutCollector(env_id, num_envs, num_steps, buffer, rounds + 1, seed=0)
     iterator = iter(collector)
     next(iterator)  # warm-up (env resets, allocations)
@@ -132,21 +135,43 @@ class _Repeat:
 
 def _trainer(tmp: str, timer: IterationTimer) -> L.Trainer:
     return L.Trainer(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        callbacks=[timer], enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, default_root_dir=tmp,
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[timer],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp,
     )
 
 
-def train(algorithm: str, data_cls, *, env_id="Hopper-v5", num_envs=1, num_steps=2048, iterations=4,
-          data_kwargs: dict | None = None) -> dict[str, float]:
+def train(
+    algorithm: str,
+    data_cls,
+    *,
+    env_id="Hopper-v5",
+    num_envs=1,
+    num_steps=2048,
+    iterations=4,
+    data_kwargs: dict | None = None,
+) -> dict[str, float]:
     """Median wall time per iteration of a real fit (first and last iterations excluded)."""
     L.seed_everything(1, verbose=False)
     objective, advantage = ALGORITHMS[algorithm]()
     module = VacoModule(objective=objective, advantage=advantage, update_epochs=10, num_minibatches=32)
     data = data_cls(
-        env_id=env_id, num_envs=num_envs, num_steps=num_steps, total_steps=num_envs * num_steps * (iterations + 2),
-        eval_every=0, eval_episodes=1, eval_envs=1, seed=1, **(data_kwargs or {}),
+        env_id=env_id,
+        num_envs=num_envs,
+        num_steps=num_steps,
+        total_steps=num_envs * num_steps * (iterations + 2),
+        eval_every=0,
+        eval_episodes=1,
+        eval_envs=1,
+        seed=1,
+        **(data_kwargs or {}),
     )
     timer = IterationTimer()
     with tempfile.TemporaryDirectory() as tmp:
@@ -162,8 +187,14 @@ def memory_child(env_id: str, num_envs: int, num_steps: int) -> None:
     L.seed_everything(1, verbose=False)
     module = VacoModule(objective=TVFilter(delta=0.2), advantage=VTrace(), update_epochs=1, num_minibatches=32)
     data = RolloutDataModule(
-        env_id=env_id, num_envs=num_envs, num_steps=num_steps, total_steps=num_envs * num_steps,
-        eval_every=0, eval_episodes=1, eval_envs=1, seed=1,
+        env_id=env_id,
+        num_envs=num_envs,
+        num_steps=num_steps,
+        total_steps=num_envs * num_steps,
+        eval_every=0,
+        eval_episodes=1,
+        eval_envs=1,
+        seed=1,
     )
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
@@ -176,7 +207,10 @@ def memory_child(env_id: str, num_envs: int, num_steps: int) -> None:
 def memory(env_id: str, num_envs: int, num_steps: int) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--memory-child", env_id, str(num_envs), str(num_steps)],
-        capture_output=True, text=True, check=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -257,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         for algorithm in ALGORITHMS:
             r = train(algorithm, ReplayData, num_envs=n, num_steps=t, iterations=iters)
             results[f"update/{label}/{algorithm}"] = r["samples_per_second"]
-            row("update", f"{algorithm} update phase, batch {label}, 10 epochs x 32 mb", r["samples_per_second"], "samples/s")
+            row(
+                "update",
+                f"{algorithm} update phase, batch {label}, 10 epochs x 32 mb",
+                r["samples_per_second"],
+                "samples/s",
+            )
         ref = cleanrl_reference.run("Hopper-v5", n, t, iters)
         results[f"update/{label}/cleanrl"] = ref["update_samples_per_second"]
         row("update", f"CleanRL update loop, batch {label}", ref["update_samples_per_second"], "samples/s")
@@ -272,7 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         r = train("vaco", RolloutDataModule, num_envs=n, num_steps=t, iterations=iters)
         results[f"e2e/{label}/vaco_vaco"] = r["samples_per_second"]
         row("end-to-end", f"vaco VACO, Hopper-v5 {label}, one process", r["samples_per_second"], "SPS")
-        row("end-to-end", f"CleanRL ppo_continuous_action loops, Hopper-v5 {label}", results[f"e2e/{label}/cleanrl"], "SPS")
+        row(
+            "end-to-end",
+            f"CleanRL ppo_continuous_action loops, Hopper-v5 {label}",
+            results[f"e2e/{label}/cleanrl"],
+            "SPS",
+        )
     parallel = parallel_data_module()
     if parallel is not None:
         label = f"{big}x{T_big}"
@@ -286,7 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         m = memory(*mem_args)
         results["memory/paper_batch_peak_rss_mib"] = m["peak_rss_mib"]
         results["memory/paper_batch_seconds"] = m["seconds"]
-        row("memory", f"{mem_args[0]} {mem_args[1]} envs x {mem_args[2]} steps: collect + advantage + 1 epoch", m["peak_rss_mib"], "MiB peak RSS")
+        row(
+            "memory",
+            f"{mem_args[0]} {mem_args[1]} envs x {mem_args[2]} steps: collect + advantage + 1 epoch",
+            m["peak_rss_mib"],
+            "MiB peak RSS",
+        )
 
     results["targets"] = targets(results, clean, f"{big}x{T_big}")
     print("\ntargets (ratios from this run):")
@@ -308,12 +357,19 @@ def targets(r: dict, clean: str, label: str) -> dict:
     big = int(label.split("x")[0])
     out = {}
     for env_id in ("Hopper-v5", "HalfCheetah-v5"):
-        out[f"collection {big} envs / gymnasium ceiling ({env_id})"] = t(r[f"collect/{env_id}/{big}/K1"] / r[f"ceiling/{env_id}/{big}"], 0.8)
-        out[f"collection K=16 / K=1 ({env_id}, {big} envs)"] = t(r[f"collect/{env_id}/{big}/K16"] / r[f"collect/{env_id}/{big}/K1"], 0.9)
+        out[f"collection {big} envs / gymnasium ceiling ({env_id})"] = t(
+            r[f"collect/{env_id}/{big}/K1"] / r[f"ceiling/{env_id}/{big}"], 0.8
+        )
+        out[f"collection K=16 / K=1 ({env_id}, {big} envs)"] = t(
+            r[f"collect/{env_id}/{big}/K16"] / r[f"collect/{env_id}/{big}/K1"], 0.9
+        )
     for batch in (clean, label):
-        out[f"VACO update cost / PPO-clip ({batch})"] = t(r[f"update/{batch}/ppo_clip"] / r[f"update/{batch}/vaco"], 1.1, "<=")
+        out[f"VACO update cost / PPO-clip ({batch})"] = t(
+            r[f"update/{batch}/ppo_clip"] / r[f"update/{batch}/vaco"], 1.1, "<="
+        )
         out[f"IMPALA update cost / VACO ({batch}) [reported]"] = {
-            **t(r[f"update/{batch}/vaco"] / r[f"update/{batch}/impala"], 1.0), "met": True,
+            **t(r[f"update/{batch}/vaco"] / r[f"update/{batch}/impala"], 1.0),
+            "met": True,
         }
     out[f"end-to-end vaco / CleanRL ({clean})"] = t(r[f"e2e/{clean}/vaco_ppo_clip"] / r[f"e2e/{clean}/cleanrl"], 1.0)
     best = max(v for k, v in r.items() if k.startswith(f"e2e/{label}/vaco_ppo_clip"))

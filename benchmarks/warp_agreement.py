@@ -40,8 +40,11 @@ def _cpu_name() -> str:
 
 # where each task's actuated joint velocities sit in its observation (the controller damps them)
 ACTUATED_QVEL = {
-    "Hopper-v5": slice(8, 11), "Walker2d-v5": slice(11, 17), "HalfCheetah-v5": slice(11, 17),
-    "Ant-v5": slice(19, 27), "Humanoid-v5": slice(28, 45),
+    "Hopper-v5": slice(8, 11),
+    "Walker2d-v5": slice(11, 17),
+    "HalfCheetah-v5": slice(11, 17),
+    "Ant-v5": slice(19, 27),
+    "Humanoid-v5": slice(28, 45),
 }
 
 
@@ -77,7 +80,9 @@ def one_step(env_id: str, cone: str | None, contact: bool, n: int = 8) -> dict:
     w = WarpVectorEnv(env_id, n, seed=0, cone=cone)
     qpos = torch.tensor(np.stack([s[0] for s in states]), dtype=torch.float32)
     qvel = torch.tensor(np.stack([s[1] for s in states]), dtype=torch.float32)
-    actions = torch.as_tensor(rng.uniform(g.action_space.low, g.action_space.high, (n, g.action_space.shape[0])), dtype=torch.float32)
+    actions = torch.as_tensor(
+        rng.uniform(g.action_space.low, g.action_space.high, (n, g.action_space.shape[0])), dtype=torch.float32
+    )
     w.set_state(qpos, qvel)
     _, reward, _, _, final = w.step(actions)
     w.set_state(qpos, qvel)  # again, for the integrated state before any reset
@@ -140,9 +145,14 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/warp_agreement.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    results = {"machine": f"{_cpu_name()}, {torch.get_num_threads()} torch thread, Warp CPU device",
-               "episodes": args.episodes, "tasks": {}}
-    print("| task | cones | one step from reset: qpos / qvel / obs / reward | from contact states (n with contact) | returns Warp | returns C | KS p (returns, lengths) |")
+    results = {
+        "machine": f"{_cpu_name()}, {torch.get_num_threads()} torch thread, Warp CPU device",
+        "episodes": args.episodes,
+        "tasks": {},
+    }
+    print(
+        "| task | cones | one step from reset: qpos / qvel / obs / reward | from contact states (n with contact) | returns Warp | returns C | KS p (returns, lengths) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for env_id in args.tasks:
         cones = [None, "elliptic"] if env_id in ("Ant-v5", "Humanoid-v5") else [None]
@@ -152,11 +162,17 @@ def main() -> None:
             rw, lw = episodes_warp(env_id, args.episodes, cone)
             rg, lg = episodes_gym(env_id, args.episodes, cone)
             p_ret, p_len = stats.ks_2samp(rw, rg).pvalue, stats.ks_2samp(lw, lg).pvalue
-            row = dict(reset=reset, contact=contact, warp=dict(ret_mean=rw.mean(), ret_std=rw.std(), len_mean=lw.mean()),
-                       gym=dict(ret_mean=rg.mean(), ret_std=rg.std(), len_mean=lg.mean()), ks_returns=p_ret, ks_lengths=p_len,
-                       seconds=time.perf_counter() - start)
+            row = dict(
+                reset=reset,
+                contact=contact,
+                warp=dict(ret_mean=rw.mean(), ret_std=rw.std(), len_mean=lw.mean()),
+                gym=dict(ret_mean=rg.mean(), ret_std=rg.std(), len_mean=lg.mean()),
+                ks_returns=p_ret,
+                ks_lengths=p_len,
+                seconds=time.perf_counter() - start,
+            )
             results["tasks"][f"{env_id}:{cone or 'xml'}"] = json.loads(json.dumps(row, default=float))
-            f = lambda d: f"{d['qpos']:.1e} / {d['qvel']:.1e} / {d['obs']:.1e} / {d['reward']:.1e}"
+            f = lambda d: f"{d['qpos']:.1e} / {d['qvel']:.1e} / {d['obs']:.1e} / {d['reward']:.1e}"  # noqa: E731
             print(
                 f"| {env_id} | {cone or 'XML (pyramidal)'} | {f(reset)} | {f(contact)} ({contact['contacts']}) | "
                 f"{rw.mean():.1f} +- {rw.std():.1f} (len {lw.mean():.0f}) | {rg.mean():.1f} +- {rg.std():.1f} (len {lg.mean():.0f}) | "

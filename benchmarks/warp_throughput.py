@@ -70,18 +70,42 @@ def fit_sps(algo: str, warp: bool, device: str, num_envs: int, num_steps: int, i
     with tempfile.TemporaryDirectory() as tmp:
         uri = f"sqlite:///{tmp}/mlflow.db"
         args = [
-            str(Path(sys.executable).with_name("vaco")), "fit",
-            "--config", str(REPO / "configs" / "env" / "hopper.yaml"), "--config", str(REPO / "configs" / "algo" / f"{algo}.yaml"),
-            "--data.init_args.num_envs", str(num_envs), "--data.init_args.num_steps", str(num_steps),
-            "--data.init_args.total_steps", str(num_envs * num_steps * iterations), "--data.init_args.eval_every", "0",
-            "--data.init_args.eval_episodes", "1", "--data.init_args.eval_envs", "1",
-            "--trainer.default_root_dir", tmp, "--trainer.enable_progress_bar", "false", "--checkpoint.every_n_iterations", "0",
-            "--trainer.logger.init_args.log_model", "false",
+            str(Path(sys.executable).with_name("vaco")),
+            "fit",
+            "--config",
+            str(REPO / "configs" / "env" / "hopper.yaml"),
+            "--config",
+            str(REPO / "configs" / "algo" / f"{algo}.yaml"),
+            "--data.init_args.num_envs",
+            str(num_envs),
+            "--data.init_args.num_steps",
+            str(num_steps),
+            "--data.init_args.total_steps",
+            str(num_envs * num_steps * iterations),
+            "--data.init_args.eval_every",
+            "0",
+            "--data.init_args.eval_episodes",
+            "1",
+            "--data.init_args.eval_envs",
+            "1",
+            "--trainer.default_root_dir",
+            tmp,
+            "--trainer.enable_progress_bar",
+            "false",
+            "--checkpoint.every_n_iterations",
+            "0",
+            "--trainer.logger.init_args.log_model",
+            "false",
         ]
         if warp:
-            args += ["--config", str(REPO / "configs" / "collection" / "warp.yaml"),
-                     "--data.init_args.collection.init_args.device", device,
-                     "--data.init_args.collection.init_args.evaluate_on", "gymnasium"]
+            args += [
+                "--config",
+                str(REPO / "configs" / "collection" / "warp.yaml"),
+                "--data.init_args.collection.init_args.device",
+                device,
+                "--data.init_args.collection.init_args.evaluate_on",
+                "gymnasium",
+            ]
         if device.startswith("cuda"):
             args += ["--config", str(REPO / "configs" / "hardware" / "gpu.yaml")]
         start = time.perf_counter()
@@ -96,8 +120,13 @@ def fit_sps(algo: str, warp: bool, device: str, num_envs: int, num_steps: int, i
             values = [m.value for m in client.get_metric_history(run.info.run_id, key)]
             return sum(values) / len(values)
 
-        return {"sps": mean("perf/sps"), "collect_sps": mean("perf/collect_sps"), "collect_s": mean("perf/collect_seconds"),
-                "update_s": mean("perf/update_seconds"), "wall_s": wall}
+        return {
+            "sps": mean("perf/sps"),
+            "collect_sps": mean("perf/collect_sps"),
+            "collect_s": mean("perf/collect_seconds"),
+            "update_s": mean("perf/update_seconds"),
+            "wall_s": wall,
+        }
 
 
 def main() -> None:
@@ -117,7 +146,10 @@ def main() -> None:
     print(f"machine: {machine}; Warp device: {args.device}")
     results = {"machine": machine, "device": args.device, "env": {}, "fit": {}}
     graphs = args.device.startswith("cuda")
-    print("\n| task | worlds | env steps/s |" + (" with a CUDA graph |\n|---|---|---|---|" if graphs else "\n|---|---|---|"))
+    print(
+        "\n| task | worlds | env steps/s |"
+        + (" with a CUDA graph |\n|---|---|---|---|" if graphs else "\n|---|---|---|")
+    )
     for env_id in args.tasks:
         for worlds in args.worlds:
             sps = env_steps_per_second(env_id, worlds, args.device, args.seconds)
@@ -131,13 +163,18 @@ def main() -> None:
     if not args.skip_fit:
         shape = f"{args.num_envs} x {args.num_steps}"
         print(f"\nEnd to end, Hopper-v5, {shape} per iteration, {args.iterations} iteration(s) (perf/* means):\n")
-        print("| algorithm | collection | SPS | collect SPS | collect s | update s | wall s |\n|---|---|---|---|---|---|---|")
+        print(
+            "| algorithm | collection | SPS | collect SPS | collect s | update s | wall s |\n|---|---|---|---|---|---|---|"
+        )
         for algo in ("ppo_clip", "vaco"):
             for warp in (True, False):
                 r = fit_sps(algo, warp, args.device if warp else "cpu", args.num_envs, args.num_steps, args.iterations)
                 name = f"Warp ({args.device})" if warp else "gymnasium (CPU, in process)"
                 results["fit"][f"{algo}:{'warp' if warp else 'gymnasium'}"] = r
-                print(f"| {algo} | {name} | {r['sps']:,.0f} | {r['collect_sps']:,.0f} | {r['collect_s']:.1f} | {r['update_s']:.1f} | {r['wall_s']:.0f} |", flush=True)
+                print(
+                    f"| {algo} | {name} | {r['sps']:,.0f} | {r['collect_sps']:,.0f} | {r['collect_s']:.1f} | {r['update_s']:.1f} | {r['wall_s']:.0f} |",
+                    flush=True,
+                )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"\nwrote {args.out}")

@@ -23,10 +23,20 @@ REPO = Path(__file__).resolve().parents[1]
 VACO = str(Path(sys.executable).with_name("vaco"))
 
 COMMON = [
-    "--config", "configs/env/hopper.yaml", "--config", "configs/algo/vaco.yaml",
-    "--data.init_args.num_envs", "8", "--data.init_args.num_steps", "256",
-    "--data.init_args.eval_every", "10", "--data.init_args.eval_episodes", "10",
-    "--progress_bar.refresh_rate", "0",
+    "--config",
+    "configs/env/hopper.yaml",
+    "--config",
+    "configs/algo/vaco.yaml",
+    "--data.init_args.num_envs",
+    "8",
+    "--data.init_args.num_steps",
+    "256",
+    "--data.init_args.eval_every",
+    "10",
+    "--data.init_args.eval_episodes",
+    "10",
+    "--progress_bar.refresh_rate",
+    "0",
 ]
 SETTINGS = {
     "sync": ["--config", "configs/collection/sync2.yaml"],
@@ -38,10 +48,23 @@ SETTINGS = {
 
 
 def command(name: str, total_steps: int, seed: int, k: int) -> list[str]:
-    args = ["nice", "-n", "10", VACO, "fit", *COMMON, *SETTINGS[name],
-            "--data.init_args.total_steps", str(total_steps), "--seed_everything", str(seed),
-            "--trainer.logger.init_args.experiment_name", "async_comparison",
-            "--trainer.logger.init_args.run_name", f"{name}-s{seed}"]
+    args = [
+        "nice",
+        "-n",
+        "10",
+        VACO,
+        "fit",
+        *COMMON,
+        *SETTINGS[name],
+        "--data.init_args.total_steps",
+        str(total_steps),
+        "--seed_everything",
+        str(seed),
+        "--trainer.logger.init_args.experiment_name",
+        "async_comparison",
+        "--trainer.logger.init_args.run_name",
+        f"{name}-s{seed}",
+    ]
     if name == "simulated":
         args += ["--data.init_args.policy_buffer_size", str(k)]
     return args
@@ -55,8 +78,14 @@ def run(args) -> None:
         cmd = command(name, args.total_steps, args.seed, args.k)
         print("$", " ".join(cmd[3:]), flush=True)
         with open(out / f"{name}-s{args.seed}.log", "w") as log:
-            subprocess.run(cmd + ["--trainer.default_root_dir", str(out)], cwd=REPO, env=env,
-                           stdout=log, stderr=subprocess.STDOUT, check=True)
+            subprocess.run(
+                cmd + ["--trainer.default_root_dir", str(out)],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=True,
+            )
 
 
 def summarize(args) -> None:
@@ -65,8 +94,10 @@ def summarize(args) -> None:
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{Path(args.out).resolve() / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("async_comparison")
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
-    print(f"| run | K | wall-clock (min) | to eval/return >= {args.threshold:g} (min / env steps) | final eval/return "
-          "| mean perf/sps | policy age per iteration: mean (max) | ages seen (share of iterations) |")
+    print(
+        f"| run | K | wall-clock (min) | to eval/return >= {args.threshold:g} (min / env steps) | final eval/return "
+        "| mean perf/sps | policy age per iteration: mean (max) | ages seen (share of iterations) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for run in runs:
         rid = run.info.run_id
@@ -84,8 +115,10 @@ def summarize(args) -> None:
         maxima = [m.value for m in client.get_metric_history(rid, "lag/policy_age_max")]
         share = collections.Counter(int(a) for a in maxima)
         seen = ", ".join(f"max {a}: {n / len(maxima):.0%}" for a, n in sorted(share.items()))
-        print(f"| {run.info.run_name} | {run.data.params.get('K')} | {(end - start) / 60_000:.1f} | {reach} | {final:.0f} "
-              f"| {sum(sps) / len(sps):.0f} | {sum(ages) / len(ages):.2f} ({max(maxima):.0f}) | {seen} |")
+        print(
+            f"| {run.info.run_name} | {run.data.params.get('K')} | {(end - start) / 60_000:.1f} | {reach} | {final:.0f} "
+            f"| {sum(sps) / len(sps):.0f} | {sum(ages) / len(ages):.2f} ({max(maxima):.0f}) | {seen} |"
+        )
 
 
 def main() -> None:

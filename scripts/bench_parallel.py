@@ -28,7 +28,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this (learner) process")
-    parser.add_argument("--rounds", type=int, default=1, help="alternate the settings this many times (shared machines)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="alternate the settings this many times (shared machines)"
+    )
     parser.add_argument("--fit", action="store_true", help="end to end: time `vaco fit` runs instead")
     parser.add_argument("--iterations", type=int, default=20, help="--fit: iterations per run")
     parser.add_argument("--settings", nargs="+", default=None, help="--fit: names from FIT_SETTINGS (default: all)")
@@ -64,13 +66,17 @@ def main() -> None:
         print(f"single process       : {results['single_process'][-1]:8.0f} env steps/s", flush=True)
         for workers in args.workers:
             n = args.num_envs // workers
-            specs = [ActorSpec(args.env, n, args.num_steps, actor_seed(1, w), w * n, args.num_envs) for w in range(workers)]
+            specs = [
+                ActorSpec(args.env, n, args.num_steps, actor_seed(1, w), w * n, args.num_envs) for w in range(workers)
+            ]
             pool = ActorPool(specs, buffer, args.batches + 1, mode="sync")
             try:
                 results.setdefault(f"sync_{workers}_workers", []).append(timed(iter(pool)))
             finally:
                 pool.shutdown()
-            print(f"sync, {workers} actor procs  : {results[f'sync_{workers}_workers'][-1]:8.0f} env steps/s", flush=True)
+            print(
+                f"sync, {workers} actor procs  : {results[f'sync_{workers}_workers'][-1]:8.0f} env steps/s", flush=True
+            )
     print(json.dumps({"env": args.env, "num_envs": args.num_envs, "num_steps": args.num_steps, **results}))
 
 
@@ -80,8 +86,14 @@ FIT_SETTINGS = {  # name: extra `vaco fit` arguments
     "sync, 2 actor procs, learner 2 threads": ["--config", "configs/collection/sync2.yaml", "--torch_threads", "2"],
     # a different algorithm (the data is one update old), listed for its throughput
     "async, 2 actor procs, learner 1 thread": ["--config", "configs/collection/async2.yaml", "--torch_threads", "1"],
-    "async, 1 actor proc, learner 1 thread": ["--config", "configs/collection/async2.yaml",
-                                              "--data.init_args.collection.init_args.num_workers", "1", "--torch_threads", "1"],
+    "async, 1 actor proc, learner 1 thread": [
+        "--config",
+        "configs/collection/async2.yaml",
+        "--data.init_args.collection.init_args.num_workers",
+        "1",
+        "--torch_threads",
+        "1",
+    ],
 }
 
 
@@ -106,14 +118,37 @@ def fit(args) -> None:
                 continue
             with tempfile.TemporaryDirectory() as tmp:
                 uri = f"sqlite:///{tmp}/mlflow.db"
-                cmd = [vaco, "fit", "--config", "configs/env/hopper.yaml", "--config", "configs/algo/ppo_clip.yaml",
-                       "--data.init_args.env_id", args.env, "--data.init_args.num_envs", str(args.num_envs),
-                       "--data.init_args.num_steps", str(args.num_steps),
-                       "--data.init_args.total_steps", str(args.iterations * frames),
-                       "--data.init_args.eval_every", "0", "--data.init_args.eval_episodes", "1",
-                       "--model.init_args.update_epochs", "10", "--model.init_args.num_minibatches", "32",
-                       "--checkpoint.every_n_iterations", "0", "--progress_bar.refresh_rate", "0",
-                       "--trainer.default_root_dir", tmp, *extra]
+                cmd = [
+                    vaco,
+                    "fit",
+                    "--config",
+                    "configs/env/hopper.yaml",
+                    "--config",
+                    "configs/algo/ppo_clip.yaml",
+                    "--data.init_args.env_id",
+                    args.env,
+                    "--data.init_args.num_envs",
+                    str(args.num_envs),
+                    "--data.init_args.num_steps",
+                    str(args.num_steps),
+                    "--data.init_args.total_steps",
+                    str(args.iterations * frames),
+                    "--data.init_args.eval_every",
+                    "0",
+                    "--data.init_args.eval_episodes",
+                    "1",
+                    "--model.init_args.update_epochs",
+                    "10",
+                    "--model.init_args.num_minibatches",
+                    "32",
+                    "--checkpoint.every_n_iterations",
+                    "0",
+                    "--progress_bar.refresh_rate",
+                    "0",
+                    "--trainer.default_root_dir",
+                    tmp,
+                    *extra,
+                ]
                 env = dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=uri)
                 subprocess.run(cmd, cwd=repo, env=env, check=True, capture_output=True)
                 client = mlflow.MlflowClient(tracking_uri=uri)
@@ -127,8 +162,11 @@ def fit(args) -> None:
             sps = (len(stamps) - 2) * frames / ((stamps[-2] - stamps[0]) / 1000)
             results.setdefault(name, []).append(sps)
             median = {key: values[len(values) // 2] for key, values in phases.items()}
-            print(f"{name:40s}: {sps:8.0f} env steps/s end to end (median s/iteration: collect "
-                  f"{median['collect']:.2f}, update {median['update']:.2f})", flush=True)
+            print(
+                f"{name:40s}: {sps:8.0f} env steps/s end to end (median s/iteration: collect "
+                f"{median['collect']:.2f}, update {median['update']:.2f})",
+                flush=True,
+            )
     print(json.dumps({"env": args.env, "num_envs": args.num_envs, "num_steps": args.num_steps, **results}))
 
 

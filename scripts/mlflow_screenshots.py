@@ -28,7 +28,9 @@ def main() -> None:
 
     client = mlflow.MlflowClient(args.url)
     experiment = client.get_experiment_by_name(args.experiment)
-    cells = [r.info.run_id for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    cells = [
+        r.info.run_id for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" in r.data.tags
+    ]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=args.browser, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1600, "height": 700})
@@ -40,7 +42,9 @@ def main() -> None:
         page.screenshot(path=f"{args.out}/mlflow_runs.png")
         # the comparison of the cells: parallel coordinates over algorithm and K against eval/return
         runs = urllib.parse.quote(json.dumps(cells))
-        page.goto(f"{args.url}/#/compare-runs?runs={runs}&experiments={urllib.parse.quote(json.dumps([experiment.experiment_id]))}")
+        page.goto(
+            f"{args.url}/#/compare-runs?runs={runs}&experiments={urllib.parse.quote(json.dumps([experiment.experiment_id]))}"
+        )
         page.wait_for_timeout(6000)
         page.get_by_text("Clear All").click()
         boxes = page.locator(".ant-select-selector, [role='combobox']")

@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiment", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--uri", default=None, help="tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument(
+        "--uri", default=None, help="tracking URI (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    )
     parser.add_argument("--title", default=None)
     args = parser.parse_args(argv)
     runs, notes = load_runs(args.experiment, args.uri)
@@ -37,11 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         grid = steps if grid is None else grid
         if len(steps) == len(grid):
             curves.append(values)
-        print(f"{run.algorithm} {run.env} K={run.K} seed={run.seed}: final eval/return {values[-1]:.0f}, "
-              f"mean of last 5 evaluations {values[-5:].mean():.0f}")
+        print(
+            f"{run.algorithm} {run.env} K={run.K} seed={run.seed}: final eval/return {values[-1]:.0f}, "
+            f"mean of last 5 evaluations {values[-5:].mean():.0f}"
+        )
     if curves:
         ax.plot(grid, np.mean(curves, axis=0), color="black", lw=2, label="mean over seeds")
-    print(f"mean final eval/return over {len(finals)} runs: {np.mean(finals):.0f} (min {np.min(finals):.0f}, max {np.max(finals):.0f})")
+    print(
+        f"mean final eval/return over {len(finals)} runs: {np.mean(finals):.0f} (min {np.min(finals):.0f}, max {np.max(finals):.0f})"
+    )
     ax.set_xlabel("env steps")
     ax.set_ylabel("eval/return (mean of 10 episodes)")
     ax.set_title(args.title or args.experiment)

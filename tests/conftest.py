@@ -79,8 +79,15 @@ def build_run(
 
     L.seed_everything(seed, verbose=False)
     data = dict(
-        env_id="InvertedPendulum-v5", num_envs=2, num_steps=64, total_steps=2 * 64 * 6,
-        policy_buffer_size=3, eval_every=3, eval_episodes=2, eval_envs=2, seed=seed,
+        env_id="InvertedPendulum-v5",
+        num_envs=2,
+        num_steps=64,
+        total_steps=2 * 64 * 6,
+        policy_buffer_size=3,
+        eval_every=3,
+        eval_episodes=2,
+        eval_envs=2,
+        seed=seed,
     )
     data.update(data_kwargs or {})
     model = dict(update_epochs=2, num_minibatches=4)
@@ -111,6 +118,4 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict |
     import subprocess
 
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run(
-        [VACO, *args], cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([VACO, *args], cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout)

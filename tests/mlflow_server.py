@@ -35,8 +35,23 @@ def start_server(backend_uri: str, port: int, cwd: Path, log_path: Path, timeout
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no background job workers
     log = open(log_path, "a")
     server = subprocess.Popen(
-        [MLFLOW, "server", "--backend-store-uri", backend_uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            MLFLOW,
+            "server",
+            "--backend-store-uri",
+            backend_uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     log.close()
     deadline = time.monotonic() + timeout

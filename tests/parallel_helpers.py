@@ -27,8 +27,16 @@ def filled_buffer(capacity: int, pushes: int, obs_dim: int = 11, act_dim: int = 
     return buffer
 
 
-def parallel_run(tmp_path: Path, uri: str, *, data_kwargs: dict, model_kwargs: dict | None = None,
-                 callbacks: tuple = (), run_id: str | None = None, seed: int = 3):
+def parallel_run(
+    tmp_path: Path,
+    uri: str,
+    *,
+    data_kwargs: dict,
+    model_kwargs: dict | None = None,
+    callbacks: tuple = (),
+    run_id: str | None = None,
+    seed: int = 3,
+):
     """A real (VacoModule, RolloutDataModule with actor processes, Trainer) on a tiny InvertedPendulum
     setting; ``data_kwargs`` may hold the data module's and the :class:`Actors` backend's fields."""
     from vaco.advantages import VTrace
@@ -40,8 +48,16 @@ def parallel_run(tmp_path: Path, uri: str, *, data_kwargs: dict, model_kwargs: d
 
     L.seed_everything(seed, verbose=False)
     data = dict(
-        env_id="InvertedPendulum-v5", num_envs=4, num_steps=32, total_steps=4 * 32 * 4,
-        policy_buffer_size=1, eval_every=0, eval_episodes=2, eval_envs=2, seed=seed, num_workers=2,
+        env_id="InvertedPendulum-v5",
+        num_envs=4,
+        num_steps=32,
+        total_steps=4 * 32 * 4,
+        policy_buffer_size=1,
+        eval_every=0,
+        eval_episodes=2,
+        eval_envs=2,
+        seed=seed,
+        num_workers=2,
     )
     data.update(data_kwargs)
     model = dict(update_epochs=2, num_minibatches=4)
@@ -53,8 +69,14 @@ def parallel_run(tmp_path: Path, uri: str, *, data_kwargs: dict, model_kwargs: d
     logger = MLFlowLogger(experiment_name="test", tracking_uri=uri, run_id=run_id)
     checkpoint = IterationCheckpoint(every_n_iterations=1, dirpath=str(tmp_path / "ckpt"))
     trainer = L.Trainer(
-        max_epochs=1, accelerator="cpu", devices=1, logger=logger, callbacks=[checkpoint, *callbacks],
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        callbacks=[checkpoint, *callbacks],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
         default_root_dir=str(tmp_path),
     )
     return module, datamodule, trainer

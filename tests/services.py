@@ -75,7 +75,10 @@ def slurm_cluster() -> tuple[dict[str, str] | None, str]:
         return _started["slurm"]  # type: ignore[return-value]
     missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol") if not shutil.which(b)]
     if missing:
-        _started["slurm"] = (None, f"SLURM is not installed ({', '.join(missing)} missing): apt-get install slurm-wlm munge")
+        _started["slurm"] = (
+            None,
+            f"SLURM is not installed ({', '.join(missing)} missing): apt-get install slurm-wlm munge",
+        )
         return _started["slurm"]  # type: ignore[return-value]
     if os.geteuid() != 0:
         _started["slurm"] = (None, "a one-node SLURM cluster needs root to start slurmd")
@@ -93,8 +96,17 @@ def slurm_cluster() -> tuple[dict[str, str] | None, str]:
     host = socket.gethostname()
     memory = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.8)
     conf = root / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(host=host, root=root, ctld_port=_free_port(), d_port=_free_port(),
-                                      cpus=os.cpu_count() or 1, memory=memory, max_array=MAX_ARRAY_SIZE))
+    conf.write_text(
+        SLURM_CONF.format(
+            host=host,
+            root=root,
+            ctld_port=_free_port(),
+            d_port=_free_port(),
+            cpus=os.cpu_count() or 1,
+            memory=memory,
+            max_array=MAX_ARRAY_SIZE,
+        )
+    )
     env = dict(os.environ, SLURM_CONF=str(conf))
     subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True)
     subprocess.run(["slurmd", "-f", str(conf)], env=env, check=True)
@@ -150,16 +162,47 @@ def postgres(password: str) -> tuple[str | None, str]:
     if run_as:
         shutil.chown(admin, "postgres")
     port = _free_port()
-    subprocess.run([*run_as, str(pg_bin / "initdb"), "-D", str(root / "data"), "-U", "postgres",
-                    "-A", "scram-sha-256", f"--pwfile={admin}"], check=True, capture_output=True)
-    subprocess.run([*run_as, str(pg_bin / "pg_ctl"), "-D", str(root / "data"), "-l", str(root / "log"), "-w",
-                    "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"], check=True, capture_output=True)
-    atexit.register(lambda: subprocess.run([*run_as, str(pg_bin / "pg_ctl"), "-D", str(root / "data"), "-m", "fast",
-                                            "stop"], capture_output=True))
+    subprocess.run(
+        [
+            *run_as,
+            str(pg_bin / "initdb"),
+            "-D",
+            str(root / "data"),
+            "-U",
+            "postgres",
+            "-A",
+            "scram-sha-256",
+            f"--pwfile={admin}",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [
+            *run_as,
+            str(pg_bin / "pg_ctl"),
+            "-D",
+            str(root / "data"),
+            "-l",
+            str(root / "log"),
+            "-w",
+            "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    atexit.register(
+        lambda: subprocess.run(
+            [*run_as, str(pg_bin / "pg_ctl"), "-D", str(root / "data"), "-m", "fast", "stop"], capture_output=True
+        )
+    )
     import psycopg
 
-    with psycopg.connect(host="127.0.0.1", port=port, user="postgres", password="admin-" + password,
-                         dbname="postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        host="127.0.0.1", port=port, user="postgres", password="admin-" + password, dbname="postgres", autocommit=True
+    ) as conn:
         conn.execute(f"CREATE USER vaco PASSWORD '{password}'")
         conn.execute("CREATE DATABASE mlflow OWNER vaco")
     _started["postgres"] = (f"postgresql+psycopg://vaco:{password}@127.0.0.1:{port}/mlflow", "")

@@ -16,8 +16,6 @@ from torchrl.objectives.value.functional import vtrace_advantage_estimate
 from vaco.advantages import GAE, VTrace
 from vaco.advantages.functional import gae, group_relative, vtrace
 
-
-
 pytestmark = pytest.mark.usefixtures("float64")  # reference math in float64 (conftest)
 
 
@@ -67,7 +65,12 @@ def ref_vtrace(log_rhos, rewards, values, next_values, done, terminated, gamma, 
         rho = [min(rho_bar, x) for x in ratio]
         c = [lmbda * min(c_bar, x) for x in ratio]
         delta = [
-            rho[t] * (float(rewards[i, t]) + (0.0 if terminated[i, t] else gamma * float(next_values[i, t])) - float(values[i, t]))
+            rho[t]
+            * (
+                float(rewards[i, t])
+                + (0.0 if terminated[i, t] else gamma * float(next_values[i, t]))
+                - float(values[i, t])
+            )
             for t in range(T)
         ]
         for s in range(T):

@@ -18,9 +18,9 @@ import mlflow
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from parallel_helpers import alive, descendants, parallel_run
 
 from conftest import CONFIGS, REPO, VACO, metric_histories
+from parallel_helpers import alive, descendants, parallel_run
 
 
 def _values(history) -> list[float]:
@@ -86,20 +86,42 @@ def test_staleness_limit_drops_old_batches(tmp_path, mlflow_uri):
 # ---------------------------------------------------------------- crash, resume, Ctrl-C
 def _fit(tmp_path: Path, *extra: str) -> subprocess.Popen:
     args = [
-        VACO, "fit",
-        "--config", str(CONFIGS / "env/inverted_pendulum.yaml"), "--config", str(CONFIGS / "algo/vaco.yaml"),
-        "--config", str(CONFIGS / "collection/async2.yaml"),
-        "--data.init_args.num_steps", "64", "--data.init_args.total_steps", str(4 * 64 * 200),
-        "--data.init_args.eval_every", "0",
-        "--checkpoint.every_n_iterations", "1", "--checkpoint.dirpath", str(tmp_path / "ckpt"),
-        "--trainer.default_root_dir", str(tmp_path), *extra,
+        VACO,
+        "fit",
+        "--config",
+        str(CONFIGS / "env/inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo/vaco.yaml"),
+        "--config",
+        str(CONFIGS / "collection/async2.yaml"),
+        "--data.init_args.num_steps",
+        "64",
+        "--data.init_args.total_steps",
+        str(4 * 64 * 200),
+        "--data.init_args.eval_every",
+        "0",
+        "--checkpoint.every_n_iterations",
+        "1",
+        "--checkpoint.dirpath",
+        str(tmp_path / "ckpt"),
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        *extra,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # own session: the test can send Ctrl-C to the whole process group, as a terminal does. SIGINT
     # back to its default in the child: a test run started in the background by a non-interactive
     # shell (`make test &`, some CI runners) inherits SIGINT ignored, and so would the run
-    return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, preexec_fn=_default_sigint)
+    return subprocess.Popen(
+        args,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 def _default_sigint() -> None:

@@ -30,6 +30,7 @@ def _numeric_fields():
     seen = {}
     for folder in ("env", "algo", "collection"):
         for path in sorted((REPO / "configs" / folder).glob("*.yaml")):
+
             def walk(tree, prefix=""):
                 if isinstance(tree, dict):
                     for key, value in tree.items():
@@ -54,7 +55,7 @@ def _refused(argv: list[str]) -> str:
             VacoCLI(args=argv, run=False)
         except SystemExit as exit_:
             assert exit_.code == 2, err.getvalue()
-            lines = [l for l in err.getvalue().strip().splitlines() if l.startswith("vaco fit: error:")]
+            lines = [line for line in err.getvalue().strip().splitlines() if line.startswith("vaco fit: error:")]
             assert len(lines) == 1, err.getvalue()
             return lines[0]
         except ConfigurationError as error:
@@ -65,8 +66,12 @@ def _refused(argv: list[str]) -> str:
 
 def test_every_shipped_numeric_field_is_found():
     keys = {k for k, _ in FIELDS}
-    assert {"data.init_args.num_envs", "model.init_args.objective.init_args.delta",
-            "model.init_args.advantage.init_args.gamma", "data.init_args.collection.init_args.num_workers"} <= keys
+    assert {
+        "data.init_args.num_envs",
+        "model.init_args.objective.init_args.delta",
+        "model.init_args.advantage.init_args.gamma",
+        "data.init_args.collection.init_args.num_workers",
+    } <= keys
 
 
 @pytest.mark.parametrize(("key", "where"), FIELDS, ids=[k for k, _ in FIELDS])
@@ -75,33 +80,63 @@ def test_a_wrong_type_sign_or_range_in_any_shipped_field_is_one_line(key, where,
     path, value = where
     argv = [*BASE, *(["--config", str(path)] if path.parent.name != "env" else [])]
     short = key.rsplit(".", 1)[-1]
-    for bad in ("abc", "-1", *([] if short in UNBOUNDED_ABOVE or isinstance(value, float) and short not in ("gamma", "lmbda", "clip_epsilon") else ["1e30"])):
+    for bad in (
+        "abc",
+        "-1",
+        *(
+            []
+            if short in UNBOUNDED_ABOVE or isinstance(value, float) and short not in ("gamma", "lmbda", "clip_epsilon")
+            else ["1e30"]
+        ),
+    ):
         message = _refused([*argv, f"--{key}={bad}"])
         assert short in message, (key, bad, message)
     assert not (tmp_path / "mlflow.db").exists() or not [
-        r for e in mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
+        r
+        for e in mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_experiments()
         for r in mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").search_runs([e.experiment_id])
     ]
 
 
 def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([VACO, "fit", *BASE, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", **(env or {})))
+    return subprocess.run(
+        [VACO, "fit", *BASE, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", **(env or {})),
+    )
 
 
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
         (("--data.init_args.env_id", "CartPole-v1"), "`data.env_id`: CartPole-v1 has the action space Discrete(2)"),
-        (("--data.init_args.env_id", "Hoper-v5"), "`data.env_id`: unknown gymnasium env id 'Hoper-v5'. Did you mean Hopper-v5"),
+        (
+            ("--data.init_args.env_id", "Hoper-v5"),
+            "`data.env_id`: unknown gymnasium env id 'Hoper-v5'. Did you mean Hopper-v5",
+        ),
         (("--seed_everything=-3",), "`seed_everything` must be an integer in [0, 2^32 - 1]"),
         (("--config", "missing.yaml"), "`--config missing.yaml`: no such file"),
-        (("--config", "tab.yaml"), "`--config tab.yaml`: line 3, column 1: a tab character: YAML indents with spaces only"),
+        (
+            ("--config", "tab.yaml"),
+            "`--config tab.yaml`: line 3, column 1: a tab character: YAML indents with spaces only",
+        ),
         (("--config", "indent.yaml"), "`--config indent.yaml`: line 4, column 4: the indentation does not line up"),
         (("--config", "typo.yaml"), "has no field 'num_env'. Did you mean num_envs or num_steps? (in typo.yaml)"),
         (("--config", "."), "`--config .`: a directory, not a YAML file"),
     ],
-    ids=["discrete-actions", "misspelt-env", "negative-seed", "missing-file", "tab", "indentation", "misspelt-key", "directory"],
+    ids=[
+        "discrete-actions",
+        "misspelt-env",
+        "negative-seed",
+        "missing-file",
+        "tab",
+        "indentation",
+        "misspelt-key",
+        "directory",
+    ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):
     (tmp_path / "tab.yaml").write_text("data:\n  init_args:\n\tnum_envs: 4\n")
@@ -121,11 +156,20 @@ def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_rend
     if ctypes.util.find_library("OSMesa"):
         pytest.skip("OSMesa is installed here: the missing-library path cannot be shown")
     env = dict(os.environ, MUJOCO_GL="osmesa")
-    plain = subprocess.run([VACO, "evaluate", "--ckpt", "none.ckpt"], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=300)
-    assert plain.returncode == 2 and plain.stderr.strip() == "vaco evaluate: error: `--ckpt`: no checkpoint at none.ckpt"
-    video = subprocess.run([VACO, "evaluate", "--ckpt", "none.ckpt", "--video", "x.mp4"], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(
+        [VACO, "evaluate", "--ckpt", "none.ckpt"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert (
+        plain.returncode == 2 and plain.stderr.strip() == "vaco evaluate: error: `--ckpt`: no checkpoint at none.ckpt"
+    )
+    video = subprocess.run(
+        [VACO, "evaluate", "--ckpt", "none.ckpt", "--video", "x.mp4"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert video.returncode == 2
     (line,) = video.stderr.strip().splitlines()
     assert "`MUJOCO_GL=osmesa`: the OSMesa library is not installed" in line and "apt-get install libosmesa6" in line

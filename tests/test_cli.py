@@ -11,9 +11,9 @@ import time
 import urllib.request
 
 import pytest
-from mlflow_server import free_port
 
 from conftest import CONFIGS, VACO, run_cli
+from mlflow_server import free_port
 
 PROBE = """
 import json, sys
@@ -26,7 +26,9 @@ print(json.dumps({{"torch": "torch" in sys.modules, "lightning": "lightning" in 
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["sweep", "--help"], ["report", "--help"], ["evaluate", "--help"], ["ui", "--help"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["sweep", "--help"], ["report", "--help"], ["evaluate", "--help"], ["ui", "--help"]]
+)
 def test_help_imports_neither_torch_nor_lightning(argv):
     out = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -36,7 +38,9 @@ def test_help_imports_neither_torch_nor_lightning(argv):
 
 def test_the_command_list_is_the_same_everywhere():
     top = run_cli("--help")
-    listed = [line.split()[0] for line in top.stdout.split("commands:")[1].split("examples:")[0].splitlines() if line.strip()]
+    listed = [
+        line.split()[0] for line in top.stdout.split("commands:")[1].split("examples:")[0].splitlines() if line.strip()
+    ]
     assert listed == ["fit", "evaluate", "sweep", "report", "ui"]
     wrong = run_cli("validate")
     assert wrong.returncode == 2 and "fit, evaluate, sweep, report, ui" in wrong.stderr
@@ -47,7 +51,13 @@ def test_the_command_list_is_the_same_everywhere():
 def test_fit_help_lists_vacos_own_fields_with_their_docs_and_defaults():
     out = run_cli("fit", "--help")
     assert out.returncode == 0
-    for field in ("--model.num_minibatches", "--model.update_epochs", "--data.policy_buffer_size", "--data.eval_envs", "--data.total_steps"):
+    for field in (
+        "--model.num_minibatches",
+        "--model.update_epochs",
+        "--data.policy_buffer_size",
+        "--data.eval_envs",
+        "--data.total_steps",
+    ):
         assert field in out.stdout, field
     assert "K, how many recent policies the actors draw from" in out.stdout
     assert "default: 32" in out.stdout
@@ -72,11 +82,27 @@ def test_video_without_an_mp4_writer_fails_before_rendering(tmp_path):
 
 def test_fit_ends_with_vacos_summary_not_lightnings_notice(tmp_path):
     out = run_cli(
-        "fit", "--config", str(CONFIGS / "env" / "inverted_pendulum.yaml"), "--config", str(CONFIGS / "algo" / "ppo_clip.yaml"),
-        "--data.init_args.num_envs", "2", "--data.init_args.num_steps", "64", "--data.init_args.total_steps", "128",
-        "--model.init_args.num_minibatches", "2", "--model.init_args.update_epochs", "1",
-        "--data.init_args.eval_episodes", "1", "--trainer.enable_progress_bar", "false",
-        cwd=tmp_path, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "fit",
+        "--config",
+        str(CONFIGS / "env" / "inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo" / "ppo_clip.yaml"),
+        "--data.init_args.num_envs",
+        "2",
+        "--data.init_args.num_steps",
+        "64",
+        "--data.init_args.total_steps",
+        "128",
+        "--model.init_args.num_minibatches",
+        "2",
+        "--model.init_args.update_epochs",
+        "1",
+        "--data.init_args.eval_episodes",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
     )
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout + out.stderr
@@ -91,8 +117,13 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
     mlflow.MlflowClient(uri).create_experiment("vaco")  # a store with something in it
     port = free_port()
     ui = subprocess.Popen(
-        [VACO, "ui", "--port", str(port)], cwd=tmp_path, env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [VACO, "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         line = ""
@@ -103,8 +134,10 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:
             assert page.status == 200 and b"<html" in page.read(2000).lower()
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search", data=b'{"max_results": 10}',
-            headers={"Content-Type": "application/json"}, method="POST",
+            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search",
+            data=b'{"max_results": 10}',
+            headers={"Content-Type": "application/json"},
+            method="POST",
         )
         with urllib.request.urlopen(request, timeout=10) as found:
             assert "vaco" in [e["name"] for e in json.loads(found.read())["experiments"]]
@@ -140,8 +173,13 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
         client.set_terminated(run.info.run_id)
     port = free_port()
     ui = subprocess.Popen(
-        [VACO, "ui", "--port", str(port)], cwd=tmp_path, env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [VACO, "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         line = ""
@@ -152,16 +190,32 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
         url = line.split("vaco ui: ", 1)[1].split()[0]
         assert url == f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?workflowType=machine_learning", line
         assert "the runs of 'vaco-first-look'" in line
-        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1400,900", "--virtual-time-budget=20000"]
-        dom = subprocess.run([chromium, *flags, f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom", url],
-                             capture_output=True, text=True, timeout=180).stdout
+        flags = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1400,900",
+            "--virtual-time-budget=20000",
+        ]
+        dom = subprocess.run(
+            [chromium, *flags, f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom", url],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        ).stdout
         assert "vaco Hopper-v5 K=4 s1" in dom and "ppo_clip Hopper-v5 K=4 s1" in dom and ">Runs<" in dom
         assert "Token" not in dom  # not the GenAI overview (Traces, Latency, Token usage)
         shot = tmp_path / "vaco_ui.png"
-        subprocess.run([chromium, *flags, f"--user-data-dir={tmp_path / 'profile-shot'}", f"--screenshot={shot}", url],
-                       capture_output=True, timeout=180)
+        subprocess.run(
+            [chromium, *flags, f"--user-data-dir={tmp_path / 'profile-shot'}", f"--screenshot={shot}", url],
+            capture_output=True,
+            timeout=180,
+        )
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
         ui.send_signal(signal.SIGINT)
         assert ui.wait(timeout=60) == 0

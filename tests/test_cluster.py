@@ -37,8 +37,14 @@ def slurm():
 
 
 def _vaco(*args: str, cwd: Path, env: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([VACO, *args], cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1", **env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [VACO, *args],
+        cwd=cwd,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _squeue(env: dict) -> list[tuple[str, str]]:
@@ -77,8 +83,22 @@ def _parent(uri: str, experiment: str = "vaco-tiny"):
 def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_run(slurm, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**slurm, "MLFLOW_TRACKING_URI": uri}
-    out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "slurm",
-                "--mem-gb", "2", "--time-min", "30", cwd=tmp_path, env=env)
+    out = _vaco(
+        "sweep",
+        "--config",
+        TINY,
+        "--out",
+        str(tmp_path / "out"),
+        *ONLY,
+        "--launcher",
+        "slurm",
+        "--mem-gb",
+        "2",
+        "--time-min",
+        "30",
+        cwd=tmp_path,
+        env=env,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "submitted 2 cells as slurm job array" in out.stdout
     jobs = yaml.safe_load((tmp_path / "out" / "submitit" / "jobs.yaml").read_text())
@@ -105,20 +125,35 @@ def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_ru
     assert log.count("=== ") >= 2 and "--ckpt_path" in log  # it ran again, from its checkpoint
     # the parent run stays RUNNING while the cells run on their own; a rerun closes it
     assert _parent(uri).info.status == "RUNNING"
-    again = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "slurm",
-                  cwd=tmp_path, env=env)
+    again = _vaco(
+        "sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "slurm", cwd=tmp_path, env=env
+    )
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
     assert _parent(uri).info.status == "FINISHED"
 
 
 def test_the_dry_run_shows_the_arrays_and_the_script_that_will_be_submitted(slurm, tmp_path):
-    out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--launcher", "slurm", "--dry-run",
-                cwd=tmp_path, env={**slurm, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    out = _vaco(
+        "sweep",
+        "--config",
+        TINY,
+        "--out",
+        str(tmp_path / "out"),
+        "--launcher",
+        "slurm",
+        "--dry-run",
+        cwd=tmp_path,
+        env={**slurm, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    )
     assert out.returncode == 0, out.stderr
-    assert "5 cells to submit as 2 job array(s) of at most 4 (the cluster's MaxArraySize), 4 running at once" in out.stdout
+    assert (
+        "5 cells to submit as 2 job array(s) of at most 4 (the cluster's MaxArraySize), 4 running at once" in out.stdout
+    )
     script = out.stdout.split("sbatch script:", 1)[1]
     assert "#SBATCH --array=0-3%4" in script  # this install's interpreter, not a bare `python`:
-    assert re.search(rf"{re.escape(str(Path(sys.executable).parent))}/python[0-9.]* -u -m submitit.core._submit", script)
+    assert re.search(
+        rf"{re.escape(str(Path(sys.executable).parent))}/python[0-9.]* -u -m submitit.core._submit", script
+    )
     assert "cells on other hosts cannot share one SQLite file safely" in out.stderr
 
 
@@ -131,8 +166,19 @@ def test_a_submitter_killed_before_recording_its_jobs_does_not_submit_twice(slur
     slurm_env = dict(os.environ, **slurm)
     subprocess.run(["scontrol", "update", "PartitionName=debug", "State=DOWN"], env=slurm_env, check=True)
     try:  # jobs stay queued while the partition is down
-        out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--launcher", "slurm",
-                    "--mem-gb", "2", cwd=tmp_path, env=env)
+        out = _vaco(
+            "sweep",
+            "--config",
+            TINY,
+            "--out",
+            str(tmp_path / "out"),
+            "--launcher",
+            "slurm",
+            "--mem-gb",
+            "2",
+            cwd=tmp_path,
+            env=env,
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "submitted 5 cells as slurm job arrays" in out.stdout
         record = tmp_path / "out" / "submitit" / "jobs.yaml"
@@ -141,10 +187,11 @@ def test_a_submitter_killed_before_recording_its_jobs_does_not_submit_twice(slur
         assert len(ids) == 5 and len(arrays) == 2
         queued = sorted(j for j, _ in _squeue(slurm))
         record.unlink()
-        again = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--launcher", "slurm",
-                      cwd=tmp_path, env=env)
+        again = _vaco(
+            "sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--launcher", "slurm", cwd=tmp_path, env=env
+        )
         assert again.returncode == 2, again.stdout + again.stderr
-        (line,) = [l for l in again.stderr.strip().splitlines() if not l.startswith("vaco sweep: warning")]
+        (line,) = [text for text in again.stderr.strip().splitlines() if not text.startswith("vaco sweep: warning")]
         assert f"SLURM still holds job(s) {', '.join(arrays)}" in line and "would run their cells twice" in line
         assert sorted(j for j, _ in _squeue(slurm)) == queued  # nothing was submitted again
     finally:
@@ -160,8 +207,9 @@ def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     env = {"MLFLOW_TRACKING_URI": url}
     out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    report = _vaco("report", "--experiment", "vaco-tiny", "--out", str(tmp_path / "report"), "--reps", "20",
-                   cwd=tmp_path, env=env)
+    report = _vaco(
+        "report", "--experiment", "vaco-tiny", "--out", str(tmp_path / "report"), "--reps", "20", cwd=tmp_path, env=env
+    )
     assert report.returncode == 0, report.stderr[-3000:]
     client = mlflow.MlflowClient(url)
     runs = _cell_runs(url)
@@ -180,6 +228,6 @@ def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     for path in (tmp_path / "report").rglob("*.md"):
         texts.append(path.read_text())
     assert any("config.yaml" in t or "trainer:" in t for t in texts)  # the artifacts were read
-    leaks = [t[max(0, t.find(SECRET) - 80): t.find(SECRET) + 40] for t in texts if SECRET in t]
+    leaks = [t[max(0, t.find(SECRET) - 80) : t.find(SECRET) + 40] for t in texts if SECRET in t]
     assert not leaks, leaks
     assert "postgresql+psycopg://***@127.0.0.1" in out.stdout  # what the sweep shows of the store

@@ -135,7 +135,9 @@ def test_mixture_equals_each_version_acting_alone(actor_cls):
 
 # ---------------------------------------------------------------- the collector
 def _collector(env_id="Hopper-v5", N=3, T=200, K=2, seed=0, **kw):
-    buffer, _ = _filled_buffer(K=K, pushes=K, obs_dim=11 if env_id == "Hopper-v5" else 4, act_dim=3 if env_id == "Hopper-v5" else 1)
+    buffer, _ = _filled_buffer(
+        K=K, pushes=K, obs_dim=11 if env_id == "Hopper-v5" else 4, act_dim=3 if env_id == "Hopper-v5" else 1
+    )
     return RolloutCollector(env_id, N, T, buffer, num_iterations=5, seed=seed, **kw), buffer
 
 
@@ -155,7 +157,8 @@ def test_collector_batch_layout_and_versions():
     torch.testing.assert_close(
         batch["behavior_log_prob"],
         gaussian_log_prob(batch["action"], batch["behavior_loc"], batch["behavior_scale"]),
-        rtol=1e-4, atol=1e-4,
+        rtol=1e-4,
+        atol=1e-4,
     )
     collector.shutdown()
 
@@ -206,7 +209,9 @@ def test_truncation_is_flagged_and_bootstrapped_from_the_final_observation():
     assert (length[trunc] == 5).all() and (length[term] <= 5).all()
     # the final observation of a truncated episode is a real next state, distinct from the reset one
     ends = (trunc & ~term)[:, :-1]
-    assert not torch.isclose(batch["next", "observation"][:, :-1][ends], batch["observation"][:, 1:][ends]).all(-1).any()
+    assert (
+        not torch.isclose(batch["next", "observation"][:, :-1][ends], batch["observation"][:, 1:][ends]).all(-1).any()
+    )
     collector.shutdown()
 
 

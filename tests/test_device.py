@@ -71,8 +71,15 @@ def test_checkpoints_load_with_any_map_location(tmp_path, mlflow_uri):
 def test_asking_for_a_gpu_without_one_is_one_line_before_any_work(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = run_cli(
-        "fit", "--config", str(CONFIGS / "env" / "inverted_pendulum.yaml"), "--config", str(CONFIGS / "algo" / "vaco.yaml"),
-        "--config", str(CONFIGS / "hardware" / "gpu.yaml"), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri},
+        "fit",
+        "--config",
+        str(CONFIGS / "env" / "inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo" / "vaco.yaml"),
+        "--config",
+        str(CONFIGS / "hardware" / "gpu.yaml"),
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": uri},
     )
     assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() if "error" in line]
@@ -88,8 +95,14 @@ def test_asking_for_a_gpu_without_one_is_one_line_before_any_work(tmp_path):
 @pytest.mark.parametrize("name", ["gpu", "gpu_ddp"])
 def test_hardware_configs_compose_with_any_run(name):
     out = run_cli(
-        "fit", "--config", str(CONFIGS / "env" / "hopper.yaml"), "--config", str(CONFIGS / "algo" / "vaco.yaml"),
-        "--config", str(CONFIGS / "hardware" / f"{name}.yaml"), "--print_config",
+        "fit",
+        "--config",
+        str(CONFIGS / "env" / "hopper.yaml"),
+        "--config",
+        str(CONFIGS / "algo" / "vaco.yaml"),
+        "--config",
+        str(CONFIGS / "hardware" / f"{name}.yaml"),
+        "--print_config",
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "accelerator: gpu" in out.stdout

@@ -21,10 +21,24 @@ from conftest import REPO, VACO, metric_histories
 DOC = REPO / "docs" / "extending.md"
 # a tiny budget appended to every `vaco fit` of the doc
 TINY_FIT = [
-    "--data.init_args.num_envs", "2", "--data.init_args.num_steps", "64", "--data.init_args.total_steps", "384",
-    "--data.init_args.eval_every", "0", "--data.init_args.eval_episodes", "2", "--data.init_args.eval_envs", "2",
-    "--model.init_args.update_epochs", "2", "--model.init_args.num_minibatches", "4",
-    "--trainer.enable_progress_bar", "false",
+    "--data.init_args.num_envs",
+    "2",
+    "--data.init_args.num_steps",
+    "64",
+    "--data.init_args.total_steps",
+    "384",
+    "--data.init_args.eval_every",
+    "0",
+    "--data.init_args.eval_episodes",
+    "2",
+    "--data.init_args.eval_envs",
+    "2",
+    "--model.init_args.update_epochs",
+    "2",
+    "--model.init_args.num_minibatches",
+    "4",
+    "--trainer.enable_progress_bar",
+    "false",
 ]
 
 
@@ -51,7 +65,14 @@ def project(tmp_path_factory):
     """The doc's files in an empty directory, beside a link to the repo's configs."""
     root = tmp_path_factory.mktemp("my_project")
     files, commands = doc_blocks()
-    assert {"my_objectives.py", "clipped_is.yaml", "my_advantages.py", "ppo_td0.yaml", "lr_sweep.yaml", "trunc_sweep.yaml"} <= set(files)
+    assert {
+        "my_objectives.py",
+        "clipped_is.yaml",
+        "my_advantages.py",
+        "ppo_td0.yaml",
+        "lr_sweep.yaml",
+        "trunc_sweep.yaml",
+    } <= set(files)
     for name, body in files.items():
         (root / name).write_text(body)
     (root / "configs").symlink_to(REPO / "configs")
@@ -94,19 +115,28 @@ def test_the_doc_sweep_axis_lists_its_cells_and_runs(project):
     assert "18 cells" in out.stdout and "vaco-inverted_pendulum-K4-lr0.0001-s1" in out.stdout
     # the same file at a tiny budget, two cells of it
     config = yaml.safe_load((root / "lr_sweep.yaml").read_text())
-    config["overrides"].update({
-        "data.init_args.num_envs": 2, "data.init_args.num_steps": 64, "data.init_args.total_steps": 256,
-        "data.init_args.eval_episodes": 2, "data.init_args.eval_envs": 2,
-        "model.init_args.update_epochs": 1, "model.init_args.num_minibatches": 2,
-    })
+    config["overrides"].update(
+        {
+            "data.init_args.num_envs": 2,
+            "data.init_args.num_steps": 64,
+            "data.init_args.total_steps": 256,
+            "data.init_args.eval_episodes": 2,
+            "data.init_args.eval_envs": 2,
+            "model.init_args.update_epochs": 1,
+            "model.init_args.num_minibatches": 2,
+        }
+    )
     (root / "tiny_lr_sweep.yaml").write_text(yaml.safe_dump(config))
     run = next(c for c in sweeps if "--dry-run" not in c and "lr_sweep.yaml" in c)
     tiny = [a.replace("lr_sweep.yaml", "tiny_lr_sweep.yaml") for a in run]
     out = _run([*tiny, "--only", "vaco-*-lr0.0001-s1", "--only", "vaco-*-lr0.001-s1"], root, uri)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     client = mlflow.MlflowClient(uri)
-    runs = [r for r in client.search_runs([client.get_experiment_by_name("vaco-lr").experiment_id])
-            if "vaco.sweep.cell" in r.data.tags]  # the cells (not the sweep's parent run)
+    runs = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("vaco-lr").experiment_id])
+        if "vaco.sweep.cell" in r.data.tags
+    ]  # the cells (not the sweep's parent run)
     assert sorted(r.data.params["lr"] for r in runs) == ["0.0001", "0.001"]
     assert sorted(r.data.params["algorithm"] for r in runs) == ["vaco[lr=0.0001]", "vaco[lr=0.001]"]
     assert {r.data.tags["vaco.model.init_args.lr"] for r in runs} == {"0.0001", "0.001"}
@@ -116,7 +146,10 @@ def test_the_doc_objective_declares_its_own_sweep_axis(project):
     """`truncation` is a grid axis because ClippedIS declares it: no edit of the sweep."""
     root, commands, uri = project
     setup = next(c for c in commands if c[0] == "mkdir")
-    assert subprocess.run(" ".join(shlex.quote(a) if a != "&&" else a for a in setup), shell=True, cwd=root).returncode == 0
+    assert (
+        subprocess.run(" ".join(shlex.quote(a) if a != "&&" else a for a in setup), shell=True, cwd=root).returncode
+        == 0
+    )
     dry = next(c for c in _commands(commands, "sweep") if "trunc_sweep.yaml" in c)
     out = _run(dry, root, uri)
     assert out.returncode == 0, out.stderr
@@ -158,9 +191,13 @@ def test_a_sweep_with_an_unimportable_class_path_starts_nothing(tmp_path):
 
 # ---------------------------------------------------------------- resume with a larger budget
 BASE = [
-    "--config", str(REPO / "configs" / "env" / "inverted_pendulum.yaml"),
-    "--config", str(REPO / "configs" / "algo" / "vaco.yaml"),
-    *TINY_FIT, "--data.init_args.policy_buffer_size", "2",
+    "--config",
+    str(REPO / "configs" / "env" / "inverted_pendulum.yaml"),
+    "--config",
+    str(REPO / "configs" / "algo" / "vaco.yaml"),
+    *TINY_FIT,
+    "--data.init_args.policy_buffer_size",
+    "2",
 ]
 
 
@@ -173,9 +210,14 @@ def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_
 
     for change, field in (
         (["--seed_everything", "2"], "`data.init_args.seed` cannot change"),
-        (["--model.init_args.objective.init_args.delta", "0.4"], "`model.init_args.objective.init_args.delta` cannot change"),
+        (
+            ["--model.init_args.objective.init_args.delta", "0.4"],
+            "`model.init_args.objective.init_args.delta` cannot change",
+        ),
     ):
-        out = _run([VACO, "fit", *BASE, "--data.init_args.total_steps", "512", *change, "--ckpt_path", ckpt], tmp_path, uri)
+        out = _run(
+            [VACO, "fit", *BASE, "--data.init_args.total_steps", "512", *change, "--ckpt_path", ckpt], tmp_path, uri
+        )
         assert out.returncode == 2
         errors = [line for line in out.stderr.splitlines() if "error" in line]
         assert len(errors) == 1 and field in errors[0], out.stderr[-2000:]
@@ -197,4 +239,7 @@ def test_the_readme_example_is_the_docs_example():
     readme = dict(re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S))
     files, _ = doc_blocks()
     assert readme and all(files[name] == body for name, body in readme.items())
-    assert ".venv/bin/vaco fit --config configs/env/inverted_pendulum.yaml --config clipped_is.yaml" in (REPO / "README.md").read_text()
+    assert (
+        ".venv/bin/vaco fit --config configs/env/inverted_pendulum.yaml --config clipped_is.yaml"
+        in (REPO / "README.md").read_text()
+    )

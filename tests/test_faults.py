@@ -17,21 +17,41 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from mlflow_server import free_port, start_server, stop_server
 
 from conftest import CONFIGS, VACO, metric_histories, run_cli
+from mlflow_server import free_port, start_server, stop_server
 from vaco.checkpoint import CheckpointError, load_checkpoint, pack_state, save_atomic, unpack_state
 
 ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
 ALGO = str(CONFIGS / "algo" / "vaco.yaml")
 # a tiny VACO run: 2 envs x 64 steps, K = 4, 6 iterations, a checkpoint every iteration
 TINY = [
-    "--config", ENV, "--config", ALGO,
-    "--data.init_args.num_envs", "2", "--data.init_args.num_steps", "64",
-    "--data.init_args.total_steps", str(2 * 64 * 6), "--data.init_args.policy_buffer_size", "4",
-    "--data.init_args.eval_every", "3", "--data.init_args.eval_episodes", "2", "--data.init_args.eval_envs", "2",
-    "--model.init_args.update_epochs", "2", "--model.init_args.num_minibatches", "4",
-    "--checkpoint.every_n_iterations", "1", "--trainer.enable_progress_bar", "false",
+    "--config",
+    ENV,
+    "--config",
+    ALGO,
+    "--data.init_args.num_envs",
+    "2",
+    "--data.init_args.num_steps",
+    "64",
+    "--data.init_args.total_steps",
+    str(2 * 64 * 6),
+    "--data.init_args.policy_buffer_size",
+    "4",
+    "--data.init_args.eval_every",
+    "3",
+    "--data.init_args.eval_episodes",
+    "2",
+    "--data.init_args.eval_envs",
+    "2",
+    "--model.init_args.update_epochs",
+    "2",
+    "--model.init_args.num_minibatches",
+    "4",
+    "--checkpoint.every_n_iterations",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
 ]
 
 
@@ -103,8 +123,17 @@ def test_malicious_checkpoint_in_a_sweep_cell_is_refused_and_the_cell_fails(tmp_
     _malicious(tmp_path / "out" / cell / "checkpoints" / "last.ckpt", marker)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = run_cli(
-        "sweep", "--config", str(CONFIGS / "sweeps" / "tiny.yaml"), "--out", str(tmp_path / "out"),
-        "--only", cell, "--jobs", "1", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri},
+        "sweep",
+        "--config",
+        str(CONFIGS / "sweeps" / "tiny.yaml"),
+        "--out",
+        str(tmp_path / "out"),
+        "--only",
+        cell,
+        "--jobs",
+        "1",
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": uri},
     )
     assert out.returncode != 0
     logs = "".join(p.read_text() for p in (tmp_path / "out" / cell).glob("*.log"))
@@ -125,8 +154,12 @@ def test_actor_state_round_trips_exactly_as_tensors_and_plain_values():
 
     rng = np.random.default_rng(7)
     state = {
-        "iteration": 3, "seed": 5, "reward_scaler": {"mean": 0.1 + 1e-17, "var": 1 / 3, "count": 2049.0},
-        "envs": [{"mj_state": torch.randn(5, dtype=torch.float64), "elapsed_steps": None, "rng": rng.bit_generator.state}],
+        "iteration": 3,
+        "seed": 5,
+        "reward_scaler": {"mean": 0.1 + 1e-17, "var": 1 / 3, "count": 2049.0},
+        "envs": [
+            {"mj_state": torch.randn(5, dtype=torch.float64), "elapsed_steps": None, "rng": rng.bit_generator.state}
+        ],
         "episodes": np.arange(3),
     }
     packed = pack_state(state)
@@ -212,7 +245,11 @@ def test_dead_tracking_server_fails_fast_naming_the_setting(tmp_path):
 
 @pytest.mark.parametrize(
     "uri,message",
-    [("file:///tmp/mlruns", "refuses the file store"), ("sqlite:////no/such/dir/m.db", "does not exist"), ("ftp://x", "unknown scheme")],
+    [
+        ("file:///tmp/mlruns", "refuses the file store"),
+        ("sqlite:////no/such/dir/m.db", "does not exist"),
+        ("ftp://x", "unknown scheme"),
+    ],
 )
 def test_unusable_tracking_uri_is_one_line_before_any_work(tmp_path, uri, message):
     out = run_cli("fit", *TINY, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
@@ -230,14 +267,22 @@ def test_tracking_server_restart_mid_run_loses_no_metric(tmp_path):
     port = free_port()
     server = start_server(db, port, tmp_path, tmp_path / "server.log")
     uri = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1",
-               MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5")
+    env = dict(
+        os.environ,
+        MLFLOW_TRACKING_URI=uri,
+        OMP_NUM_THREADS="1",
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
+        MLFLOW_HTTP_REQUEST_TIMEOUT="5",
+    )
     slow = [*TINY, "--data.init_args.total_steps", str(2 * 64 * ITERATIONS)]
-    fit = subprocess.Popen([VACO, "fit", *slow], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    fit = subprocess.Popen(
+        [VACO, "fit", *slow], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + 300
-        while len(list(tmp_path.glob("checkpoints/*/epoch=*"))) + len(list(tmp_path.glob("checkpoints/*/last.ckpt"))) == 0:
+        while (
+            len(list(tmp_path.glob("checkpoints/*/epoch=*"))) + len(list(tmp_path.glob("checkpoints/*/last.ckpt"))) == 0
+        ):
             assert fit.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         stop_server(server)  # the run goes on without a server while it restarts (a few seconds)
@@ -262,7 +307,10 @@ def test_tracking_server_restart_mid_run_loses_no_metric(tmp_path):
     "override,field",
     [
         (["--model.init_args.num_minibatches", "7"], "`model.num_minibatches` (7) must divide the batch"),
-        (["--data.init_args.num_envz", "3"], "`data.init_args.num_envz`: vaco.data.RolloutDataModule has no field 'num_envz'. Did you mean num_envs?"),
+        (
+            ["--data.init_args.num_envz", "3"],
+            "`data.init_args.num_envz`: vaco.data.RolloutDataModule has no field 'num_envz'. Did you mean num_envs?",
+        ),
         (["--data.init_args.policy_buffer_size", "0"], "`data.policy_buffer_size` (K) must be an integer >= 1"),
         (["--seed_everythin", "3"], "unknown option --seed_everythin. Did you mean --seed_everything?"),
     ],
@@ -287,7 +335,9 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, finis
     reference = metric_histories(reference_uri, reference_run)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
-    fit = subprocess.Popen([VACO, "fit", *TINY], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fit = subprocess.Popen(
+        [VACO, "fit", *TINY], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 300
         ckpt = None

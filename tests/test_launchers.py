@@ -14,9 +14,9 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from mlflow_server import free_port, mlflow_server
 
 from conftest import CONFIGS, VACO, run_cli
+from mlflow_server import free_port, mlflow_server
 from vaco.checkpoint import CheckpointError, load_checkpoint
 
 TINY = str(CONFIGS / "sweeps" / "tiny.yaml")
@@ -36,8 +36,17 @@ def _cell_runs(uri: str, experiment: str = "vaco-tiny") -> dict[str, list]:
 
 
 def _sweep(tmp_path: Path, uri: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return run_cli("sweep", "--config", TINY, "--out", str(tmp_path / "out"), *args, cwd=tmp_path,
-                   env={"MLFLOW_TRACKING_URI": uri}, timeout=timeout)
+    return run_cli(
+        "sweep",
+        "--config",
+        TINY,
+        "--out",
+        str(tmp_path / "out"),
+        *args,
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": uri},
+        timeout=timeout,
+    )
 
 
 # ---------------------------------------------------------------- SLURM (submitit)
@@ -62,13 +71,39 @@ def test_slurm_launcher_runs_the_cells_through_submitits_local_executor(tmp_path
 
 def test_slurm_job_array_script_carries_the_sweeps_resources(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = _sweep(tmp_path, uri, "--launcher", "slurm", "--dry-run", "--partition", "gpu", "--account", "lab",
-                 "--cpus", "2", "--gpus", "1", "--mem-gb", "16", "--time-min", "600", "--array-parallelism", "3")
+    out = _sweep(
+        tmp_path,
+        uri,
+        "--launcher",
+        "slurm",
+        "--dry-run",
+        "--partition",
+        "gpu",
+        "--account",
+        "lab",
+        "--cpus",
+        "2",
+        "--gpus",
+        "1",
+        "--mem-gb",
+        "16",
+        "--time-min",
+        "600",
+        "--array-parallelism",
+        "3",
+    )
     assert out.returncode == 0, out.stderr
     script = out.stdout.split("sbatch script:", 1)[1]
-    for line in ("#SBATCH --array=0-4%3", "#SBATCH --cpus-per-task=2", "#SBATCH --gpus-per-node=1", "#SBATCH --mem=16GB",
-                 "#SBATCH --time=600", "#SBATCH --partition=gpu", "#SBATCH --account=lab",
-                 "#SBATCH --signal=USR2@90"):  # submitit's requeue signal: a preempted cell resumes
+    for line in (
+        "#SBATCH --array=0-4%3",
+        "#SBATCH --cpus-per-task=2",
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --mem=16GB",
+        "#SBATCH --time=600",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=lab",
+        "#SBATCH --signal=USR2@90",
+    ):  # submitit's requeue signal: a preempted cell resumes
         assert line in script, line
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
@@ -79,8 +114,14 @@ def test_slurm_without_submitit_is_refused_before_any_cell(tmp_path):
         "from vaco.cli import main\n"
         f"sys.exit(main(['sweep', '--config', {TINY!r}, '--out', {str(tmp_path / 'out')!r}, '--launcher', 'slurm']))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"),
+    )
     assert out.returncode == 2 and "pip install -e '.[slurm]'" in out.stderr
     assert not (tmp_path / "out").exists()
 
@@ -94,8 +135,25 @@ def test_ray_retries_a_cell_whose_worker_died_and_it_resumes_into_the_same_run(t
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", RAY_DISABLE_USAGE_STATS="1")
     start = time.monotonic()
     sweep = subprocess.Popen(
-        [VACO, "sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "ray", "--ray-cpus", "2"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            VACO,
+            "sweep",
+            "--config",
+            TINY,
+            "--out",
+            str(tmp_path / "out"),
+            *ONLY,
+            "--launcher",
+            "ray",
+            "--ray-cpus",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     cell = tmp_path / "out" / FIRST
     killed = None
@@ -148,8 +206,17 @@ def test_a_sweep_against_an_mlflow_server_with_a_database_backend_and_the_report
         assert out.returncode == 0, out.stdout[-3000:]
         runs = _cell_runs(url)
         assert sorted(runs) == sorted([FIRST, SECOND]) and all(r[0].info.status == "FINISHED" for r in runs.values())
-        report = run_cli("report", "--experiment", "vaco-tiny", "--out", str(tmp_path / "report"), "--reps", "50",
-                         cwd=tmp_path, env={"MLFLOW_TRACKING_URI": url})
+        report = run_cli(
+            "report",
+            "--experiment",
+            "vaco-tiny",
+            "--out",
+            str(tmp_path / "report"),
+            "--reps",
+            "50",
+            cwd=tmp_path,
+            env={"MLFLOW_TRACKING_URI": url},
+        )
         assert report.returncode == 0, report.stderr[-3000:]
         assert "2 finished runs" in (tmp_path / "report" / "summary.md").read_text()
         client = mlflow.MlflowClient(url)
@@ -169,6 +236,11 @@ def test_an_unknown_launcher_is_refused(tmp_path):
     assert out.returncode == 2 and "invalid choice: 'kubernetes'" in out.stderr
     body = Path(TINY).read_text() + "launcher: kubernetes\n"
     (tmp_path / "s.yaml").write_text(body.replace("output_dir: sweeps/vaco-tiny", f"output_dir: {tmp_path / 'out'}"))
-    out = run_cli("sweep", "--config", str(tmp_path / "s.yaml"), cwd=tmp_path,
-                  env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    out = run_cli(
+        "sweep",
+        "--config",
+        str(tmp_path / "s.yaml"),
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    )
     assert out.returncode == 2 and "`launcher` must be one of local, slurm, ray" in out.stderr

@@ -14,9 +14,11 @@ from vaco.llm.reward import gsm8k_reward
 from vaco.llm.synthetic import FAMILIES, generate_problems, generate_splits, teacher_answer, write_jsonl
 
 RECORDS = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-                 "How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72",
+    },
     {"question": "A house costs $1,200,000. What is it in thousands?", "answer": "1200000/1000=1200\n#### 1,200"},
     {"question": "What is 3 minus 5?", "answer": "3-5=-2\n#### -2"},
 ]
@@ -96,7 +98,10 @@ def test_synthetic_splits_are_disjoint_and_in_gsm8k_format(tmp_path):
     assert not (questions[0] & questions[1]) and not (questions[2] & (questions[0] | questions[1]))
     write_jsonl(splits["test"], str(tmp_path / "test.jsonl"))
     records = read_gsm8k(str(tmp_path / "test.jsonl"), "data.test_path")
-    assert len(records) == 100 and set(json.loads((tmp_path / "test.jsonl").read_text().splitlines()[0])) == {"question", "answer"}
+    assert len(records) == 100 and set(json.loads((tmp_path / "test.jsonl").read_text().splitlines()[0])) == {
+        "question",
+        "answer",
+    }
     # every reference solves its own problem: the reasoning's last line is the answer
     for p, r in zip(splits["test"], records):
         assert gsm8k_reward(p["answer"], p["answer"]) == 1.0 and r["target"] == int(p["answer"].split("#### ")[-1])
@@ -116,8 +121,10 @@ def test_local_tokenizer_round_trips_and_spells_digits(tmp_path):
 
     from vaco.llm.tokenizer import train_tokenizer
 
-    texts = [format_prompt("Question: {question}\nAnswer:", p["question"]) + " " + p["answer"]
-             for p in generate_problems(300, seed=2)]
+    texts = [
+        format_prompt("Question: {question}\nAnswer:", p["question"]) + " " + p["answer"]
+        for p in generate_problems(300, seed=2)
+    ]
     tokenizer = train_tokenizer(texts, vocab_size=400)
     tokenizer.save_pretrained(str(tmp_path / "tok"))
     loaded = AutoTokenizer.from_pretrained(str(tmp_path / "tok"), local_files_only=True)

@@ -29,25 +29,52 @@ def test_rlvr_raises_eval_accuracy_above_the_supervised_start(tmp_path, monkeypa
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     setting = CpuSetting(
-        seed=0, families=["boxes"], error_rates={"boxes": 0.6}, num_train=2000, num_test=200, num_sft=2000,
-        hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, sft_steps=800, sft_batch_size=64, sft_lr=2e-3,
+        seed=0,
+        families=["boxes"],
+        error_rates={"boxes": 0.6},
+        num_train=2000,
+        num_test=200,
+        num_sft=2000,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=128,
+        sft_steps=800,
+        sft_batch_size=64,
+        sft_lr=2e-3,
     )
     summary = prepare_cpu_setting(str(tmp_path / "cpu"), setting, verbose=False)
     assert summary["test_accuracy"] < 0.5  # the supervised policy's greedy answer is mostly the mistake
 
-    main([
-        "fit", "--config", str(CONFIGS / "env" / "gsm8k_cpu.yaml"), "--config", str(CONFIGS / "algo" / "vaco_grpo.yaml"),
-        "--data.init_args.train_path", str(tmp_path / "cpu" / "train.jsonl"),
-        "--data.init_args.test_path", str(tmp_path / "cpu" / "test.jsonl"),
-        "--data.init_args.num_steps", "16",
-        "--data.init_args.eval_every", "8",
-        "--model.init_args.model_path", str(tmp_path / "cpu" / "model"),
-        "--model.init_args.num_minibatches", "2",
-        "--model.init_args.lr", "3e-4",
-        "--seed_everything", "1",
-        "--trainer.default_root_dir", str(tmp_path),
-        "--progress_bar.refresh_rate", "0",
-    ])
+    main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "env" / "gsm8k_cpu.yaml"),
+            "--config",
+            str(CONFIGS / "algo" / "vaco_grpo.yaml"),
+            "--data.init_args.train_path",
+            str(tmp_path / "cpu" / "train.jsonl"),
+            "--data.init_args.test_path",
+            str(tmp_path / "cpu" / "test.jsonl"),
+            "--data.init_args.num_steps",
+            "16",
+            "--data.init_args.eval_every",
+            "8",
+            "--model.init_args.model_path",
+            str(tmp_path / "cpu" / "model"),
+            "--model.init_args.num_minibatches",
+            "2",
+            "--model.init_args.lr",
+            "3e-4",
+            "--seed_everything",
+            "1",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--progress_bar.refresh_rate",
+            "0",
+        ]
+    )
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("vaco-llm-cpu").experiment_id])
@@ -70,8 +97,17 @@ def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, monkeypatc
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     setting = CpuSetting(
-        seed=0, families=["boxes"], num_train=200, num_test=40, num_sft=200, hidden_size=32, num_layers=1,
-        num_heads=2, intermediate_size=64, sft_steps=20, sft_batch_size=16,
+        seed=0,
+        families=["boxes"],
+        num_train=200,
+        num_test=40,
+        num_sft=200,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        sft_steps=20,
+        sft_batch_size=16,
     )
     prepare_cpu_setting(str(tmp_path / "cpu"), setting, verbose=False)
     shipped = yaml.safe_load((CONFIGS.parent / "sweeps" / "llm_cpu.yaml").read_text())
@@ -81,26 +117,58 @@ def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, monkeypatc
     sweep["overrides"] = {
         "data.init_args.train_path": str(tmp_path / "cpu" / "train.jsonl"),
         "data.init_args.test_path": str(tmp_path / "cpu" / "test.jsonl"),
-        "data.init_args.num_steps": 4, "data.init_args.eval_every": 2, "data.init_args.prompts_per_minibatch": 4,
-        "model.init_args.model_path": str(tmp_path / "cpu" / "model"), "model.init_args.completions_per_prompt": 4,
+        "data.init_args.num_steps": 4,
+        "data.init_args.eval_every": 2,
+        "data.init_args.prompts_per_minibatch": 4,
+        "model.init_args.model_path": str(tmp_path / "cpu" / "model"),
+        "model.init_args.completions_per_prompt": 4,
     }
     (tmp_path / "llm.yaml").write_text(yaml.safe_dump(sweep))
     vaco = str(Path(sys.executable).with_name("vaco"))
     env = {**__import__("os").environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([vaco, "sweep", "--config", str(tmp_path / "llm.yaml")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [vaco, "sweep", "--config", str(tmp_path / "llm.yaml")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     client = mlflow.MlflowClient(tracking_uri=uri)
-    runs = [r for r in client.search_runs([client.get_experiment_by_name("vaco-llm-cpu").experiment_id])
-            if "vaco.sweep.cell" in r.data.tags]
+    runs = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("vaco-llm-cpu").experiment_id])
+        if "vaco.sweep.cell" in r.data.tags
+    ]
     assert sorted(r.data.tags["vaco.sweep.cell"] for r in runs) == [
-        "grpo-gsm8k_cpu-K1-s1", "grpo-gsm8k_cpu-K2-s1", "vaco_grpo-gsm8k_cpu-K1-s1", "vaco_grpo-gsm8k_cpu-K2-s1"]
+        "grpo-gsm8k_cpu-K1-s1",
+        "grpo-gsm8k_cpu-K2-s1",
+        "vaco_grpo-gsm8k_cpu-K1-s1",
+        "vaco_grpo-gsm8k_cpu-K2-s1",
+    ]
     for r in runs:  # K set N, the LLM module's own lag
         assert r.data.params["N"] == r.data.params["K"] == r.data.tags["vaco.K"]
         assert r.data.params["score_metric"] == "eval/accuracy" and r.info.status == "FINISHED"
-    report = subprocess.run([vaco, "report", "--experiment", "vaco-llm-cpu", "--out", str(tmp_path / "report"),
-                             "--reps", "50", "--min-runs", "1"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=600)
+    report = subprocess.run(
+        [
+            vaco,
+            "report",
+            "--experiment",
+            "vaco-llm-cpu",
+            "--out",
+            str(tmp_path / "report"),
+            "--reps",
+            "50",
+            "--min-runs",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert report.returncode == 0, report.stderr[-3000:]
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert "4 finished runs on 1 task(s) (gsm8k); algorithms grpo, vaco_grpo; K in [1, 2]" in summary

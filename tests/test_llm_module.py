@@ -37,18 +37,33 @@ def setting(tmp_path_factory):
 
 def fit_args(setting, tmp_path, *extra, objective="grpo.yaml"):
     return [
-        "fit", "--config", str(CONFIGS / "env" / "gsm8k_cpu.yaml"), "--config", str(CONFIGS / "algo" / objective),
-        "--data.init_args.train_path", str(setting / "train.jsonl"),
-        "--data.init_args.test_path", str(setting / "test.jsonl"),
-        "--data.init_args.prompts_per_minibatch", "2",
-        "--data.init_args.num_steps", "4",
-        "--data.init_args.eval_every", "2",
-        "--model.init_args.model_path", str(setting / "model"),
-        "--model.init_args.completions_per_prompt", "3",
-        "--model.init_args.max_completion_length", "6",
-        "--model.init_args.lr", "1e-2",
-        "--trainer.default_root_dir", str(tmp_path),
-        "--progress_bar.refresh_rate", "0",
+        "fit",
+        "--config",
+        str(CONFIGS / "env" / "gsm8k_cpu.yaml"),
+        "--config",
+        str(CONFIGS / "algo" / objective),
+        "--data.init_args.train_path",
+        str(setting / "train.jsonl"),
+        "--data.init_args.test_path",
+        str(setting / "test.jsonl"),
+        "--data.init_args.prompts_per_minibatch",
+        "2",
+        "--data.init_args.num_steps",
+        "4",
+        "--data.init_args.eval_every",
+        "2",
+        "--model.init_args.model_path",
+        str(setting / "model"),
+        "--model.init_args.completions_per_prompt",
+        "3",
+        "--model.init_args.max_completion_length",
+        "6",
+        "--model.init_args.lr",
+        "1e-2",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--progress_bar.refresh_rate",
+        "0",
         *extra,
     ]
 
@@ -73,18 +88,39 @@ def test_cpu_configs_instantiate(setting, tmp_path, mlflow_env, objective):
         assert isinstance(objective_module, PPOClip) and cli.model.algorithm == "grpo"
         assert (objective_module.clip_epsilon, objective_module.clip_epsilon_high) == (0.2, 0.272)
     else:
-        assert isinstance(objective_module, TVFilter) and cli.model.algorithm == "vaco_grpo" and objective_module.delta == 0.05
+        assert (
+            isinstance(objective_module, TVFilter)
+            and cli.model.algorithm == "vaco_grpo"
+            and objective_module.delta == 0.05
+        )
     assert objective_module.normalize_advantage is False
 
 
 def test_paper_config_prints_and_names_the_missing_model(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", str(CONFIGS / "env" / "gsm8k_qwen.yaml"), "--config", str(CONFIGS / "algo" / "vaco_grpo.yaml"), "--print_config"])
+        main(
+            [
+                "fit",
+                "--config",
+                str(CONFIGS / "env" / "gsm8k_qwen.yaml"),
+                "--config",
+                str(CONFIGS / "algo" / "vaco_grpo.yaml"),
+                "--print_config",
+            ]
+        )
     assert exit_info.value.code in (0, None)
     printed = capsys.readouterr().out
-    for line in ("model_path: models/Qwen2.5-0.5B", "lr: 1.0e-06", "prompts_per_minibatch: 32", "completions_per_prompt: 8",
-                 "max_prompt_length: 512", "max_completion_length: 512", "num_steps: 256", "delta: 0.05"):
+    for line in (
+        "model_path: models/Qwen2.5-0.5B",
+        "lr: 1.0e-06",
+        "prompts_per_minibatch: 32",
+        "completions_per_prompt: 8",
+        "max_prompt_length: 512",
+        "max_completion_length: 512",
+        "num_steps: 256",
+        "delta: 0.05",
+    ):
         assert line in printed
     # the model and data are not on this machine: constructing says which field to fix
     from vaco.llm import GSM8kDataModule, RLVRModule
@@ -93,8 +129,10 @@ def test_paper_config_prints_and_names_the_missing_model(capsys, tmp_path, monke
     with pytest.raises(FileNotFoundError, match="`model.model_path`: no directory 'models/Qwen2.5-0.5B'"):
         RLVRModule(objective=TVFilter(delta=0.05, normalize_advantage=False), model_path="models/Qwen2.5-0.5B")
     with pytest.raises(FileNotFoundError, match="`data.train_path`: no file 'data/gsm8k/main/train"):
-        GSM8kDataModule(train_path="data/gsm8k/main/train-00000-of-00001.parquet",
-                        test_path="data/gsm8k/main/test-00000-of-00001.parquet")
+        GSM8kDataModule(
+            train_path="data/gsm8k/main/train-00000-of-00001.parquet",
+            test_path="data/gsm8k/main/test-00000-of-00001.parquet",
+        )
 
 
 @pytest.mark.parametrize(
@@ -136,7 +174,11 @@ def final_policy_state(tmp_path) -> dict[str, torch.Tensor]:
 def test_micro_batches_give_the_same_update(setting, tmp_path, mlflow_env):
     """The loss is the token mean over the minibatch whether or not it is micro-batched."""
     main(fit_args(setting, tmp_path / "full", "--data.init_args.num_steps", "1"))
-    main(fit_args(setting, tmp_path / "micro", "--data.init_args.num_steps", "1", "--model.init_args.micro_batch_size", "2"))
+    main(
+        fit_args(
+            setting, tmp_path / "micro", "--data.init_args.num_steps", "1", "--model.init_args.micro_batch_size", "2"
+        )
+    )
     full, micro = final_policy_state(tmp_path / "full"), final_policy_state(tmp_path / "micro")
     assert full.keys() == micro.keys()
     for key in full:
@@ -148,8 +190,18 @@ def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path
     args = ("--model.init_args.num_minibatches", "2", "--checkpoint.every_n_iterations", "1")
     main(fit_args(setting, tmp_path / "straight", *args, objective="vaco_grpo.yaml"))
     # interrupted after the first generation batch, then resumed from its checkpoint
-    main(fit_args(setting, tmp_path / "first", *args, "--data.init_args.num_steps", "4", "--trainer.max_steps", "2",
-                  objective="vaco_grpo.yaml"))
+    main(
+        fit_args(
+            setting,
+            tmp_path / "first",
+            *args,
+            "--data.init_args.num_steps",
+            "4",
+            "--trainer.max_steps",
+            "2",
+            objective="vaco_grpo.yaml",
+        )
+    )
     (ckpt,) = list((tmp_path / "first").glob("checkpoints/*/last.ckpt"))
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)  # tensors and plain values only
     assert int(saved["state_dict"]["version"]) == 1
@@ -157,8 +209,18 @@ def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path
     assert saved["vaco"]["definition"]["model.init_args.objective.init_args.delta"] == 0.05
     # the LLM track has a run definition too: a changed delta is refused, in one line, before any step
     with pytest.raises(SystemExit) as exit_info:
-        main(fit_args(setting, tmp_path / "first", *args, "--ckpt_path", str(ckpt),
-                      "--model.init_args.objective.init_args.delta", "0.1", objective="vaco_grpo.yaml"))
+        main(
+            fit_args(
+                setting,
+                tmp_path / "first",
+                *args,
+                "--ckpt_path",
+                str(ckpt),
+                "--model.init_args.objective.init_args.delta",
+                "0.1",
+                objective="vaco_grpo.yaml",
+            )
+        )
     assert exit_info.value.code == 2
     assert "`model.init_args.objective.init_args.delta` cannot change when resuming" in capsys.readouterr().err
     main(fit_args(setting, tmp_path / "first", *args, "--ckpt_path", str(ckpt), objective="vaco_grpo.yaml"))
@@ -183,10 +245,20 @@ def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path
 def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env):
     """VACO-GRPO with a lagged second minibatch (N = 2): micro-batching changes nothing, because
     the TV filter tests the whole minibatch's TV, measured before the micro-batched backward."""
-    args = ("--data.init_args.num_steps", "2", "--model.init_args.num_minibatches", "2",
-            "--model.init_args.objective.init_args.delta", "0.01")
+    args = (
+        "--data.init_args.num_steps",
+        "2",
+        "--model.init_args.num_minibatches",
+        "2",
+        "--model.init_args.objective.init_args.delta",
+        "0.01",
+    )
     main(fit_args(setting, tmp_path / "full", *args, objective="vaco_grpo.yaml"))
-    main(fit_args(setting, tmp_path / "micro", *args, "--model.init_args.micro_batch_size", "2", objective="vaco_grpo.yaml"))
+    main(
+        fit_args(
+            setting, tmp_path / "micro", *args, "--model.init_args.micro_batch_size", "2", objective="vaco_grpo.yaml"
+        )
+    )
     full, micro = final_policy_state(tmp_path / "full"), final_policy_state(tmp_path / "micro")
     for key in full:
         torch.testing.assert_close(full[key], micro[key], atol=1e-5, rtol=1e-4)

@@ -65,7 +65,9 @@ def loss_and_grad(objective, td, log_prob):
 
 def test_grpo_clip_higher_by_hand():
     td, log_prob = token_batch()
-    out, loss, grad = loss_and_grad(PPOClip(clip_epsilon=0.2, clip_epsilon_high=0.272, normalize_advantage=False), td, log_prob)
+    out, loss, grad = loss_and_grad(
+        PPOClip(clip_epsilon=0.2, clip_epsilon_high=0.272, normalize_advantage=False), td, log_prob
+    )
     # per valid token -min(r A, clip(r, 0.8, 1.272) A):
     #   A=+1: r=1 -> -1; r=1.25 (inside the high clip 1.272) -> -1.25; r=0.7 -> -0.7 (min picks r A)
     #   A=-1: r=1.3 -> +1.3 (min picks r A = -1.3); r=0.6 -> +0.8 (clipped to 0.8, no gradient)
@@ -82,7 +84,9 @@ def test_grpo_clip_higher_by_hand():
 
 def test_grpo_clips_above_the_high_range_only():
     td, log_prob = token_batch([[1.0, 1.3, 0.7], [1.3, 0.6, 5.0]])  # 1.3 > 1.272 with A > 0
-    out, loss, grad = loss_and_grad(PPOClip(clip_epsilon=0.2, clip_epsilon_high=0.272, normalize_advantage=False), td, log_prob)
+    out, loss, grad = loss_and_grad(
+        PPOClip(clip_epsilon=0.2, clip_epsilon_high=0.272, normalize_advantage=False), td, log_prob
+    )
     assert loss.item() == pytest.approx((-1 - 1.272 - 0.7 + 1.3 + 0.8) / 5)
     torch.testing.assert_close(grad, torch.tensor([[-1.0, 0.0, -0.7], [1.3, 0.0, 0.0]]) / 5)
     assert out["clip_fraction"].item() == pytest.approx(2 / 5)
@@ -110,8 +114,10 @@ def test_vaco_grpo_does_not_filter_under_the_threshold():
 def test_on_policy_tokens_give_the_policy_gradient_for_both():
     """At r = 1 (the first minibatch, no lag) GRPO and VACO-GRPO are the same: -A / n_tokens."""
     td, log_prob = token_batch([[1.0, 1.0, 1.0], [1.0, 1.0, 5.0]])
-    for objective in (PPOClip(clip_epsilon=0.2, clip_epsilon_high=0.272, normalize_advantage=False),
-                      TVFilter(delta=0.05, normalize_advantage=False)):
+    for objective in (
+        PPOClip(clip_epsilon=0.2, clip_epsilon_high=0.272, normalize_advantage=False),
+        TVFilter(delta=0.05, normalize_advantage=False),
+    ):
         out, loss, grad = loss_and_grad(objective, td, log_prob)
         torch.testing.assert_close(grad, torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 0.0]]) / 5)
         assert out["tv"].item() == 0.0

@@ -25,14 +25,25 @@ def model(tokenizer):
     return tiny_causal_lm(tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64).eval()
 
 
-PROMPTS = ["Question: Mia has 12 pens. How many?\nAnswer:", "Question: hi\nAnswer:", "Question: Tom buys 3 boxes.\nAnswer:"]
+PROMPTS = [
+    "Question: Mia has 12 pens. How many?\nAnswer:",
+    "Question: hi\nAnswer:",
+    "Question: Tom buys 3 boxes.\nAnswer:",
+]
 
 
 def sample(model, tokenizer, prompts, temperature, seed=0, max_new_tokens=10):
     ids, mask, _ = encode_prompts(tokenizer, prompts, 64)
-    out = generate(model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id, temperature=temperature,
-                   generator=torch.Generator().manual_seed(seed))
+    out = generate(
+        model,
+        ids,
+        mask,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        temperature=temperature,
+        generator=torch.Generator().manual_seed(seed),
+    )
     return ids, mask, out
 
 
@@ -46,8 +57,9 @@ def test_left_padding_and_truncation(tokenizer):
 
 def test_behavior_log_probs_equal_the_learner_rescoring(model, tokenizer):
     ids, mask, out = sample(model, tokenizer, PROMPTS * 4, temperature=1.0)
-    log_prob, entropy = completion_log_probs(model, ids.repeat(1, 1), mask, out["completion_ids"], out["completion_mask"],
-                                             with_entropy=True)
+    log_prob, entropy = completion_log_probs(
+        model, ids.repeat(1, 1), mask, out["completion_ids"], out["completion_mask"], with_entropy=True
+    )
     valid = out["completion_mask"]
     torch.testing.assert_close(log_prob[valid], out["behavior_log_prob"][valid], atol=1e-5, rtol=0)
     assert torch.all(log_prob[~valid] == 0) and torch.all(out["behavior_log_prob"][~valid] == 0)
@@ -55,7 +67,9 @@ def test_behavior_log_probs_equal_the_learner_rescoring(model, tokenizer):
     # the same holds at another temperature: both sides use softmax(logits / T)
     ids, mask, out = sample(model, tokenizer, PROMPTS, temperature=0.7)
     log_prob, _ = completion_log_probs(model, ids, mask, out["completion_ids"], out["completion_mask"], temperature=0.7)
-    torch.testing.assert_close(log_prob[out["completion_mask"]], out["behavior_log_prob"][out["completion_mask"]], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        log_prob[out["completion_mask"]], out["behavior_log_prob"][out["completion_mask"]], atol=1e-5, rtol=0
+    )
 
 
 def test_completion_mask_ends_at_eos_and_truncation_is_reported(model, tokenizer):

@@ -45,7 +45,12 @@ def test_reward_table(completion, reference, expected):
 
 @pytest.mark.parametrize(
     "text,number",
-    [("a 1,000,000 b", Fraction(1_000_000)), ("x=3; y=-4.25", Fraction(-17, 4)), ("no digits", None), ("1.", Fraction(1))],
+    [
+        ("a 1,000,000 b", Fraction(1_000_000)),
+        ("x=3; y=-4.25", Fraction(-17, 4)),
+        ("no digits", None),
+        ("1.", Fraction(1)),
+    ],
 )
 def test_last_number(text, number):
     assert last_number(text) == number

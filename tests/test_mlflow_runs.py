@@ -8,11 +8,29 @@ import mlflow
 from conftest import CONFIGS, run_cli
 
 FIT = [
-    "fit", "--config", str(CONFIGS / "env" / "inverted_pendulum.yaml"), "--config", str(CONFIGS / "algo" / "vaco.yaml"),
-    "--data.init_args.num_envs", "2", "--data.init_args.num_steps", "64", "--data.init_args.total_steps", "128",
-    "--data.init_args.policy_buffer_size", "4", "--seed_everything", "3",
-    "--model.init_args.num_minibatches", "2", "--model.init_args.update_epochs", "1",
-    "--data.init_args.eval_episodes", "1", "--trainer.enable_progress_bar", "false",
+    "fit",
+    "--config",
+    str(CONFIGS / "env" / "inverted_pendulum.yaml"),
+    "--config",
+    str(CONFIGS / "algo" / "vaco.yaml"),
+    "--data.init_args.num_envs",
+    "2",
+    "--data.init_args.num_steps",
+    "64",
+    "--data.init_args.total_steps",
+    "128",
+    "--data.init_args.policy_buffer_size",
+    "4",
+    "--seed_everything",
+    "3",
+    "--model.init_args.num_minibatches",
+    "2",
+    "--model.init_args.update_epochs",
+    "1",
+    "--data.init_args.eval_episodes",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
 ]
 
 
@@ -21,7 +39,9 @@ def test_runs_are_named_by_their_coordinates_in_a_model_training_experiment(tmp_
     for extra in ([], [], ["--model.init_args.objective.init_args.delta", "0.4"]):
         out = run_cli(*FIT, *extra, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
         assert out.returncode == 0, out.stderr[-2000:]
-    named = run_cli(*FIT, "--trainer.logger.init_args.run_name", "my own name", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    named = run_cli(
+        *FIT, "--trainer.logger.init_args.run_name", "my own name", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri}
+    )
     assert named.returncode == 0, named.stderr[-2000:]
 
     client = mlflow.MlflowClient(uri)
@@ -35,5 +55,12 @@ def test_runs_are_named_by_their_coordinates_in_a_model_training_experiment(tmp_
         "my own name",  # a user-given name wins
     ]
     params = runs[0].data.params
-    assert {"algorithm": "vaco", "env": "InvertedPendulum-v5", "K": "4", "seed": "3", "delta": "0.2", "rho_bar": "1.0"}.items() <= params.items()
+    assert {
+        "algorithm": "vaco",
+        "env": "InvertedPendulum-v5",
+        "K": "4",
+        "seed": "3",
+        "delta": "0.2",
+        "rho_bar": "1.0",
+    }.items() <= params.items()
     assert not [k for k in params if k.startswith(("env_spec", "_"))]

@@ -9,6 +9,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
+
 from mlflow_server import mlflow_server
 from sweep_fixture import FIRST, ITERATIONS, SECOND, interrupted_sweep
 
@@ -44,8 +45,7 @@ def test_mlflow_server_shows_the_sweep_runs(tmp_path_factory, tmp_path):
             {"experiment_ids": [experiment["experiment_id"]], "max_results": 100},
         )
         cells = {
-            {t["key"]: t["value"] for t in r["data"].get("tags", [])}.get("vaco.sweep.cell")
-            for r in found["runs"]
+            {t["key"]: t["value"] for t in r["data"].get("tags", [])}.get("vaco.sweep.cell") for r in found["runs"]
         }
         assert {FIRST, SECOND} <= cells
         one = _post(
@@ -62,11 +62,7 @@ def test_mlflow_server_shows_the_sweep_runs(tmp_path_factory, tmp_path):
         tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
         metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
         assert run["info"]["status"] == "FINISHED" and run["info"]["run_name"] == SECOND
-        assert (
-            params["algorithm"] == "ppo_clip"
-            and params["K"] == "2"
-            and params["env"] == "InvertedPendulum-v5"
-        )
+        assert params["algorithm"] == "ppo_clip" and params["K"] == "2" and params["env"] == "InvertedPendulum-v5"
         assert tags["vaco.algorithm"] == "ppo_clip" and tags["vaco.K"] == "2"
         assert {"eval/return", "lag/forward_tv", "train/clip_fraction", "time/env_steps"} <= set(metrics)
         history = _get(

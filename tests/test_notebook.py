@@ -5,6 +5,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
 from sweep_fixture import REPO, full_sweep
 
 
@@ -19,9 +20,7 @@ def test_the_analysis_notebook_runs_on_a_tiny_experiment(tmp_path_factory, tmp_p
     monkeypatch.setenv("VACO_REPORT_OUT", str(out))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     nb = nbformat.read(REPO / "notebooks" / "analysis.ipynb", as_version=4)
-    NotebookClient(
-        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -31,7 +30,5 @@ def test_the_analysis_notebook_runs_on_a_tiny_experiment(tmp_path_factory, tmp_p
     assert "5 runs, tasks ['InvertedPendulum-v5']" in text
     assert "P(vaco > ppo_clip)" in text  # the custom comparison ran on the two main algorithms
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert (
-        len(images) >= 10
-    )  # aggregates, IQM vs K, curves, returns, profiles, TV, fractions, 3 ablations, dots
+    assert len(images) >= 10  # aggregates, IQM vs K, curves, returns, profiles, TV, fractions, 3 ablations, dots
     assert (out / "summary.md").is_file() and len(list(out.glob("*.png"))) == 10

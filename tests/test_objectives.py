@@ -16,8 +16,6 @@ from torchrl.objectives import ClipPPOLoss
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
 from vaco.objectives.functional import gaussian_kl, tv_filter_mask
 
-
-
 pytestmark = pytest.mark.usefixtures("float64")  # reference math in float64 (conftest)
 
 
@@ -50,8 +48,13 @@ LOG2 = math.log(2.0)
         # tv under delta/2: nothing is filtered whatever the signs
         ([0.01, -0.01, 0.0], [1.0, 1.0, -1.0], 0.2, [True, True, True], None),
         # tv over delta/2: filter A>0 & r>1 and A<0 & r<1; keep the opposite signs; r==1 kept
-        ([LOG2, LOG2, -LOG2, -LOG2, 0.0, 0.0], [1.0, -1.0, 1.0, -1.0, 1.0, -1.0], 0.2,
-         [False, True, True, False, True, True], 0.5 * (1 + 1 + 0.5 + 0.5) / 6),
+        (
+            [LOG2, LOG2, -LOG2, -LOG2, 0.0, 0.0],
+            [1.0, -1.0, 1.0, -1.0, 1.0, -1.0],
+            0.2,
+            [False, True, True, False, True, True],
+            0.5 * (1 + 1 + 0.5 + 0.5) / 6,
+        ),
         # A == 0 never raises the TV
         ([LOG2, -LOG2], [0.0, 0.0], 0.2, [True, True], 0.5 * 1.5 / 2),
     ],
@@ -255,7 +258,9 @@ def test_impala_loss_and_gradient_by_hand():
 
 def test_value_loss_clipped_like_cleanrl():
     value = torch.tensor([1.0, 0.0], requires_grad=True)
-    td, _ = minibatch([0.0, 0.0], [0.0, 0.0], [1.0, 1.0], value_target=torch.tensor([2.0, 0.1]), state_value=torch.tensor([0.5, 0.0]))
+    td, _ = minibatch(
+        [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], value_target=torch.tensor([2.0, 0.1]), state_value=torch.tensor([0.5, 0.0])
+    )
     td.set("value", value)
     out = PPOClip(value_coef=0.5, normalize_advantage=False)(td)
     # sample 0: unclipped (1-2)^2=1, clipped v=0.5+0.2=0.7 -> 1.69 -> max 1.69; sample 1: .01 vs .01
@@ -281,11 +286,18 @@ def test_ppo_clip_equals_torchrl_clip_ppo_loss():
     behavior_log_prob = torch.randn(B) * 0.3 - 2.0
     advantage = torch.randn(B, 1)
     td = TensorDict(
-        {"observation": obs, "action": action, "action_log_prob": behavior_log_prob, "advantage": advantage,
-         "value_target": torch.randn(B, 1)},
+        {
+            "observation": obs,
+            "action": action,
+            "action_log_prob": behavior_log_prob,
+            "advantage": advantage,
+            "value_target": torch.randn(B, 1),
+        },
         batch_size=[B],
     )
-    loss = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_bonus=False, critic_coeff=0.0, normalize_advantage=False)
+    loss = ClipPPOLoss(
+        actor, critic, clip_epsilon=0.2, entropy_bonus=False, critic_coeff=0.0, normalize_advantage=False
+    )
     loss.set_keys(sample_log_prob="action_log_prob")
     theirs = loss(td.clone())["loss_objective"]
 
@@ -392,8 +404,14 @@ def test_contract_token_level_with_mask(cls):
 @pytest.mark.parametrize("cls", ALL)
 def test_contract_rejects_bad_input(cls):
     td = full_minibatch()
-    bad = TensorDict({"log_prob": td["log_prob"], "behavior_log_prob": td["behavior_log_prob"],
-                      "advantage": td["advantage"][:, None].clone()}, batch_size=[])  # [B] vs [B, 1]
+    bad = TensorDict(
+        {
+            "log_prob": td["log_prob"],
+            "behavior_log_prob": td["behavior_log_prob"],
+            "advantage": td["advantage"][:, None].clone(),
+        },
+        batch_size=[],
+    )  # [B] vs [B, 1]
     with pytest.raises(ValueError, match="no broadcasting"):
         cls()(bad)
     td = full_minibatch()

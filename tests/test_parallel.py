@@ -15,9 +15,9 @@ import mlflow
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from parallel_helpers import filled_buffer, parallel_run
 
 from conftest import CONFIGS, metric_histories, run_cli
+from parallel_helpers import filled_buffer, parallel_run
 from vaco.data.collector import RolloutCollector
 from vaco.data.parallel import ActorPool, ActorSpec, actor_seed
 from vaco.networks import gaussian_log_prob
@@ -34,7 +34,12 @@ def _push(buffer, version: int) -> None:
     actor = copy.deepcopy(buffer.template)
     with torch.no_grad():
         actor.log_std.fill_(-0.2 * version)
-    buffer.push(actor, torch.full_like(buffer.obs_mean[0], 0.1 * version), torch.full_like(buffer.obs_var[0], 1.0 + version), version)
+    buffer.push(
+        actor,
+        torch.full_like(buffer.obs_mean[0], 0.1 * version),
+        torch.full_like(buffer.obs_var[0], 1.0 + version),
+        version,
+    )
 
 
 def _assert_same(a, b) -> None:
@@ -71,8 +76,10 @@ def test_two_actors_equal_two_single_process_collectors_and_keep_the_semantics()
     expected_scale = torch.exp(-0.2 * version.float()).unsqueeze(-1).expand_as(batch["behavior_scale"])
     torch.testing.assert_close(batch["behavior_scale"], expected_scale)
     torch.testing.assert_close(
-        batch["behavior_log_prob"], gaussian_log_prob(batch["action"], batch["behavior_loc"], batch["behavior_scale"]),
-        rtol=1e-5, atol=1e-5,
+        batch["behavior_log_prob"],
+        gaussian_log_prob(batch["action"], batch["behavior_loc"], batch["behavior_scale"]),
+        rtol=1e-5,
+        atol=1e-5,
     )
     # the two actors step different envs
     assert not torch.equal(batch["observation"][: N // 2, 0], batch["observation"][N // 2 :, 0])
@@ -86,8 +93,17 @@ def test_every_collection_config_instantiates(config, mlflow_uri):
     from vaco.data import RolloutDataModule
     from vaco.data.parallel import Actors
 
-    cli = VacoCLI(args=["--config", str(CONFIGS / "env/inverted_pendulum.yaml"), "--config",
-                        str(CONFIGS / "algo/vaco.yaml"), "--config", str(config)], run=False)
+    cli = VacoCLI(
+        args=[
+            "--config",
+            str(CONFIGS / "env/inverted_pendulum.yaml"),
+            "--config",
+            str(CONFIGS / "algo/vaco.yaml"),
+            "--config",
+            str(config),
+        ],
+        run=False,
+    )
     assert type(cli.datamodule) is RolloutDataModule and isinstance(cli.datamodule.collection, Actors)
     assert cli.datamodule.collection.num_workers == 2 and cli.datamodule.collector is None  # nothing started yet
 
@@ -98,7 +114,9 @@ def test_bad_collection_settings_name_the_field():
 
     with pytest.raises(ValueError, match=r"`data.collection.num_workers` \(3\) must divide `data.num_envs` \(4\)"):
         RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=3))
-    with pytest.raises(ValueError, match=r"`data.collection.staleness_limit` only applies to `data.collection.mode: async`"):
+    with pytest.raises(
+        ValueError, match=r"`data.collection.staleness_limit` only applies to `data.collection.mode: async`"
+    ):
         Actors(staleness_limit=1)
     with pytest.raises(ValueError, match=r"`data.collection.mode` must be 'sync' or 'async'"):
         Actors(mode="fast")
@@ -117,8 +135,14 @@ def test_a_backend_is_saved_as_plain_values(tmp_path):
     data = RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=2, mode="async", staleness_limit=1))
     assert data.hparams["collection"] == {
         "class_path": "vaco.data.parallel.module.Actors",
-        "init_args": {"num_workers": 2, "mode": "async", "staleness_limit": 1, "backend": "mp", "launcher": "mp",
-                      "tcp_port": None},
+        "init_args": {
+            "num_workers": 2,
+            "mode": "async",
+            "staleness_limit": 1,
+            "backend": "mp",
+            "launcher": "mp",
+            "tcp_port": None,
+        },
     }
     torch.save({"datamodule_hyper_parameters": dict(data.hparams)}, tmp_path / "h.ckpt")
     assert torch.load(tmp_path / "h.ckpt", weights_only=True)["datamodule_hyper_parameters"] == dict(data.hparams)
@@ -143,7 +167,10 @@ def test_parallel_data_module_is_the_actors_backend_under_its_old_name():
     module = VacoModule(objective=TVFilter(delta=0.2), advantage=VTrace(gamma=0.99, lmbda=0.95))
     assert module.run_definition(old) == module.run_definition(new)
     assert module.run_definition(new)["data.init_args.collection"] == {
-        "class_path": "vaco.data.parallel.module.Actors", "num_workers": 2, "mode": "async", "backend": "mp",
+        "class_path": "vaco.data.parallel.module.Actors",
+        "num_workers": 2,
+        "mode": "async",
+        "backend": "mp",
     }
 
 
@@ -184,10 +211,21 @@ def test_sync_fit_is_deterministic_and_resumes_exactly(tmp_path, mlflow_uri):
 def test_vaco_fit_sync2_learns_inverted_pendulum(tmp_path, mlflow_uri):
     """`vaco fit` with configs/collection/sync2.yaml: 2 actor processes, learns InvertedPendulum."""
     out = run_cli(
-        "fit", "--config", str(CONFIGS / "env/inverted_pendulum.yaml"), "--config", str(CONFIGS / "algo/ppo_clip.yaml"),
-        "--config", str(CONFIGS / "collection/sync2.yaml"),
-        "--data.init_args.total_steps", "12288", "--data.init_args.eval_every", "0",
-        "--trainer.default_root_dir", str(tmp_path), "--checkpoint.every_n_iterations", "0",
+        "fit",
+        "--config",
+        str(CONFIGS / "env/inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo/ppo_clip.yaml"),
+        "--config",
+        str(CONFIGS / "collection/sync2.yaml"),
+        "--data.init_args.total_steps",
+        "12288",
+        "--data.init_args.eval_every",
+        "0",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--checkpoint.every_n_iterations",
+        "0",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from matplotlib import image as mpimg
 from rliable import library, metrics
-from sweep_fixture import FIRST, SECOND, full_sweep
 
+from sweep_fixture import FIRST, SECOND, full_sweep
 from vaco import report as R
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -35,9 +35,7 @@ def _iqm_loop(values) -> float:
 # ---------------------------------------------------------------------------------------- math
 def test_normalisation_is_min_max_over_all_algorithms_per_task():
     rng = np.random.default_rng(0)
-    returns = {
-        task: rng.normal(100 * (i + 1), 30, size=7).tolist() for i, task in enumerate(["Hopper-v5", "Ant-v5"])
-    }
+    returns = {task: rng.normal(100 * (i + 1), 30, size=7).tolist() for i, task in enumerate(["Hopper-v5", "Ant-v5"])}
     bounds = R.normalization_bounds(returns)
     for task, values in returns.items():
         low, high = values[0], values[0]
@@ -46,9 +44,7 @@ def test_normalisation_is_min_max_over_all_algorithms_per_task():
         assert bounds[task] == (low, high)
         for v, n in zip(values, R.normalize(values, bounds[task])):
             assert n == pytest.approx((v - low) / (high - low), abs=1e-12)
-        assert (
-            R.normalize(values, bounds[task]).min() == 0.0 and R.normalize(values, bounds[task]).max() == 1.0
-        )
+        assert R.normalize(values, bounds[task]).min() == 0.0 and R.normalize(values, bounds[task]).max() == 1.0
     assert R.normalize([5.0, 5.0], (5.0, 5.0)).tolist() == [1.0, 1.0]
     assert R.final_score([1.0, 2.0, 6.0], last=2) == 4.0
 
@@ -128,9 +124,7 @@ def test_performance_profiles_equal_rliable():
         np.testing.assert_allclose(ours[key], theirs[key])
         np.testing.assert_allclose(ours_ci[key], theirs_ci[key])
         for j, tau in enumerate(taus):  # fraction of runs above tau, by hand
-            assert ours[key][j] == pytest.approx(
-                sum(float(v) > tau for v in scores[key].ravel()) / scores[key].size
-            )
+            assert ours[key][j] == pytest.approx(sum(float(v) > tau for v in scores[key].ravel()) / scores[key].size)
 
 
 def test_probability_of_improvement_equals_a_pairwise_loop():
@@ -139,8 +133,10 @@ def test_probability_of_improvement_equals_a_pairwise_loop():
     rep = R.build_report("synthetic", _synthetic_runs(), reps=100, seed=3)
     got = R.probability_of_improvement(rep)
     assert set(got.estimates) == {
-        "vaco K=1 vs ppo_clip K=1", "vaco K=4 vs ppo_clip K=4",
-        "vaco_no_realign K=1 vs ppo_clip K=1", "vaco_no_realign K=4 vs ppo_clip K=4",
+        "vaco K=1 vs ppo_clip K=1",
+        "vaco K=4 vs ppo_clip K=4",
+        "vaco_no_realign K=1 vs ppo_clip K=1",
+        "vaco_no_realign K=4 vs ppo_clip K=4",
     }
     main = rep.main_runs()
     for key, estimate in got.estimates.items():
@@ -179,9 +175,7 @@ def _synthetic_runs() -> list[R.Run]:
     for algo, objective, realign, delta, rho_bar, level, K in cells:
         for task, scale in (("Hopper-v5", 1000.0), ("Walker2d-v5", 2000.0)):
             for seed in (1, 2, 3):
-                ret = scale * level * (steps / steps[-1]) * (
-                    1 - 0.05 * K * (algo == "ppo_clip")
-                ) + rng.normal(0, 20, 5)
+                ret = scale * level * (steps / steps[-1]) * (1 - 0.05 * K * (algo == "ppo_clip")) + rng.normal(0, 20, 5)
                 tv = rng.uniform(0.02, 0.1, size=iters.size)
                 histories = {
                     "eval/return": (steps, ret),
@@ -221,8 +215,11 @@ def test_report_draws_every_figure_with_intervals(tmp_path):
     assert rep.ref_delta == 0.2 and rep.ref_rho_bar == 1.0
     for task in rep.tasks:  # the paper's: min and max over the main algorithms at the reference values
         finals = [
-            rep.final[r.run_id] for r in runs
-            if r.env == task and r.algorithm in ("vaco", "ppo_clip") and r.axes.get("delta") in (None, 0.2)
+            rep.final[r.run_id]
+            for r in runs
+            if r.env == task
+            and r.algorithm in ("vaco", "ppo_clip")
+            and r.axes.get("delta") in (None, 0.2)
             and r.axes.get("rho_bar") in (None, 1.0)
         ]
         assert rep.bounds[task] == (min(finals), max(finals))
@@ -246,8 +243,10 @@ def test_statistics_are_data_and_the_figures_draw_them(tmp_path):
     frame = scores.frame()
     assert set(frame["metric"]) == set(R.AGGREGATES) and len(frame) == 4 * len(scores.estimates)
     vaco = frame[(frame.group == "vaco K=4") & (frame.metric == "IQM")].iloc[0]
-    finals = [[rep.normalized[r.run_id] for r in rep.main_runs() if r.algorithm == "vaco" and r.K == 4 and r.env == t]
-              for t in rep.tasks]
+    finals = [
+        [rep.normalized[r.run_id] for r in rep.main_runs() if r.algorithm == "vaco" and r.K == 4 and r.env == t]
+        for t in rep.tasks
+    ]
     assert vaco.point == pytest.approx(_iqm_loop(finals), abs=1e-12) and vaco.low <= vaco.point <= vaco.high
     _, drawn, _ = R.figure_aggregates(rep, scores)  # the figure draws exactly these numbers
     assert drawn is scores.estimates
@@ -263,7 +262,16 @@ def test_a_data_file_gives_the_same_report_as_the_runs(tmp_path):
     assert len(back) == len(runs)
     for a, b in zip(runs, back):
         assert (a.run_id, a.algorithm, a.env, a.K, a.seed, a.axes, a.realign, a.objective, a.fraction_metric) == (
-            b.run_id, b.algorithm, b.env, b.K, b.seed, b.axes, b.realign, b.objective, b.fraction_metric)
+            b.run_id,
+            b.algorithm,
+            b.env,
+            b.K,
+            b.seed,
+            b.axes,
+            b.realign,
+            b.objective,
+            b.fraction_metric,
+        )
         for key, (steps, values) in a.histories.items():
             assert b.history(key)[0].tolist() == steps.tolist() and b.history(key)[1].tolist() == values.tolist()
     first = R.write_report(R.build_report("x", runs, reps=50), tmp_path / "a").read_text()
@@ -279,8 +287,14 @@ def test_an_axis_an_objective_declares_gets_its_own_ablation(tmp_path):
     for r in list(runs):
         if r.K == 4:
             for value in (1.5, 4.0):
-                runs.append(dataclasses.replace(r, run_id=f"{r.run_id}-t{value}", algorithm="clipped_is", axes={"truncation": value}))
-            runs.append(dataclasses.replace(r, run_id=f"{r.run_id}-t2", algorithm="clipped_is", axes={"truncation": 2.0}))
+                runs.append(
+                    dataclasses.replace(
+                        r, run_id=f"{r.run_id}-t{value}", algorithm="clipped_is", axes={"truncation": value}
+                    )
+                )
+            runs.append(
+                dataclasses.replace(r, run_id=f"{r.run_id}-t2", algorithm="clipped_is", axes={"truncation": 2.0})
+            )
     rep = R.build_report("trunc", runs, reps=50, reference={"truncation": 2.0})
     assert rep.reference["truncation"] == 2.0
     assert {r.algorithm for r in rep.main_runs()} == {"ppo_clip", "clipped_is"}
@@ -304,14 +318,20 @@ def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sweep.uri)
     out = tmp_path / "report"
     data = tmp_path / "runs.csv.gz"
-    assert vaco_main(
-        ["report", "--experiment", sweep.experiment, "--out", str(out), "--reps", "200", "--save-data", str(data)]
-    ) == 0
+    assert (
+        vaco_main(
+            ["report", "--experiment", sweep.experiment, "--out", str(out), "--reps", "200", "--save-data", str(data)]
+        )
+        == 0
+    )
     summary = (out / "summary.md").read_text()
     # the data file alone (no MLflow store) gives the same report
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'elsewhere.db'}")
     again = tmp_path / "from_data"
-    assert vaco_main(["report", "--data", str(data), "--name", sweep.experiment, "--out", str(again), "--reps", "200"]) == 0
+    assert (
+        vaco_main(["report", "--data", str(data), "--name", sweep.experiment, "--out", str(again), "--reps", "200"])
+        == 0
+    )
     assert (again / "summary.md").read_text() == summary and not (tmp_path / "elsewhere.db").exists()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", sweep.uri)
     for name in R.FIGURES:
@@ -320,13 +340,9 @@ def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
         assert f"\n## {section}\n" in summary, section
     assert "5 finished runs" in summary
     assert "Not in this experiment" not in summary  # the sweep has one cell of each ablation
+    assert "Too few runs for an interval" in summary and "an interval needs at least 3 runs per task" in summary
     assert (
-        "Too few runs for an interval" in summary and "an interval needs at least 3 runs per task" in summary
-    )
-    assert (
-        "vaco delta=0.4 K=2" in summary
-        and "vaco rho_bar=2 K=2" in summary
-        and "vaco_no_realign (GAE) K=2" in summary
+        "vaco delta=0.4 K=2" in summary and "vaco rho_bar=2 K=2" in summary and "vaco_no_realign (GAE) K=2" in summary
     )
 
     client = mlflow.MlflowClient(sweep.uri)
@@ -335,7 +351,10 @@ def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
     parents = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     parent = parents[0].info.run_id
-    assert parents[0].data.tags["vaco.sweep.name"] == sweep.experiment and "main" in parents[0].data.tags["vaco.sweep.grid"]
+    assert (
+        parents[0].data.tags["vaco.sweep.name"] == sweep.experiment
+        and "main" in parents[0].data.tags["vaco.sweep.grid"]
+    )
     cells = client.search_runs([exp.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
     assert len(cells) == 5 and {r.data.tags["vaco.sweep.cell"] for r in cells} >= {FIRST, SECOND}
     logged = {a.path for a in client.list_artifacts(parent, "report")}

@@ -27,11 +27,25 @@ def _iqm(values) -> float:
 def _run(algo, env, K, seed, final, axes=None, realign=False) -> R.Run:
     steps = np.array([1000.0, 2000.0])
     constant = (steps, np.array([0.05, 0.05]))
-    histories = {"eval/return": (steps, np.array([0.5 * final, final])), "lag/forward_tv": constant,
-                 "train/tv": constant, "train/clip_fraction": constant}
+    histories = {
+        "eval/return": (steps, np.array([0.5 * final, final])),
+        "lag/forward_tv": constant,
+        "train/tv": constant,
+        "train/clip_fraction": constant,
+    }
     return R.Run(
-        f"{algo}-{env}-{K}-{seed}-{axes}", f"{algo}-{env}-K{K}-s{seed}", "FINISHED", algo, env, K, seed,
-        dict(axes or {}), realign, "PPOClip", histories, fraction_metric="train/clip_fraction",
+        f"{algo}-{env}-{K}-{seed}-{axes}",
+        f"{algo}-{env}-K{K}-s{seed}",
+        "FINISHED",
+        algo,
+        env,
+        K,
+        seed,
+        dict(axes or {}),
+        realign,
+        "PPOClip",
+        histories,
+        fraction_metric="train/clip_fraction",
     )
 
 
@@ -171,8 +185,21 @@ def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys
     first = R.save_runs([r for r in runs if r.seed <= 3], tmp_path / "part1.csv.gz")
     second = R.save_runs([r for r in runs if r.seed >= 3], tmp_path / "part2.csv.gz")  # seed 3 in both
     out = tmp_path / "report"
-    code = R.main(["--data", str(first), str(second), "--tasks", "Hopper-v5", "--baseline", "ppo_clip",
-                   "--reps", "50", "--out", str(out)])
+    code = R.main(
+        [
+            "--data",
+            str(first),
+            str(second),
+            "--tasks",
+            "Hopper-v5",
+            "--baseline",
+            "ppo_clip",
+            "--reps",
+            "50",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     summary = (out / "summary.md").read_text()
     assert "1 task(s) (Hopper-v5)" in summary and f"{len(runs) // 2} finished runs" in summary

@@ -36,7 +36,10 @@ SECRET = "s3cr3t-pw"
         (f"postgresql://vaco:{SECRET}@db.example:5432/mlflow", "postgresql://***@db.example:5432/mlflow"),
         (f"https://{SECRET}@mlflow.example", "https://***@mlflow.example"),
         (f"http://user:{SECRET}@127.0.0.1:5000/", "http://***@127.0.0.1:5000/"),
-        (f"postgresql://db/mlflow?sslmode=require&password={SECRET}", "postgresql://db/mlflow?sslmode=require&password=***"),
+        (
+            f"postgresql://db/mlflow?sslmode=require&password={SECRET}",
+            "postgresql://db/mlflow?sslmode=require&password=***",
+        ),
         ("sqlite:////abs/path/mlflow.db", "sqlite:////abs/path/mlflow.db"),
         ("sqlite:///mlflow.db", "sqlite:///mlflow.db"),
         ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),

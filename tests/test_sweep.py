@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from sweep_fixture import (
     ABLATIONS,
     BROKEN,
@@ -18,7 +19,6 @@ from sweep_fixture import (
     full_sweep,
     interrupted_sweep,
 )
-
 from vaco import sweep as S
 
 TINY_OVERRIDES = {
@@ -106,9 +106,7 @@ def test_an_unknown_override_is_rejected_before_anything_starts(tmp_path, monkey
 
 # ---------------------------------------------------------------------------------------- the grid
 def test_axes_that_do_not_apply_do_not_multiply_cells(tmp_path):
-    body = _base(
-        algorithm=["vaco", "ppo_clip", "impala"], delta=[0.1, 0.2], rho_bar=[1.0, 2.0], K=[1, 4], seed=[1, 2]
-    )
+    body = _base(algorithm=["vaco", "ppo_clip", "impala"], delta=[0.1, 0.2], rho_bar=[1.0, 2.0], K=[1, 4], seed=[1, 2])
     body["grid"]["realign"] = {
         "algorithm": ["vaco", "ppo_clip", "impala"],
         "env": "inverted_pendulum",
@@ -145,9 +143,7 @@ def test_axes_that_do_not_apply_do_not_multiply_cells(tmp_path):
     assert config["seed_everything"] == 2 and config["data"]["init_args"]["policy_buffer_size"] == 4
     assert config["data"]["init_args"]["num_steps"] == 64  # shared override
     logger = config["trainer"]["logger"]["init_args"]
-    assert (
-        logger["run_name"] == cell.id and logger["experiment_name"] == "x" and logger["tracking_uri"] == uri
-    )
+    assert logger["run_name"] == cell.id and logger["experiment_name"] == "x" and logger["tracking_uri"] == uri
     assert logger["tags"] == {
         "vaco.algorithm": "vaco",
         "vaco.env": "inverted_pendulum",
@@ -178,7 +174,9 @@ def test_the_llm_grid_is_a_sweep_file_whose_k_axis_is_n(tmp_path):
     assert config["model"]["class_path"] == "vaco.llm.RLVRModule" and model["num_minibatches"] == 16
     assert model["model_path"] == "runs/llm/cpu/model"  # the env config's part survives the algorithm's
     assert model["objective"] == {
-        "class_path": "vaco.objectives.TVFilter", "init_args": {"delta": 0.05, "normalize_advantage": False}}
+        "class_path": "vaco.objectives.TVFilter",
+        "init_args": {"delta": 0.05, "normalize_advantage": False},
+    }
     assert "policy_buffer_size" not in config["data"]["init_args"]
     assert config["trainer"]["logger"]["init_args"]["log_model"] is False  # the config's own choice is kept
     body = yaml.safe_load((REPO / "configs" / "sweeps" / "llm_cpu.yaml").read_text())
@@ -271,9 +269,7 @@ def test_an_interrupted_sweep_resumes_its_cell_and_skips_the_finished_one(tmp_pa
     steps = {m.step for m in s.client().get_metric_history(run.info.run_id, "time/env_steps")}
     assert steps == {128 * i for i in range(1, ITERATIONS + 1)}  # every iteration, before and after the stop
     assert run.data.params["algorithm"] == "ppo_clip" and run.data.params["K"] == "2"
-    assert {
-        k: run.data.tags[k] for k in ("vaco.algorithm", "vaco.env", "vaco.K", "vaco.seed", "vaco.sweep.cell")
-    } == {
+    assert {k: run.data.tags[k] for k in ("vaco.algorithm", "vaco.env", "vaco.K", "vaco.seed", "vaco.sweep.cell")} == {
         "vaco.algorithm": "ppo_clip",
         "vaco.env": "inverted_pendulum",
         "vaco.K": "2",

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import CONFIGS, VACO, build_run, metric_histories, run_cli
-from vaco.advantages import GAE, VTrace
 from vaco import VacoModule
+from vaco.advantages import GAE, VTrace
 from vaco.module import NonFiniteLossError
 from vaco.objectives import PPOClip, TVFilter
 
@@ -34,9 +34,14 @@ def test_learns_inverted_pendulum(tmp_path, mlflow_uri, name, objective, advanta
     """A random policy scores < 30; 800 means the pole stays up for 80% of each 1000-step
     episode, averaged over 10 evaluation episodes, after 25.6k env steps (50 iterations)."""
     module, data, trainer = build_run(
-        tmp_path, mlflow_uri, objective=objective(), advantage=advantage(), seed=1,
+        tmp_path,
+        mlflow_uri,
+        objective=objective(),
+        advantage=advantage(),
+        seed=1,
         data_kwargs={**LEARN, "policy_buffer_size": K},
-        model_kwargs=dict(update_epochs=10, num_minibatches=4), every_n_iterations=0,
+        model_kwargs=dict(update_epochs=10, num_minibatches=4),
+        every_n_iterations=0,
     )
     trainer.fit(module, data)
     assert module.algorithm == name
@@ -223,11 +228,25 @@ def test_demo_config_instantiates(mlflow_uri):
 # ---------------------------------------------------------------- the CLI, for real
 def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlflow_uri):
     out = run_cli(
-        "fit", "--config", ENV, "--config", str(CONFIGS / "algo" / "ppo_clip.yaml"),
-        "--data.init_args.total_steps", "2048", "--data.init_args.num_envs", "2",
-        "--data.init_args.num_steps", "128", "--data.init_args.eval_episodes", "2",
-        "--model.init_args.update_epochs", "2", "--trainer.default_root_dir", str(tmp_path),
-        "--trainer.logger.init_args.experiment_name", "cli-test",
+        "fit",
+        "--config",
+        ENV,
+        "--config",
+        str(CONFIGS / "algo" / "ppo_clip.yaml"),
+        "--data.init_args.total_steps",
+        "2048",
+        "--data.init_args.num_envs",
+        "2",
+        "--data.init_args.num_steps",
+        "128",
+        "--data.init_args.eval_episodes",
+        "2",
+        "--model.init_args.update_epochs",
+        "2",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.experiment_name",
+        "cli-test",
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -248,7 +267,14 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
         assert params[key] == value
     for key in ("lambda", "rho_bar", "c_bar", "delta", "lr", "num_minibatches"):
         assert key in params
-    for key in ("eval/return", "lag/backward_tv", "lag/forward_tv", "lag/policy_age_mean", "perf/sps", "train/clip_fraction"):
+    for key in (
+        "eval/return",
+        "lag/backward_tv",
+        "lag/forward_tv",
+        "lag/policy_age_mean",
+        "perf/sps",
+        "train/clip_fraction",
+    ):
         assert key in run.data.metrics
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "config.yaml" in artifacts and "last" in artifacts
@@ -262,7 +288,13 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
 def test_print_config_shows_the_composed_config(mlflow_uri):
     out = run_cli("fit", "--config", str(CONFIGS / "env" / "hopper.yaml"), "--config", ALGO, "--print_config")
     assert out.returncode == 0, out.stderr[-2000:]
-    for text in ("vaco.objectives.TVFilter", "delta: 0.2", "vaco.advantages.VTrace", "env_id: Hopper-v5", "policy_buffer_size: 1"):
+    for text in (
+        "vaco.objectives.TVFilter",
+        "delta: 0.2",
+        "vaco.advantages.VTrace",
+        "env_id: Hopper-v5",
+        "policy_buffer_size: 1",
+    ):
         assert text in out.stdout
 
 
@@ -270,14 +302,35 @@ def test_print_config_shows_the_composed_config(mlflow_uri):
 @pytest.mark.slow
 def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
     out = run_cli(
-        "fit", "--config", ENV, "--config", ALGO,
-        "--data.init_args.total_steps", "2048", "--data.init_args.num_envs", "2",
-        "--data.init_args.num_steps", "128", "--data.init_args.eval_episodes", "2",
-        "--data.init_args.policy_buffer_size", "2",
-        "--model.init_args.update_epochs", "2",
-        "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.experiment_name", "ddp",
-        cwd=tmp_path, timeout=900,
+        "fit",
+        "--config",
+        ENV,
+        "--config",
+        ALGO,
+        "--data.init_args.total_steps",
+        "2048",
+        "--data.init_args.num_envs",
+        "2",
+        "--data.init_args.num_steps",
+        "128",
+        "--data.init_args.eval_episodes",
+        "2",
+        "--data.init_args.policy_buffer_size",
+        "2",
+        "--model.init_args.update_epochs",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "2",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.experiment_name",
+        "ddp",
+        cwd=tmp_path,
+        timeout=900,
     )
     assert out.returncode == 0, out.stderr[-4000:]
     client = mlflow.MlflowClient(mlflow_uri)

@@ -14,9 +14,9 @@ import mujoco
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
 from scipy import stats
 
+from conftest import REPO
 from vaco.data.normalization import DeviceRewardScaler, RewardScaler
 from vaco.data.policy_buffer import PolicyVersionBuffer
 from vaco.data.warp import TASKS, Warp
@@ -78,11 +78,17 @@ def _one_step(env_id: str, cone: str | None, steps: list[int]):
     for k in range(len(states)):
         g.set_state(qpos[k].double().numpy(), qvel[k].double().numpy())  # the float32 state, exactly
         obs, reward, terminated, _, info = g.step(actions[k])
-        rows.append(dict(
-            info={key: (info[key], float(w_info[key][k])) for key in ("x_position", "x_velocity") if key in info},
-            ncon=states[k][2], obs=(obs, w_obs[k].numpy()), reward=(reward, float(w_reward[k])),
-            terminated=(terminated, bool(w_term[k])), qpos=(g.data.qpos.copy(), w_qpos[k]), qvel=(g.data.qvel.copy(), w_qvel[k]),
-        ))
+        rows.append(
+            dict(
+                info={key: (info[key], float(w_info[key][k])) for key in ("x_position", "x_velocity") if key in info},
+                ncon=states[k][2],
+                obs=(obs, w_obs[k].numpy()),
+                reward=(reward, float(w_reward[k])),
+                terminated=(terminated, bool(w_term[k])),
+                qpos=(g.data.qpos.copy(), w_qpos[k]),
+                qvel=(g.data.qvel.copy(), w_qvel[k]),
+            )
+        )
     return rows
 
 
@@ -169,8 +175,17 @@ def test_hopper_at_infinite_height_is_unhealthy_as_in_gymnasium():
     spec = task("Hopper-v5")
     qpos = torch.zeros(3, 6)
     qpos[:, 1] = torch.tensor([1.25, float("inf"), 0.5])
-    sim = Sim(qpos, torch.zeros(3, 6), torch.zeros(3, 3), *(torch.zeros(3, 4, 3),) * 2, torch.zeros(3, 4, 10),
-              torch.zeros(3, 4, 6), torch.zeros(3, 6), torch.zeros(3, 4, 6), torch.ones(4))
+    sim = Sim(
+        qpos,
+        torch.zeros(3, 6),
+        torch.zeros(3, 3),
+        *(torch.zeros(3, 4, 3),) * 2,
+        torch.zeros(3, 4, 10),
+        torch.zeros(3, 4, 6),
+        torch.zeros(3, 6),
+        torch.zeros(3, 4, 6),
+        torch.ones(4),
+    )
     _, terminated = spec.reward(sim, torch.zeros(3, dtype=torch.float64), torch.zeros(3, 3))
     assert terminated.tolist() == [False, True, True]
 
@@ -248,16 +263,23 @@ def test_the_batch_meets_the_cpu_collectors_contract():
         actor = GaussianActor(11, 3)
         for name, value in buffer.params(slot).items():
             actor.get_parameter(name).data.copy_(value)
-        norm = ((got["observation"][i] - buffer.obs_mean[slot].float()) * (buffer.obs_var[slot] + 1e-8).rsqrt().float()).clamp(-10, 10)
+        norm = (
+            (got["observation"][i] - buffer.obs_mean[slot].float()) * (buffer.obs_var[slot] + 1e-8).rsqrt().float()
+        ).clamp(-10, 10)
         loc, scale = actor(norm)
         torch.testing.assert_close(got["behavior_loc"][i], loc, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(
-            got["behavior_log_prob"][i], gaussian_log_prob(got["action"][i], loc, scale.expand_as(loc)), rtol=1e-4, atol=1e-4
+            got["behavior_log_prob"][i],
+            gaussian_log_prob(got["action"][i], loc, scale.expand_as(loc)),
+            rtol=1e-4,
+            atol=1e-4,
         )
     # where an episode ended, the next observation is the final one, not the reset that follows
     done = got["next", "done"][:, :-1]
     if done.any():
-        assert not torch.isclose(got["next", "observation"][:, :-1][done], got["observation"][:, 1:][done]).all(-1).any()
+        assert (
+            not torch.isclose(got["next", "observation"][:, :-1][done], got["observation"][:, 1:][done]).all(-1).any()
+        )
     cpu.shutdown()
 
 
@@ -291,7 +313,9 @@ def test_the_device_reward_scaler_is_the_cpu_one():
 def test_bad_input_names_the_field_before_any_step():
     from vaco.data.module import RolloutDataModule
 
-    with pytest.raises(ValueError, match=r"`data.env_id`: the Warp backend has no task 'Pusher-v5'; it has InvertedPendulum-v5"):
+    with pytest.raises(
+        ValueError, match=r"`data.env_id`: the Warp backend has no task 'Pusher-v5'; it has InvertedPendulum-v5"
+    ):
         RolloutDataModule(env_id="Pusher-v5", collection=Warp())
     with pytest.raises(ValueError, match=r"`data.num_envs`: 1,000,000,000 worlds of Hopper-v5 need about"):
         RolloutDataModule(env_id="Hopper-v5", num_envs=10**9, num_steps=1, total_steps=10**9, collection=Warp())
@@ -332,15 +356,27 @@ def test_learns_inverted_pendulum_on_warp(tmp_path, mlflow_uri):
     """VACO at K = 4 on 32 Warp worlds x 16 steps, 25.6k env steps; evaluated on gymnasium
     (MuJoCo C): a random policy scores < 30, 800 means the pole stays up 80% of 1,000 steps."""
     from conftest import build_run, metric_histories
-
     from vaco.advantages import VTrace
     from vaco.objectives import TVFilter
 
     module, data, trainer = build_run(
-        tmp_path, mlflow_uri, objective=TVFilter(), advantage=VTrace(), seed=1,
-        data_kwargs=dict(num_envs=32, num_steps=16, total_steps=25_600, eval_every=0, eval_episodes=10, eval_envs=5,
-                         policy_buffer_size=4, collection=Warp(evaluate_on="gymnasium")),
-        model_kwargs=dict(update_epochs=10, num_minibatches=4), every_n_iterations=0,
+        tmp_path,
+        mlflow_uri,
+        objective=TVFilter(),
+        advantage=VTrace(),
+        seed=1,
+        data_kwargs=dict(
+            num_envs=32,
+            num_steps=16,
+            total_steps=25_600,
+            eval_every=0,
+            eval_episodes=10,
+            eval_envs=5,
+            policy_buffer_size=4,
+            collection=Warp(evaluate_on="gymnasium"),
+        ),
+        model_kwargs=dict(update_epochs=10, num_minibatches=4),
+        every_n_iterations=0,
     )
     trainer.fit(module, data)
     history = metric_histories(mlflow_uri, trainer.logger.run_id)
@@ -366,8 +402,17 @@ def test_the_warp_config_instantiates_through_the_cli(mlflow_uri):
     from vaco.data import RolloutDataModule
 
     configs = REPO / "configs"
-    cli = VacoCLI(args=["--config", str(configs / "env/inverted_pendulum.yaml"), "--config", str(configs / "algo/vaco.yaml"),
-                        "--config", str(configs / "collection/warp.yaml")], run=False)
+    cli = VacoCLI(
+        args=[
+            "--config",
+            str(configs / "env/inverted_pendulum.yaml"),
+            "--config",
+            str(configs / "algo/vaco.yaml"),
+            "--config",
+            str(configs / "collection/warp.yaml"),
+        ],
+        run=False,
+    )
     assert type(cli.datamodule) is RolloutDataModule and isinstance(cli.datamodule.collection, Warp)
     assert cli.datamodule.collection.device == "cpu" and cli.datamodule.collector is None  # nothing built yet
 
@@ -382,18 +427,68 @@ def test_a_run_trained_on_warp_is_evaluated_and_filmed_on_warp(tmp_path):
     from pathlib import Path
 
     vaco = str(Path(sys.executable).with_name("vaco"))
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "OMP_NUM_THREADS": "1", "MUJOCO_GL": "egl"}
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+        "OMP_NUM_THREADS": "1",
+        "MUJOCO_GL": "egl",
+    }
     fit = subprocess.run(
-        [vaco, "fit", "--config", str(REPO / "configs/env/inverted_pendulum.yaml"), "--config", str(REPO / "configs/algo/vaco.yaml"),
-         "--config", str(REPO / "configs/collection/warp.yaml"), "--data.init_args.num_envs", "4", "--data.init_args.num_steps", "16",
-         "--data.init_args.total_steps", "128", "--data.init_args.eval_every", "0", "--data.init_args.eval_episodes", "2",
-         "--data.init_args.eval_envs", "2", "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        [
+            vaco,
+            "fit",
+            "--config",
+            str(REPO / "configs/env/inverted_pendulum.yaml"),
+            "--config",
+            str(REPO / "configs/algo/vaco.yaml"),
+            "--config",
+            str(REPO / "configs/collection/warp.yaml"),
+            "--data.init_args.num_envs",
+            "4",
+            "--data.init_args.num_steps",
+            "16",
+            "--data.init_args.total_steps",
+            "128",
+            "--data.init_args.eval_every",
+            "0",
+            "--data.init_args.eval_episodes",
+            "2",
+            "--data.init_args.eval_envs",
+            "2",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
     ckpt = str(next(tmp_path.glob("checkpoints/*/last.ckpt")))
-    out = subprocess.run([vaco, "evaluate", "--ckpt", ckpt, "--backend", "warp", "--episodes", "3", "--envs", "3",
-                          "--video", str(tmp_path / "warp.gif")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            vaco,
+            "evaluate",
+            "--ckpt",
+            ckpt,
+            "--backend",
+            "warp",
+            "--episodes",
+            "3",
+            "--envs",
+            "3",
+            "--video",
+            str(tmp_path / "warp.gif"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "InvertedPendulum-v5 on MuJoCo Warp (cpu): return" in out.stdout and "over 3 episodes" in out.stdout
     if "no video" not in out.stderr:  # a machine without an offscreen GL driver says so and writes none
@@ -402,6 +497,12 @@ def test_a_run_trained_on_warp_is_evaluated_and_filmed_on_warp(tmp_path):
         frames = imageio.mimread(tmp_path / "warp.gif")
         assert len(frames) >= 2 and frames[0].shape[0] > 50
         assert any(not np.array_equal(frames[0], f) for f in frames[1:])  # the pole moves
-    bad = subprocess.run([vaco, "evaluate", "--ckpt", ckpt, "--backend", "warp", "--envs", str(10**9), "--episodes", str(10**9)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [vaco, "evaluate", "--ckpt", ckpt, "--backend", "warp", "--envs", str(10**9), "--episodes", str(10**9)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "`--envs`: 1,000,000,000 worlds of InvertedPendulum-v5 need about" in bad.stderr

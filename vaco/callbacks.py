@@ -31,7 +31,9 @@ class IterationCheckpoint(ModelCheckpoint):
     def __init__(self, every_n_iterations: int = 10, dirpath: str | None = None) -> None:
         if not (isinstance(every_n_iterations, int) and every_n_iterations >= 0):
             raise ValueError(f"`checkpoint.every_n_iterations` must be an integer >= 0, got {every_n_iterations!r}")
-        super().__init__(dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0, save_on_train_epoch_end=True)
+        super().__init__(
+            dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0, save_on_train_epoch_end=True
+        )
         self.every_n_iterations = every_n_iterations
 
     def setup(self, trainer, pl_module, stage: str) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import faulthandler
 import importlib
 import os
-from pathlib import Path
 import signal
 import sys
+from pathlib import Path
 
 from vaco.config_errors import did_you_mean
 

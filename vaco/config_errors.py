@@ -44,7 +44,11 @@ def _init_params(class_path: str) -> list[str]:
         params = inspect.signature(cls.__init__).parameters
     except Exception:  # noqa: BLE001 - a suggestion is optional
         return []
-    return [p for p in params if p != "self" and params[p].kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
+    return [
+        p
+        for p in params
+        if p != "self" and params[p].kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+    ]
 
 
 def summarize_validation_error(message: str) -> str:
@@ -125,7 +129,9 @@ def check_config_files(paths: list[str]) -> dict[str, object]:
         except IsADirectoryError:
             raise ConfigurationError(f"`--config {path}`: a directory, not a YAML file") from None
         except (OSError, UnicodeDecodeError) as err:
-            raise ConfigurationError(f"`--config {path}`: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+            raise ConfigurationError(
+                f"`--config {path}`: cannot be read ({getattr(err, 'strerror', None) or err})"
+            ) from None
         try:
             loaded[path] = yaml.safe_load(text)
         except yaml.YAMLError as err:
@@ -144,7 +150,9 @@ def check_config_files(paths: list[str]) -> dict[str, object]:
                     what = f"{what} ({context})" if context else what
             raise ConfigurationError(f"`--config {path}`: {where}: {what}") from None
         if loaded[path] is not None and not isinstance(loaded[path], dict):
-            raise ConfigurationError(f"`--config {path}`: a config file is a mapping of fields, got {type(loaded[path]).__name__}")
+            raise ConfigurationError(
+                f"`--config {path}`: a config file is a mapping of fields, got {type(loaded[path]).__name__}"
+            )
     return loaded
 
 

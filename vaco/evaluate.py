@@ -26,11 +26,11 @@ def load_policy(ckpt_path: str):
         raise CheckpointError(f"`--ckpt`: {ckpt_path} is not a vaco MuJoCo checkpoint (no env_spec)")
     actor = GaussianActor(spec["obs_dim"], spec["act_dim"], tuple(hparams.get("hidden_sizes", (64, 64))))
     state = ckpt["state_dict"]
-    actor.load_state_dict({k[len("actor."):]: v for k, v in state.items() if k.startswith("actor.")})
+    actor.load_state_dict({k[len("actor.") :]: v for k, v in state.items() if k.startswith("actor.")})
     actor.eval()
     if hparams.get("normalize_observation", True):
         rms = RunningMeanStd(spec["obs_dim"])
-        rms.load_state_dict({k[len("obs_rms."):]: v for k, v in state.items() if k.startswith("obs_rms.")})
+        rms.load_state_dict({k[len("obs_rms.") :]: v for k, v in state.items() if k.startswith("obs_rms.")})
         return spec["env_id"], learner_policy(actor, rms.mean, rms.var)
     return spec["env_id"], actor
 
@@ -58,7 +58,11 @@ def check_video_writer(path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vaco evaluate", description=__doc__)
-    parser.add_argument("--ckpt", required=True, help="a checkpoint written by `vaco fit` (loaded safely: tensors and plain values only)")
+    parser.add_argument(
+        "--ckpt",
+        required=True,
+        help="a checkpoint written by `vaco fit` (loaded safely: tensors and plain values only)",
+    )
     parser.add_argument("--episodes", type=int, default=10, help="episodes to run (E)")
     parser.add_argument("--envs", type=int, default=10, help="envs run side by side")
     parser.add_argument("--seed", type=int, default=0)
@@ -92,12 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "warp":
         from vaco.data.warp import warp_episodes
 
-        returns = warp_episodes(env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed,
-                                deterministic=args.deterministic, device=args.device)
+        returns = warp_episodes(
+            env_id,
+            policy,
+            args.episodes,
+            num_envs=args.envs,
+            seed=args.seed,
+            deterministic=args.deterministic,
+            device=args.device,
+        )
     else:
         from vaco.data.module import run_episodes
 
-        returns = run_episodes(env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed, deterministic=args.deterministic)
+        returns = run_episodes(
+            env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed, deterministic=args.deterministic
+        )
     where = f" on MuJoCo Warp ({args.device})" if args.backend == "warp" else ""
     print(
         f"{env_id}{where}: return {returns.mean():.1f} +- {returns.std():.1f} "
@@ -105,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.video:
         backend = os.environ.setdefault("MUJOCO_GL", "egl")
-        print(f"recording one episode for {args.video} (MUJOCO_GL={backend}; up to 1000 frames, a progress line every 100)",
-              flush=True)
+        print(
+            f"recording one episode for {args.video} (MUJOCO_GL={backend}; up to 1000 frames, a progress line every 100)",
+            flush=True,
+        )
         try:
             if args.backend == "warp":
                 from vaco.data.warp import record_warp_episode
@@ -125,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"  {len(frames)} frames rendered; encoding {args.video} ...", flush=True)
 
-        imageio.mimsave(args.video, frames, fps=30) if args.video.endswith(".gif") else imageio.mimwrite(args.video, frames, fps=30)
+        imageio.mimsave(args.video, frames, fps=30) if args.video.endswith(".gif") else imageio.mimwrite(
+            args.video, frames, fps=30
+        )
         print(f"wrote {len(frames)} frames to {args.video} ({backend})")
     return 0
 

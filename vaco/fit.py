@@ -193,7 +193,9 @@ class VacoCLI(LightningCLI):
         if run_id:
             uri = getattr(logger, "_tracking_uri", tracking_uri())
             lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
-            lines.append(f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {redact_uri(uri)}"))
+            lines.append(
+                f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {redact_uri(uri)}")
+            )
         if ckpt and hasattr(model, "actor"):  # `vaco evaluate` runs MuJoCo policies
             lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {ckpt}")
         print("\n".join(lines), flush=True)
@@ -202,7 +204,9 @@ class VacoCLI(LightningCLI):
 def _early_checks(config) -> None:
     seed = config.get("seed_everything")
     if not (seed is None or isinstance(seed, bool) or (isinstance(seed, int) and 0 <= seed < 2**32)):
-        raise ConfigurationError(f"`seed_everything` must be an integer in [0, 2^32 - 1] (or true for a random one), got {seed!r}")
+        raise ConfigurationError(
+            f"`seed_everything` must be an integer in [0, 2^32 - 1] (or true for a random one), got {seed!r}"
+        )
     data = config.get("data")
     init = (data.get("init_args") if hasattr(data, "get") else None) or {}
     env_id = init.get("env_id") if hasattr(init, "get") else None
@@ -222,7 +226,8 @@ def _config_error(err: Exception) -> str:
     reasons = [
         line.strip()[2:]
         for line in text.splitlines()
-        if line.strip().startswith("- ") and "Expected a <class 'NoneType'>" not in line
+        if line.strip().startswith("- ")
+        and "Expected a <class 'NoneType'>" not in line
         and "Does not validate against any of the Union subtypes" not in line
     ]
     return "; ".join(reasons) if reasons else one_line(text)
@@ -254,7 +259,11 @@ def _check_tracking(config) -> None:
     if init_args is None:
         return
     uri = init_args.get("tracking_uri") or tracking_uri()
-    field = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") == uri else "trainer.logger.init_args.tracking_uri"
+    field = (
+        "MLFLOW_TRACKING_URI"
+        if os.environ.get("MLFLOW_TRACKING_URI") == uri
+        else "trainer.logger.init_args.tracking_uri"
+    )
     try:
         check_tracking_store(uri, field)
     except TrackingStoreError as err:
@@ -327,9 +336,11 @@ def _help() -> str:
         with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
             VacoCLI(args=["fit", f"--{key}.help", class_path])
         text = out.getvalue()
-        body = text[text.index("\n\n", text.index("usage:")) + 2:] if "usage:" in text else text
+        body = text[text.index("\n\n", text.index("usage:")) + 2 :] if "usage:" in text else text
         sections.append(f"{key} ({class_path}; --{key} chooses another class):\n" + body.split("\n", 2)[-1])
-    sections.append("The LLM track's classes: `vaco fit --model.help vaco.llm.module.RLVRModule`, `--data.help vaco.llm.data.GSM8kDataModule`.")
+    sections.append(
+        "The LLM track's classes: `vaco fit --model.help vaco.llm.module.RLVRModule`, `--data.help vaco.llm.data.GSM8kDataModule`."
+    )
     return "\n".join(sections)
 
 

@@ -160,7 +160,6 @@ class VacoMLFlowLogger(MLFlowLogger):
         except Exception as err:  # noqa: BLE001 - the run's data is on disk; say so, do not mask the run's own error
             print(f"vaco: could not mark the MLflow run {self.run_id} as ended: {err}", file=sys.stderr, flush=True)
 
-
     def _write_unsent(self, batches: list[tuple[dict[str, float], int | None]]) -> None:
         """The batches MLflow never took, as JSON lines: in the working directory, else the temporary
         directory, else on stderr. Never raises: the run is then marked ended either way."""
@@ -175,11 +174,18 @@ class VacoMLFlowLogger(MLFlowLogger):
                     f.writelines(lines)
             except OSError:
                 continue
-            print(f"vaco: {len(batches)} metric batches could not be sent to MLflow; they are in {path}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"vaco: {len(batches)} metric batches could not be sent to MLflow; they are in {path}",
+                file=sys.stderr,
+                flush=True,
+            )
             return
-        print(f"vaco: {len(batches)} metric batches could not be sent to MLflow and no file could be written; "
-              "here they are:", file=sys.stderr, flush=True)
+        print(
+            f"vaco: {len(batches)} metric batches could not be sent to MLflow and no file could be written; "
+            "here they are:",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.stderr.writelines(lines)
         sys.stderr.flush()
 
@@ -203,7 +209,9 @@ def unique_run_name(client, experiment_id: str, base: str) -> str:
     escaped = base.replace("'", "\\'")
     taken = {
         r.info.run_name
-        for r in client.search_runs([experiment_id], filter_string=f"attributes.run_name LIKE '{escaped}%'", max_results=1000)
+        for r in client.search_runs(
+            [experiment_id], filter_string=f"attributes.run_name LIKE '{escaped}%'", max_results=1000
+        )
     }
     name, n = base, 1
     while name in taken:

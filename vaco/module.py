@@ -102,7 +102,9 @@ class VacoModule(L.LightningModule):
         if not isinstance(objective, Objective):
             raise TypeError(f"`model.objective` must be a vaco.objectives.Objective, got {type(objective).__name__}")
         if not isinstance(advantage, AdvantageModule):
-            raise TypeError(f"`model.advantage` must be a vaco.advantages.AdvantageModule, got {type(advantage).__name__}")
+            raise TypeError(
+                f"`model.advantage` must be a vaco.advantages.AdvantageModule, got {type(advantage).__name__}"
+            )
         for name, value in (("update_epochs", update_epochs), ("num_minibatches", num_minibatches)):
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"`model.{name}` must be an integer >= 1, got {value!r}")
@@ -281,8 +283,14 @@ class VacoModule(L.LightningModule):
         train = {
             key: flat[key]
             for key in (
-                "observation", "action", "behavior_log_prob", "behavior_loc", "behavior_scale",
-                "advantage", "value_target", "state_value",
+                "observation",
+                "action",
+                "behavior_log_prob",
+                "behavior_loc",
+                "behavior_scale",
+                "advantage",
+                "value_target",
+                "state_value",
             )
         }
         sums: dict[str, torch.Tensor] = {}
@@ -296,14 +304,14 @@ class VacoModule(L.LightningModule):
         # `configure_optimizers`) is checked on the host before each step instead
         skips_on_device = bool(optimizer.optimizer.defaults.get("fused"))
         orders = []
-        for epoch in range(self.hparams.update_epochs):
+        for _epoch in range(self.hparams.update_epochs):
             # drawn on the CPU generator, whatever the device: the same run on any device
             order = torch.randperm(flat.numel(), generator=self._generator).to(self.device, non_blocking=True)
             orders.append(order)
             for k in range(self.hparams.num_minibatches):
                 if self.objective.reestimate_advantage:
                     self._reestimate(batch, flat, train)
-                idx = order[k * size:(k + 1) * size]
+                idx = order[k * size : (k + 1) * size]
                 # a plain dict: building a TensorDict per minibatch costs more than the gather
                 minibatch = {key: value[idx] for key, value in train.items()}
                 out = self.objective(self._minibatch(minibatch), check_finite=False)
@@ -313,7 +321,9 @@ class VacoModule(L.LightningModule):
                 optimizer.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 if self.hparams.max_grad_norm is not None:
-                    self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
+                    self.clip_gradients(
+                        optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
+                    )
                 if skips_on_device:
                     optimizer.optimizer.found_inf = (~finite).float()
                 elif not bool(finite):
@@ -389,7 +399,7 @@ class VacoModule(L.LightningModule):
     def _diagnose(self, step: int, orders, size: int, train) -> NonFiniteLossError:
         """Name what made step ``step``'s loss non-finite: rerun that minibatch with the checks on."""
         epoch, k = divmod(step, self.hparams.num_minibatches)
-        idx = orders[epoch][k * size:(k + 1) * size]
+        idx = orders[epoch][k * size : (k + 1) * size]
         minibatch = {key: value[idx] for key, value in train.items()}
         try:
             out = self.objective(self._minibatch(minibatch), check_finite=True)
@@ -567,9 +577,7 @@ def axis_labels(*modules) -> list[str]:
     """``name=value`` for each declared sweep axis whose value differs from its class default."""
     out = []
     for axis, value in declared_axes(*modules).items():
-        defaults = [
-            inspect.signature(type(m).__init__).parameters.get(axis) for m in modules if axis in m.sweep_axes
-        ]
+        defaults = [inspect.signature(type(m).__init__).parameters.get(axis) for m in modules if axis in m.sweep_axes]
         default = defaults[0].default if defaults and defaults[0] is not None else None
         if value is not None and default is not None and value != default:
             out.append(f"{axis}={value:g}")
@@ -606,7 +614,12 @@ def _reopen_finished_epoch(checkpoint: dict[str, Any]) -> None:
 # them with weights_only=True.
 def _numpy_rng_state() -> dict:
     name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+    return {
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
 
 
 def _set_numpy_rng_state(state: dict) -> None:

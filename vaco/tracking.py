@@ -17,10 +17,27 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
 
 __all__ = [
-    "DEFAULT_TRACKING_URI", "TrackingStoreError", "tracking_uri", "absolute_tracking_uri", "check_tracking_store",
-    "search_all_runs", "CELL_TAG", "SETTINGS_TAG", "PARENT_TAG", "PARENT_RUN_ID_TAG", "REPORT_TAG",
-    "EXPERIMENT_KIND_TAG", "EXPERIMENT_KIND", "AXES_PARAM", "FRACTION_PARAM", "SCORE_PARAM", "PAPER_AXES", "declared_axes",
-    "run_axes", "redact_uri", "has_secrets",
+    "DEFAULT_TRACKING_URI",
+    "TrackingStoreError",
+    "tracking_uri",
+    "absolute_tracking_uri",
+    "check_tracking_store",
+    "search_all_runs",
+    "CELL_TAG",
+    "SETTINGS_TAG",
+    "PARENT_TAG",
+    "PARENT_RUN_ID_TAG",
+    "REPORT_TAG",
+    "EXPERIMENT_KIND_TAG",
+    "EXPERIMENT_KIND",
+    "AXES_PARAM",
+    "FRACTION_PARAM",
+    "SCORE_PARAM",
+    "PAPER_AXES",
+    "declared_axes",
+    "run_axes",
+    "redact_uri",
+    "has_secrets",
 ]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -110,7 +127,7 @@ def absolute_tracking_uri(uri: str | None = None) -> str:
     uri = uri or tracking_uri()
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
+        return prefix + str(Path(uri[len(prefix) :]).resolve())
     return uri
 
 
@@ -143,9 +160,7 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
     scheme = urlparse(uri).scheme.split("+")[0]
     hint = f"set {ENV_VAR} to a reachable server (http://host:port) or a local store such as {DEFAULT_TRACKING_URI}"
     if scheme in ("", "file"):
-        raise TrackingStoreError(
-            f"`{name}`={shown!r}: MLflow 3.14+ refuses the file store; {hint}"
-        )
+        raise TrackingStoreError(f"`{name}`={shown!r}: MLflow 3.14+ refuses the file store; {hint}")
     if scheme == "sqlite":
         _check_sqlite(uri, name)
     elif scheme in ("http", "https"):
@@ -160,13 +175,15 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
 
 
 def _check_sqlite(uri: str, name: str) -> None:
-    path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+    path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
     if not path or path == ":memory:":
         return
     file = Path(path)
     parent = file.parent if str(file.parent) else Path(".")
     if not parent.is_dir():
-        raise TrackingStoreError(f"`{name}`={uri!r}: directory {parent} does not exist; create it or choose another path")
+        raise TrackingStoreError(
+            f"`{name}`={uri!r}: directory {parent} does not exist; create it or choose another path"
+        )
     if not os.access(parent, os.W_OK | os.X_OK) or (file.exists() and not os.access(file, os.W_OK)):
         raise TrackingStoreError(f"`{name}`={uri!r}: {file} is not writable; choose a path you can write to")
     if file.exists() and file.stat().st_size > 0:

@@ -28,12 +28,22 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vaco ui", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--store", default=None, help="tracking store (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser = argparse.ArgumentParser(
+        prog="vaco ui", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--store", default=None, help="tracking store (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
+    )
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the UI to answer")
-    parser.add_argument("--experiment", default=None, help="the experiment whose runs the printed address opens (default: the most recent)")
+    parser.add_argument(
+        "--experiment",
+        default=None,
+        help="the experiment whose runs the printed address opens (default: the most recent)",
+    )
     args = parser.parse_args(argv)
     store = absolute_tracking_uri(args.store)
     if store.startswith(("http://", "https://")):
@@ -44,11 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     except TrackingStoreError as err:
         print(f"vaco ui: error: {err}", file=sys.stderr)
         return 2
-    if store.startswith("sqlite:///") and not Path(store[len("sqlite:///"):]).exists():
+    if store.startswith("sqlite:///") and not Path(store[len("sqlite:///") :]).exists():
         print(f"vaco ui: error: `--store`: {store} has no runs yet (run `vaco fit` first)", file=sys.stderr)
         return 2
     mlflow = str(Path(sys.executable).with_name("mlflow"))
-    command = [mlflow, "ui", "--backend-store-uri", store, "--host", args.host, "--port", str(args.port), "--workers", "1"]
+    command = [
+        mlflow,
+        "ui",
+        "--backend-store-uri",
+        store,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--workers",
+        "1",
+    ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     server = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: stopped as one
     stop = {"signal": None}
@@ -63,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + args.timeout
         while stop["signal"] is None:
             if server.poll() is not None:
-                print(f"vaco ui: error: the MLflow UI exited (code {server.returncode}); is port {args.port} free?", file=sys.stderr)
+                print(
+                    f"vaco ui: error: the MLflow UI exited (code {server.returncode}); is port {args.port} free?",
+                    file=sys.stderr,
+                )
                 return 1
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2):
@@ -76,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         if stop["signal"] is None:
             page, name = runs_page(store, args.experiment)
             if args.experiment and name is None:
-                print(f"vaco ui: error: `--experiment`: no experiment named {args.experiment!r} in {redact_uri(store)}", file=sys.stderr)
+                print(
+                    f"vaco ui: error: `--experiment`: no experiment named {args.experiment!r} in {redact_uri(store)}",
+                    file=sys.stderr,
+                )
                 return 2
             where = f"the runs of '{name}'" if name else "no runs yet"
             print(f"vaco ui: {url}/{page}  ({where}; store {redact_uri(store)}; Ctrl-C stops it)", flush=True)

@@ -108,9 +108,7 @@ class VTrace(AdvantageModule):
     needs_log_prob = True
     sweep_axes = {"rho_bar": "rho"}
 
-    def __init__(
-        self, gamma: float = 0.99, lmbda: float = 0.95, rho_bar: float = 1.0, c_bar: float = 1.0
-    ) -> None:
+    def __init__(self, gamma: float = 0.99, lmbda: float = 0.95, rho_bar: float = 1.0, c_bar: float = 1.0) -> None:
         super().__init__(gamma)
         _checks.in_closed_interval(0.0, 1.0, lmbda=lmbda)
         _checks.positive(rho_bar=rho_bar, c_bar=c_bar)
@@ -118,9 +116,7 @@ class VTrace(AdvantageModule):
 
     def estimate(self, td, **inputs):
         log_rhos = _get(td, "log_prob") - _get(td, "behavior_log_prob")
-        return F.vtrace(
-            log_rhos, **inputs, gamma=self.gamma, lmbda=self.lmbda, rho_bar=self.rho_bar, c_bar=self.c_bar
-        )
+        return F.vtrace(log_rhos, **inputs, gamma=self.gamma, lmbda=self.lmbda, rho_bar=self.rho_bar, c_bar=self.c_bar)
 
     def extra_repr(self) -> str:
         return f"gamma={self.gamma}, lmbda={self.lmbda}, rho_bar={self.rho_bar}, c_bar={self.c_bar}"

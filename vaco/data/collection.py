@@ -60,7 +60,12 @@ class Collection:
         from vaco.data.module import run_episodes
 
         return run_episodes(
-            data.env_id, policy, episodes, num_envs=data.eval_envs, seed=seed, deterministic=deterministic,
+            data.env_id,
+            policy,
+            episodes,
+            num_envs=data.eval_envs,
+            seed=seed,
+            deterministic=deterministic,
             env_kwargs=data.env_kwargs,
         )
 

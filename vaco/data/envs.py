@@ -140,7 +140,9 @@ def restore_envs(venv: gym.vector.SyncVectorEnv, states: list[dict]) -> None:
         raise ValueError(f"snapshot holds {len(states)} envs but the vector env has {len(venv.envs)}")
     for env, saved in zip(venv.envs, states):
         base = env.unwrapped
-        mujoco.mj_setState(base.model, base.data, np.asarray(saved["mj_state"], dtype=np.float64), mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_setState(
+            base.model, base.data, np.asarray(saved["mj_state"], dtype=np.float64), mujoco.mjtState.mjSTATE_INTEGRATION
+        )
         limit = _time_limit(env)
         if limit is not None:
             limit._elapsed_steps = saved["elapsed_steps"]

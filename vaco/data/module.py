@@ -50,7 +50,14 @@ class RolloutDataModule(L.LightningDataModule):
 
     # what a resumed run may not change (the module adds its own); see VacoModule.run_definition
     defining_fields = (
-        "env_id", "num_envs", "num_steps", "policy_buffer_size", "scale_reward", "gamma", "seed", "env_kwargs",
+        "env_id",
+        "num_envs",
+        "num_steps",
+        "policy_buffer_size",
+        "scale_reward",
+        "gamma",
+        "seed",
+        "env_kwargs",
         "collection",
     )
 
@@ -100,7 +107,9 @@ class RolloutDataModule(L.LightningDataModule):
         self.env_kwargs = env_kwargs or {}
         self.collection = collection if collection is not None else InProcess()
         if not isinstance(self.collection, Collection):
-            raise ValueError(f"`data.collection` must be a vaco.data.collection.Collection, got {type(collection).__name__}")
+            raise ValueError(
+                f"`data.collection` must be a vaco.data.collection.Collection, got {type(collection).__name__}"
+            )
         self.collection.validate(self)  # the env id and the backend's own settings, before any work
         if collection is not None:
             self.hparams["collection"] = self.collection.config()

@@ -45,7 +45,7 @@ def batch_moments(x: torch.Tensor, chunk_rows: int = 65_536) -> tuple[torch.Tens
     mean = var = None
     count = 0.0
     for start in range(0, rows, chunk_rows):
-        part = x[start:start + chunk_rows].to(torch.float64)
+        part = x[start : start + chunk_rows].to(torch.float64)
         m, v, c = part.mean(0), part.var(0, unbiased=False), float(part.shape[0])
         mean, var, count = (m, v, c) if mean is None else merge_moments(mean, var, count, m, v, c)
     return mean, var, count
@@ -109,7 +109,12 @@ class RewardScaler:
         return np.clip(reward / np.sqrt(self.var + EPS), -self.clip, self.clip)
 
     def state_dict(self) -> dict:
-        return {"returns": torch.from_numpy(self.returns.copy()), "mean": float(self.mean), "var": float(self.var), "count": float(self.count)}
+        return {
+            "returns": torch.from_numpy(self.returns.copy()),
+            "mean": float(self.mean),
+            "var": float(self.var),
+            "count": float(self.count),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.returns = np.asarray(state["returns"], dtype=np.float64).copy()
@@ -138,8 +143,12 @@ class DeviceRewardScaler:
         return (reward.double() / (self.var + EPS).sqrt()).clamp(-self.clip, self.clip).float()
 
     def state_dict(self) -> dict:
-        return {"returns": self.returns.cpu().clone(), "mean": self.mean.cpu().clone(), "var": self.var.cpu().clone(),
-                "count": self.count.cpu().clone()}
+        return {
+            "returns": self.returns.cpu().clone(),
+            "mean": self.mean.cpu().clone(),
+            "var": self.var.cpu().clone(),
+            "count": self.count.cpu().clone(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         device = self.returns.device

@@ -59,7 +59,9 @@ def _read_records(path: str, field: str) -> list[dict]:
     raise ValueError(f"`{field}`: {path!r} must end in .jsonl, .json or .parquet")
 
 
-def read_gsm8k(path: str, field: str = "data.train_path", question_key: str = "question", answer_key: str = "answer") -> list[dict]:
+def read_gsm8k(
+    path: str, field: str = "data.train_path", question_key: str = "question", answer_key: str = "answer"
+) -> list[dict]:
     """Records ``{"question", "answer", "target"}`` (``target``: the reference number) of a GSM8k file.
 
     Raises (naming ``field`` and the record): a missing file, an unknown format, a record without
@@ -72,7 +74,9 @@ def read_gsm8k(path: str, field: str = "data.train_path", question_key: str = "q
     for number, record in enumerate(records, 1):
         if not isinstance(record, dict) or question_key not in record or answer_key not in record:
             keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise ValueError(f"`{field}`: record {number} of {path} needs keys {question_key!r} and {answer_key!r}, has {keys}")
+            raise ValueError(
+                f"`{field}`: record {number} of {path} needs keys {question_key!r} and {answer_key!r}, has {keys}"
+            )
         try:
             target = reference_answer(record[answer_key])
         except ValueError as err:

@@ -27,7 +27,14 @@ import torch
 from tensordict import TensorDict
 
 from vaco.llm.advantage import GroupRelative
-from vaco.llm.policy import check_model_dir, completion_log_probs, encode_prompts, generate, load_causal_lm, load_tokenizer
+from vaco.llm.policy import (
+    check_model_dir,
+    completion_log_probs,
+    encode_prompts,
+    generate,
+    load_causal_lm,
+    load_tokenizer,
+)
 from vaco.llm.reward import gsm8k_reward
 from vaco.module import NonFiniteLossError, plain_fields
 from vaco.objectives import Objective, PPOClip, TVFilter
@@ -116,7 +123,9 @@ class RLVRModule(L.LightningModule):
         if not isinstance(objective, Objective):
             raise TypeError(f"`model.objective` must be a vaco.objectives.Objective, got {type(objective).__name__}")
         if objective.reestimate_advantage:
-            raise ValueError(f"`model.objective`: {type(objective).__name__} re-estimates V-trace with a critic; RLVR has none")
+            raise ValueError(
+                f"`model.objective`: {type(objective).__name__} re-estimates V-trace with a critic; RLVR has none"
+            )
         _positive_int("num_minibatches", num_minibatches)
         _positive_int("completions_per_prompt", completions_per_prompt, 2)
         _positive_int("max_prompt_length", max_prompt_length)
@@ -132,11 +141,15 @@ class RLVRModule(L.LightningModule):
         if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"`model.lr` must be > 0, got {lr!r}")
         if not (adam_eps > 0 and weight_decay >= 0):
-            raise ValueError(f"`model.adam_eps` must be > 0 and `model.weight_decay` >= 0, got {adam_eps!r}, {weight_decay!r}")
+            raise ValueError(
+                f"`model.adam_eps` must be > 0 and `model.weight_decay` >= 0, got {adam_eps!r}, {weight_decay!r}"
+            )
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"`model.max_grad_norm` must be > 0 or null, got {max_grad_norm!r}")
         if not (isinstance(temperature, (int, float)) and temperature > 0 and math.isfinite(temperature)):
-            raise ValueError(f"`model.temperature` must be > 0 (the behaviour policy must be stochastic), got {temperature!r}")
+            raise ValueError(
+                f"`model.temperature` must be > 0 (the behaviour policy must be stochastic), got {temperature!r}"
+            )
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"`model.dtype` must be float32, bfloat16 or float16, got {dtype!r}")
         check_model_dir(model_path, "model.model_path")
@@ -188,7 +201,10 @@ class RLVRModule(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.AdamW(
-            self.policy.parameters(), lr=self.hparams.lr, eps=self.hparams.adam_eps, weight_decay=self.hparams.weight_decay
+            self.policy.parameters(),
+            lr=self.hparams.lr,
+            eps=self.hparams.adam_eps,
+            weight_decay=self.hparams.weight_decay,
         )
 
     # ------------------------------------------------------------------ fit hooks
@@ -238,7 +254,11 @@ class RLVRModule(L.LightningModule):
     def default_run_name(self, data) -> str:
         """The MLflow run's name from its coordinates, e.g. ``vaco_grpo gsm8k N=4 delta=0.05 s1``."""
         delta = getattr(self.objective, "delta", None)
-        return f"{self.algorithm} gsm8k N={self.num_minibatches}" + (f" delta={delta:g}" if delta is not None else "") + f" s{data.seed}"
+        return (
+            f"{self.algorithm} gsm8k N={self.num_minibatches}"
+            + (f" delta={delta:g}" if delta is not None else "")
+            + f" s{data.seed}"
+        )
 
     def on_fit_end(self) -> None:
         if self.global_rank == 0 and not math.isnan(self.last_eval_accuracy):
@@ -284,8 +304,11 @@ class RLVRModule(L.LightningModule):
             "train/truncated_fraction": float(torch.cat([m["truncated"] for m in minibatches]).float().mean()),
             "train/prompt_truncated": float(sum(m["prompt_truncated"] for m in minibatches)),
             "lag/forward_tv": tvs[-1],
-            **({"lag/rescore_tv": float(torch.stack([m["rescore_tv"] for m in minibatches]).mean())}
-               if minibatches[0]["rescore_tv"] is not None else {}),
+            **(
+                {"lag/rescore_tv": float(torch.stack([m["rescore_tv"] for m in minibatches]).mean())}
+                if minibatches[0]["rescore_tv"] is not None
+                else {}
+            ),
             "lag/forward_tv_mean": sum(tvs) / len(tvs),
             "perf/generate_seconds": generate_seconds,
             "perf/update_seconds": update_seconds,
@@ -301,15 +324,22 @@ class RLVRModule(L.LightningModule):
     def _rollout(self, batch: dict[str, list]) -> dict[str, Any]:
         """G completions of every prompt with beta, their rewards and token advantages."""
         G = self.hparams.completions_per_prompt
-        prompt_ids, prompt_mask, n_truncated = encode_prompts(self.tokenizer, batch["prompt"], self.hparams.max_prompt_length)
+        prompt_ids, prompt_mask, n_truncated = encode_prompts(
+            self.tokenizer, batch["prompt"], self.hparams.max_prompt_length
+        )
         prompt_ids = prompt_ids.repeat_interleave(G, 0).to(self.device)
         prompt_mask = prompt_mask.repeat_interleave(G, 0).to(self.device)
         chunk = self.hparams.generation_batch_size or prompt_ids.shape[0]
         pieces = [
             generate(
-                self.policy, prompt_ids[i:i + chunk], prompt_mask[i:i + chunk],
-                max_new_tokens=self.hparams.max_completion_length, eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id, temperature=self.hparams.temperature, generator=self._generator,
+                self.policy,
+                prompt_ids[i : i + chunk],
+                prompt_mask[i : i + chunk],
+                max_new_tokens=self.hparams.max_completion_length,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                temperature=self.hparams.temperature,
+                generator=self._generator,
             )
             for i in range(0, prompt_ids.shape[0], chunk)
         ]
@@ -321,8 +351,14 @@ class RLVRModule(L.LightningModule):
         mask = out["completion_mask"]
         behavior_log_prob, rescore_tv = out["behavior_log_prob"], None
         if self.hparams.rescore_behavior:
-            rescored = self._score({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-                                    "completion_ids": out["completion_ids"], "completion_mask": mask})
+            rescored = self._score(
+                {
+                    "prompt_ids": prompt_ids,
+                    "prompt_mask": prompt_mask,
+                    "completion_ids": out["completion_ids"],
+                    "completion_mask": mask,
+                }
+            )
             rescore_tv = total_variation(rescored - behavior_log_prob, mask)
             behavior_log_prob = rescored
         return {
@@ -345,12 +381,21 @@ class RLVRModule(L.LightningModule):
         micro = self.hparams.micro_batch_size or B
         out = torch.zeros(mb["completion_ids"].shape, dtype=torch.float32, device=mb["completion_ids"].device)
         for i in range(0, B, micro):
-            part = _trim({key: mb[key][i:i + micro] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")})
+            part = _trim(
+                {
+                    key: mb[key][i : i + micro]
+                    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+                }
+            )
             log_prob, _ = completion_log_probs(
-                self.policy, part["prompt_ids"], part["prompt_mask"], part["completion_ids"], part["completion_mask"],
+                self.policy,
+                part["prompt_ids"],
+                part["prompt_mask"],
+                part["completion_ids"],
+                part["completion_mask"],
                 temperature=self.hparams.temperature,
             )
-            out[i:i + micro, : log_prob.shape[-1]] = log_prob
+            out[i : i + micro, : log_prob.shape[-1]] = log_prob
         return out
 
     def _train_minibatch(self, mb: dict[str, Any], k: int) -> dict[str, float]:
@@ -367,10 +412,16 @@ class RLVRModule(L.LightningModule):
             minibatch_tv = total_variation(self._score(mb) - mb["behavior_log_prob"], mb["completion_mask"])
         sums: dict[str, torch.Tensor] = {}
         for i in range(0, B, micro):
-            part = _trim({key: mb[key][i:i + micro] for key in _SEQUENCE_KEYS})
+            part = _trim({key: mb[key][i : i + micro] for key in _SEQUENCE_KEYS})
             log_prob, entropy = completion_log_probs(
-                self.policy, part["prompt_ids"], part["prompt_mask"], part["completion_ids"], part["completion_mask"],
-                temperature=self.hparams.temperature, with_entropy=True, entropy_grad=entropy_grad,
+                self.policy,
+                part["prompt_ids"],
+                part["prompt_mask"],
+                part["completion_ids"],
+                part["completion_mask"],
+                temperature=self.hparams.temperature,
+                with_entropy=True,
+                entropy_grad=entropy_grad,
             )
             inputs = {
                 "log_prob": log_prob,
@@ -421,14 +472,18 @@ class RLVRModule(L.LightningModule):
         rewards, lengths = [], []
         size = self.hparams.eval_batch_size
         for i in range(0, len(prompts), size):
-            ids, mask, _ = encode_prompts(self.tokenizer, prompts[i:i + size], self.hparams.max_prompt_length)
+            ids, mask, _ = encode_prompts(self.tokenizer, prompts[i : i + size], self.hparams.max_prompt_length)
             out = generate(
-                self.policy, ids.to(self.device), mask.to(self.device),
+                self.policy,
+                ids.to(self.device),
+                mask.to(self.device),
                 max_new_tokens=self.hparams.eval_max_completion_length or self.hparams.max_completion_length,
-                eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id, temperature=0.0,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                temperature=0.0,
             )
             texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
-            rewards += [gsm8k_reward(x, t) for x, t in zip(texts, targets[i:i + size])]
+            rewards += [gsm8k_reward(x, t) for x, t in zip(texts, targets[i : i + size])]
             lengths += out["completion_mask"].sum(-1).tolist()
         self.policy.train(was_training)
         self.last_eval_accuracy = sum(rewards) / len(rewards)
@@ -448,7 +503,11 @@ class RLVRModule(L.LightningModule):
 
     #: hyperparameters a resumed run may change: evaluation, and the run's label
     resumable_hparams: ClassVar[tuple[str, ...]] = (
-        "algorithm_name", "eval_batch_size", "eval_max_completion_length", "micro_batch_size", "gradient_checkpointing",
+        "algorithm_name",
+        "eval_batch_size",
+        "eval_max_completion_length",
+        "micro_batch_size",
+        "gradient_checkpointing",
     )
 
     def run_definition(self, data) -> dict[str, Any]:

@@ -96,8 +96,8 @@ def encode_prompts(tokenizer, prompts: list[str], max_length: int) -> tuple[torc
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = True
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = True
     return ids, mask, truncated
 
 
@@ -126,7 +126,9 @@ def generate(
     B = prompt_ids.shape[0]
     attention = prompt_mask.long()
     positions = _positions(prompt_mask)
-    out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
     cache, logits = out.past_key_values, out.logits[:, -1].float()
     next_position = positions[:, -1] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
@@ -182,12 +184,16 @@ def completion_log_probs(
     """
     T = completion_ids.shape[-1]
     mask = torch.cat([prompt_mask, completion_mask], dim=-1)
-    logits = model(
-        input_ids=torch.cat([prompt_ids, completion_ids], dim=-1),
-        attention_mask=mask.long(),
-        position_ids=_positions(mask),
-        logits_to_keep=T + 1,
-    ).logits[:, :-1].float()
+    logits = (
+        model(
+            input_ids=torch.cat([prompt_ids, completion_ids], dim=-1),
+            attention_mask=mask.long(),
+            position_ids=_positions(mask),
+            logits_to_keep=T + 1,
+        )
+        .logits[:, :-1]
+        .float()
+    )
     log_dist = (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
     log_prob = log_dist.gather(-1, completion_ids[..., None]).squeeze(-1)
     log_prob = torch.where(completion_mask, log_prob, torch.zeros_like(log_prob))

@@ -69,7 +69,16 @@ class CpuSetting:
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
 
     def __post_init__(self) -> None:
-        for name in ("num_train", "num_test", "num_sft", "sft_steps", "sft_batch_size", "hidden_size", "num_layers", "num_heads"):
+        for name in (
+            "num_train",
+            "num_test",
+            "num_sft",
+            "sft_steps",
+            "sft_batch_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+        ):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}")
@@ -144,13 +153,18 @@ def greedy_accuracy(
     """Fraction of prompts whose greedy completion earns reward 1, and the per-prompt rewards."""
     rewards: list[float] = []
     for start in range(0, len(prompts), batch_size):
-        ids, mask, _ = encode_prompts(tokenizer, list(prompts[start:start + batch_size]), 512)
+        ids, mask, _ = encode_prompts(tokenizer, list(prompts[start : start + batch_size]), 512)
         out = generate(
-            model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, temperature=0.0,
+            model,
+            ids,
+            mask,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            temperature=0.0,
         )
         texts = tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
-        rewards += [gsm8k_reward(t, r) for t, r in zip(texts, references[start:start + batch_size])]
+        rewards += [gsm8k_reward(t, r) for t, r in zip(texts, references[start : start + batch_size])]
     return sum(rewards) / len(rewards), rewards
 
 
@@ -186,14 +200,23 @@ def prepare_cpu_setting(out_dir: str, setting: CpuSetting | None = None, *, verb
         intermediate_size=setting.intermediate_size,
     )
     losses = supervised_finetune(
-        model, tokenizer, prompts, completions, steps=setting.sft_steps, batch_size=setting.sft_batch_size,
-        lr=setting.sft_lr, seed=setting.seed, log_every=100 if verbose else 0,
+        model,
+        tokenizer,
+        prompts,
+        completions,
+        steps=setting.sft_steps,
+        batch_size=setting.sft_batch_size,
+        lr=setting.sft_lr,
+        seed=setting.seed,
+        log_every=100 if verbose else 0,
     )
     model.save_pretrained(os.path.join(out_dir, "model"))
     tokenizer.save_pretrained(os.path.join(out_dir, "model"))
 
     test_prompts = [format_prompt(setting.prompt_template, p["question"]) for p in splits["test"]]
-    accuracy, rewards = greedy_accuracy(model, tokenizer, test_prompts, [p["answer"] for p in splits["test"]], max_new_tokens=32)
+    accuracy, rewards = greedy_accuracy(
+        model, tokenizer, test_prompts, [p["answer"] for p in splits["test"]], max_new_tokens=32
+    )
     by_family: dict[str, list[float]] = {}
     for problem, reward in zip(splits["test"], rewards):
         by_family.setdefault(problem["family"], []).append(reward)

@@ -73,48 +73,63 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         Family(
-            "buy_more", _buy_more,
+            "buy_more",
+            _buy_more,
             "{name} has {a} {item}. {name} buys {b} more {item}. How many {item} does {name} have now?",
             lambda n: ([f"{n['a']} + {n['b']} = {n['a'] + n['b']}"], n["a"] + n["b"]),
             lambda n: ([f"{n['a']} - {n['b']} = {n['a'] - n['b']}"], n["a"] - n["b"]),
         ),
         Family(
-            "give_away", _give_away,
+            "give_away",
+            _give_away,
             "{name} has {a} {item}. {name} gives {b} {item} to {friend}. How many {item} does {name} have left?",
             lambda n: ([f"{n['a']} - {n['b']} = {n['a'] - n['b']}"], n["a"] - n["b"]),
             lambda n: ([f"{n['a']} + {n['b']} = {n['a'] + n['b']}"], n["a"] + n["b"]),
         ),
         Family(
-            "boxes", _boxes,
+            "boxes",
+            _boxes,
             "{name} buys {a} boxes of {item}. Each box has {b} {item}. How many {item} does {name} buy?",
             lambda n: ([f"{n['a']} * {n['b']} = {n['a'] * n['b']}"], n["a"] * n["b"]),
             lambda n: ([f"{n['a']} + {n['b']} = {n['a'] + n['b']}"], n["a"] + n["b"]),
         ),
         Family(
-            "buy_then_give", _buy_then_give,
+            "buy_then_give",
+            _buy_then_give,
             "{name} has {a} {item}. {name} buys {b} more {item}. Then {name} gives {c} {item} to {friend}. "
             "How many {item} does {name} have now?",
             lambda n: (
-                [f"{n['a']} + {n['b']} = {n['a'] + n['b']}", f"{n['a'] + n['b']} - {n['c']} = {n['a'] + n['b'] - n['c']}"],
+                [
+                    f"{n['a']} + {n['b']} = {n['a'] + n['b']}",
+                    f"{n['a'] + n['b']} - {n['c']} = {n['a'] + n['b'] - n['c']}",
+                ],
                 n["a"] + n["b"] - n["c"],
             ),
             lambda n: ([f"{n['a']} + {n['b']} = {n['a'] + n['b']}"], n["a"] + n["b"]),
         ),
         Family(
-            "bags_and_loose", _bags_and_loose,
+            "bags_and_loose",
+            _bags_and_loose,
             "{name} has {a} bags with {b} {item} in each bag and {c} loose {item}. How many {item} does {name} have?",
             lambda n: (
-                [f"{n['a']} * {n['b']} = {n['a'] * n['b']}", f"{n['a'] * n['b']} + {n['c']} = {n['a'] * n['b'] + n['c']}"],
+                [
+                    f"{n['a']} * {n['b']} = {n['a'] * n['b']}",
+                    f"{n['a'] * n['b']} + {n['c']} = {n['a'] * n['b'] + n['c']}",
+                ],
                 n["a"] * n["b"] + n["c"],
             ),
             lambda n: ([f"{n['a']} * {n['b']} = {n['a'] * n['b']}"], n["a"] * n["b"]),
         ),
         Family(
-            "change", _change,
+            "change",
+            _change,
             "{name} buys {a} {item} for {b} dollars each and pays with a {c} dollar bill. "
             "How many dollars of change does {name} get?",
             lambda n: (
-                [f"{n['a']} * {n['b']} = {n['a'] * n['b']}", f"{n['c']} - {n['a'] * n['b']} = {n['c'] - n['a'] * n['b']}"],
+                [
+                    f"{n['a']} * {n['b']} = {n['a'] * n['b']}",
+                    f"{n['c']} - {n['a'] * n['b']} = {n['c'] - n['a'] * n['b']}",
+                ],
                 n["c"] - n["a"] * n["b"],
             ),
             lambda n: ([f"{n['a']} * {n['b']} = {n['a'] * n['b']}"], n["a"] * n["b"]),
@@ -125,7 +140,12 @@ FAMILIES: dict[str, Family] = {
 #: the weak teacher's mistake rate per family: greedy decoding of its imitation gets the
 #: first three right and the last three wrong (rates above 1/2)
 DEFAULT_ERROR_RATES: dict[str, float] = {
-    "buy_more": 0.1, "give_away": 0.3, "boxes": 0.2, "buy_then_give": 0.7, "bags_and_loose": 0.6, "change": 0.8,
+    "buy_more": 0.1,
+    "give_away": 0.3,
+    "boxes": 0.2,
+    "buy_then_give": 0.7,
+    "bags_and_loose": 0.6,
+    "change": 0.8,
 }
 
 
@@ -137,7 +157,9 @@ def _check_families(families: Iterable[str]) -> list[str]:
     return families
 
 
-def generate_problems(n: int, seed: int, families: Iterable[str] | None = None, exclude: set[str] | None = None) -> list[dict]:
+def generate_problems(
+    n: int, seed: int, families: Iterable[str] | None = None, exclude: set[str] | None = None
+) -> list[dict]:
     """``n`` distinct problems ``{"question", "answer", "family", "numbers"}``, families in turn.
 
     Args:

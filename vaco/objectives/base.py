@@ -144,9 +144,7 @@ class Objective(nn.Module):
             advantage = normalize(advantage, mask)
 
         try:
-            policy_loss, indicators = self.surrogate(
-                ratio=ratio, log_ratio=log_ratio, advantage=advantage, batch=batch
-            )
+            policy_loss, indicators = self.surrogate(ratio=ratio, log_ratio=log_ratio, advantage=advantage, batch=batch)
         except _checks.NonFiniteInputError:
             self._check_inputs(batch, value)  # name the minibatch input behind it
             raise

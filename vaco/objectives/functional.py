@@ -85,9 +85,7 @@ def tv_filter_mask(
     return keep, tv
 
 
-def gaussian_kl(
-    loc_p: torch.Tensor, scale_p: torch.Tensor, loc_q: torch.Tensor, scale_q: torch.Tensor
-) -> torch.Tensor:
+def gaussian_kl(loc_p: torch.Tensor, scale_p: torch.Tensor, loc_q: torch.Tensor, scale_q: torch.Tensor) -> torch.Tensor:
     """``KL(p || q)`` between diagonal Gaussians, summed over the last (action) dimension.
 
     ``KL = sum_i log(s_q/s_p) + (s_p^2 + (m_p - m_q)^2) / (2 s_q^2) - 1/2``.

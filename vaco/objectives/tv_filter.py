@@ -56,8 +56,12 @@ class TVFilter(Objective):
         # `minibatch_tv`: given by a trainer that micro-batches one minibatch (the test is per
         # minibatch); non-finite inputs are caught on the loss by the base class
         keep, _ = tv_filter_mask(
-            log_ratio, coefficient, delta=self.delta, mask=batch.get("mask", None),
-            tv=batch.get("minibatch_tv", None), check_finite=False,
+            log_ratio,
+            coefficient,
+            delta=self.delta,
+            mask=batch.get("mask", None),
+            tv=batch.get("minibatch_tv", None),
+            check_finite=False,
         )
         ratio = torch.where(keep, ratio, ratio.detach())
         log_prob = torch.where(keep, log_prob, log_prob.detach())

@@ -53,16 +53,6 @@ from vaco.report.figures import (
     figure_sample_efficiency,
     figure_tv,
 )
-from vaco.report.runs import (
-    METRIC_KEYS,
-    Run,
-    load_runs,
-    log_report,
-    read_runs,
-    runs_from_frame,
-    runs_to_frame,
-    save_runs,
-)
 from vaco.report.robustness import (
     Drop,
     Interaction,
@@ -72,6 +62,16 @@ from vaco.report.robustness import (
     paired_bootstrap,
     paired_cells,
     robustness,
+)
+from vaco.report.runs import (
+    METRIC_KEYS,
+    Run,
+    load_runs,
+    log_report,
+    read_runs,
+    runs_from_frame,
+    runs_to_frame,
+    save_runs,
 )
 from vaco.report.scores import (
     AGGREGATES,
@@ -91,13 +91,13 @@ from vaco.report.scores import (
     curve_iqm,
     final_score,
     fraction_table,
+    improvement_baseline,
     iqm_against_k,
     iqm_estimates,
     iqm_of,
     is_variant,
     normalization_bounds,
     normalize,
-    improvement_baseline,
     performance_profiles,
     probability_of_improvement,
     profiles,

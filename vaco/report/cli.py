@@ -54,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         "--reps", type=int, default=2000, help="bootstrap resamples (rliable suggests 50000 for a paper)"
     )
     parser.add_argument("--seed", type=int, default=0, help="numpy seed of the bootstrap")
-    parser.add_argument(
-        "--min-runs", type=int, default=3, help="runs per task below which no interval is drawn"
-    )
+    parser.add_argument("--min-runs", type=int, default=3, help="runs per task below which no interval is drawn")
     parser.add_argument(
         "--last-evals", type=int, default=1, help="final score = mean of this many last eval/return values"
     )
@@ -144,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             normalization=args.normalize_over,
         )
         if args.baseline is not None and args.baseline not in report.algorithms:
-            raise ValueError(f"`--baseline`: no runs of {args.baseline!r}; the algorithms are {', '.join(report.algorithms)}")
+            raise ValueError(
+                f"`--baseline`: no runs of {args.baseline!r}; the algorithms are {', '.join(report.algorithms)}"
+            )
     except ValueError as err:
         print(f"vaco report: {err}", file=sys.stderr)
         return 2
@@ -152,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vaco report: {len(runs)} runs' metric histories -> {save_runs(runs, args.save_data)}")
     out = Path(args.out or Path("reports") / experiment)
     summary = write_report(report, out)
-    print(
-        f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}"
-    )
+    print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     if not args.no_mlflow and not args.data:
         run_id = log_report(args.experiment, out, uri)
         print(

@@ -299,7 +299,6 @@ def figure_performance_profiles(report: Report, data: Profiles | None = None):
     return fig, data.notes
 
 
-
 def figure_tv(report: Report):
     """Per task: each run's mean TV over its iterations against K, mean +- std over seeds; delta/2 dashed."""
     plt = _plt()
@@ -395,7 +394,6 @@ def figure_fractions(report: Report):
     return fig
 
 
-
 def figure_ablation(report: Report, ablation: Ablation, scores: tuple[Scores, Scores] | None = None):
     """IQM of the final normalised score and of the AUC against K, one line per ablation value;
     returns the figure, the two sets of estimates and the notes."""
@@ -405,19 +403,14 @@ def figure_ablation(report: Report, ablation: Ablation, scores: tuple[Scores, Sc
     series = _k_series(ablation.groups(), ablation.variant)
     colors = _colors(list(series))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    _vs_k_axis(
-        axes[0], final_est, series, colors, "IQM normalised final score", f"{ablation.title}: final score"
-    )
-    _vs_k_axis(
-        axes[1], auc_est, series, colors, "IQM of normalised AUC", f"{ablation.title}: sample efficiency"
-    )
+    _vs_k_axis(axes[0], final_est, series, colors, "IQM normalised final score", f"{ablation.title}: final score")
+    _vs_k_axis(axes[1], auc_est, series, colors, "IQM of normalised AUC", f"{ablation.title}: sample efficiency")
     axes[1].legend(fontsize="small")
     note = _no_interval_note(final_est, report.min_runs)
     if note:
         fig.suptitle(f"({note})", y=-0.02, fontsize="small")
     fig.tight_layout()
     return fig, final_est, auc_est, notes
-
 
 
 def figure_robustness(report: Report, data=None):

@@ -156,18 +156,28 @@ class Robustness:
         rows = []
         for (algo, K), d in self.drops.items():
             i = self.interactions.get((algo, K))
-            rows.append({
-                "algorithm": algo, "K": K, "iqm_ref": d.level_ref, "iqm": d.level, "drop": d.drop,
-                "drop_low": ends(d.drop_interval)[0], "drop_high": ends(d.drop_interval)[1],
-                "ratio": d.ratio, "ratio_low": ends(d.ratio_interval)[0], "ratio_high": ends(d.ratio_interval)[1],
-                "difference": i.difference if i else math.nan,
-                "difference_low": ends(i.difference_interval)[0] if i else math.nan,
-                "difference_high": ends(i.difference_interval)[1] if i else math.nan,
-                "p_smaller": i.p_smaller if i else math.nan,
-                "p_low": ends(i.p_interval)[0] if i else math.nan,
-                "p_high": ends(i.p_interval)[1] if i else math.nan,
-                "seeds": d.seeds, "tasks": d.tasks,
-            })
+            rows.append(
+                {
+                    "algorithm": algo,
+                    "K": K,
+                    "iqm_ref": d.level_ref,
+                    "iqm": d.level,
+                    "drop": d.drop,
+                    "drop_low": ends(d.drop_interval)[0],
+                    "drop_high": ends(d.drop_interval)[1],
+                    "ratio": d.ratio,
+                    "ratio_low": ends(d.ratio_interval)[0],
+                    "ratio_high": ends(d.ratio_interval)[1],
+                    "difference": i.difference if i else math.nan,
+                    "difference_low": ends(i.difference_interval)[0] if i else math.nan,
+                    "difference_high": ends(i.difference_interval)[1] if i else math.nan,
+                    "p_smaller": i.p_smaller if i else math.nan,
+                    "p_low": ends(i.p_interval)[0] if i else math.nan,
+                    "p_high": ends(i.p_interval)[1] if i else math.nan,
+                    "seeds": d.seeds,
+                    "tasks": d.tasks,
+                }
+            )
         return pd.DataFrame(rows)
 
 
@@ -189,7 +199,9 @@ def paired_cells(
         common[t] = sorted(seeds or ())
     n = min(len(s) for s in common.values()) if common else 0
     mats = [
-        np.array([[by_cell[(a, K, t)][s] for t in tasks for s in [common[t][i]]] for i in range(n)], dtype=np.float64).reshape(n, len(tasks))
+        np.array(
+            [[by_cell[(a, K, t)][s] for t in tasks for s in [common[t][i]]] for i in range(n)], dtype=np.float64
+        ).reshape(n, len(tasks))
         for a, K in cells
     ]
     return mats, [len(common[t]) for t in tasks]
@@ -218,7 +230,9 @@ def robustness(report: Report, baseline: str | None = None) -> Robustness:
                 continue
             missing = sorted(set(report.tasks) - set(tasks))
             if missing:
-                notes.append(f"{algo} K={K}: no paired runs on {', '.join(missing)}; its drop is over {', '.join(tasks)}")
+                notes.append(
+                    f"{algo} K={K}: no paired runs on {', '.join(missing)}; its drop is over {', '.join(tasks)}"
+                )
             (ref, cur), counts = paired_cells(report, [(algo, k_ref), (algo, K)], tasks)
             n = ref.shape[0]
             if n == 0:
@@ -230,8 +244,18 @@ def robustness(report: Report, baseline: str | None = None) -> Robustness:
                 small.add(n)
             for j, t in enumerate(tasks):
                 d = ref[:, j] - cur[:, j]
-                per_task.append(TaskDrop(t, algo, K, float(ref[:, j].mean()), float(cur[:, j].mean()),
-                                         float(d.mean()), float(d.std(ddof=1)) if n > 1 else math.nan, n))
+                per_task.append(
+                    TaskDrop(
+                        t,
+                        algo,
+                        K,
+                        float(ref[:, j].mean()),
+                        float(cur[:, j].mean()),
+                        float(d.mean()),
+                        float(d.std(ddof=1)) if n > 1 else math.nan,
+                        n,
+                    )
+                )
 
             def drop_ratio(a, b):
                 lo, hi = _iqm(a), _iqm(b)
@@ -242,9 +266,16 @@ def robustness(report: Report, baseline: str | None = None) -> Robustness:
             if n >= report.min_runs:
                 interval = _interval(paired_bootstrap([ref, cur], drop_ratio, report.reps, report.seed))
             drops[(algo, K)] = Drop(
-                algo, K, _iqm(ref), _iqm(cur), float(point[0]), float(point[1]),
-                None if interval is None else interval[:, 0], None if interval is None else interval[:, 1],
-                n, len(tasks),
+                algo,
+                K,
+                _iqm(ref),
+                _iqm(cur),
+                float(point[0]),
+                float(point[1]),
+                None if interval is None else interval[:, 0],
+                None if interval is None else interval[:, 1],
+                n,
+                len(tasks),
             )
     if baseline is not None:
         for algo in algos:
@@ -269,8 +300,15 @@ def robustness(report: Report, baseline: str | None = None) -> Robustness:
                 if n >= report.min_runs:
                     interval = _interval(paired_bootstrap(mats, interaction, report.reps, report.seed))
                 interactions[(algo, K)] = Interaction(
-                    algo, baseline, K, float(point[0]), None if interval is None else interval[:, 0],
-                    float(point[1]), None if interval is None else interval[:, 1], n, len(tasks),
+                    algo,
+                    baseline,
+                    K,
+                    float(point[0]),
+                    None if interval is None else interval[:, 0],
+                    float(point[1]),
+                    None if interval is None else interval[:, 1],
+                    n,
+                    len(tasks),
                 )
     if small:
         notes.append(
@@ -280,7 +318,9 @@ def robustness(report: Report, baseline: str | None = None) -> Robustness:
         )
     few = sorted({n for d in drops.values() for n in [d.seeds] if n < report.min_runs})
     if few:
-        notes.append(f"no interval where a cell has fewer than {report.min_runs} paired seeds ({', '.join(map(str, few))})")
+        notes.append(
+            f"no interval where a cell has fewer than {report.min_runs} paired seeds ({', '.join(map(str, few))})"
+        )
     return Robustness(k_ref, baseline, drops, interactions, per_task, dict(seeds), notes)
 
 

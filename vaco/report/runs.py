@@ -30,18 +30,41 @@ from vaco.tracking import (
     PARENT_TAG,
     REPORT_TAG,
     SCORE_PARAM,
+    redact_uri,
     run_axes,
     search_all_runs,
-    redact_uri,
     tracking_uri,
 )
 
-__all__ = ["METRIC_KEYS", "Run", "load_runs", "log_report", "read_runs", "runs_from_frame", "runs_to_frame", "save_runs"]
+__all__ = [
+    "METRIC_KEYS",
+    "Run",
+    "load_runs",
+    "log_report",
+    "read_runs",
+    "runs_from_frame",
+    "runs_to_frame",
+    "save_runs",
+]
 
 METRIC_KEYS = ("eval/return", "lag/forward_tv", "train/tv", "train/filter_fraction", "train/clip_fraction")
 _COLUMNS = (
-    "run_id", "name", "status", "start_time", "algorithm", "env", "K", "seed", "realign", "objective",
-    "fraction_metric", "score_metric", "axes", "metric", "step", "value",
+    "run_id",
+    "name",
+    "status",
+    "start_time",
+    "algorithm",
+    "env",
+    "K",
+    "seed",
+    "realign",
+    "objective",
+    "fraction_metric",
+    "score_metric",
+    "axes",
+    "metric",
+    "step",
+    "value",
 )
 
 
@@ -97,9 +120,7 @@ def _fraction_metric(params: dict[str, str]) -> str:
     return "train/filter_fraction" if _number(params.get("delta")) is not None else "train/clip_fraction"
 
 
-def load_runs(
-    experiment: str, uri: str | None = None, include_unfinished: bool = False
-) -> tuple[list[Run], list[str]]:
+def load_runs(experiment: str, uri: str | None = None, include_unfinished: bool = False) -> tuple[list[Run], list[str]]:
     """The training runs of an MLflow experiment (not the report's own run) and notes on what was left out.
 
     A run needs the params ``algorithm``, ``env``, ``K``, ``seed`` (``vaco fit`` logs them). Runs
@@ -180,8 +201,19 @@ def runs_to_frame(runs: list[Run]):
     rows = []
     for r in runs:
         coords = (
-            r.run_id, r.name, r.status, r.start_time, r.algorithm, r.env, r.K, r.seed, r.realign, r.objective,
-            r.fraction_metric, r.score_metric, json.dumps(r.axes, sort_keys=True),
+            r.run_id,
+            r.name,
+            r.status,
+            r.start_time,
+            r.algorithm,
+            r.env,
+            r.K,
+            r.seed,
+            r.realign,
+            r.objective,
+            r.fraction_metric,
+            r.score_metric,
+            json.dumps(r.axes, sort_keys=True),
         )
         for key in _keys(r.score_metric):
             for step, value in zip(*r.history(key)):
@@ -195,7 +227,9 @@ def runs_from_frame(frame) -> list[Run]:
     """The runs of a frame made by :func:`runs_to_frame` (or read from a data file)."""
     missing = [c for c in _COLUMNS if c not in frame.columns]
     if missing:
-        raise ValueError(f"`--data`: the file has no column {', '.join(missing)} (a `vaco report --save-data` file has)")
+        raise ValueError(
+            f"`--data`: the file has no column {', '.join(missing)} (a `vaco report --save-data` file has)"
+        )
     runs = []
     for run_id, rows in frame.groupby("run_id", sort=False):
         first = rows.iloc[0]
@@ -260,9 +294,7 @@ def log_report(experiment: str, out: str | os.PathLike, uri: str | None = None) 
             return run_id
         client.set_terminated(run_id, status)
         return run_id
-    found = client.search_runs(
-        [exp.experiment_id], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1
-    )
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{REPORT_TAG}` = 'true'", max_results=1)
     run_id = (
         found[0].info.run_id
         if found

@@ -50,7 +50,14 @@ __all__ = [
 ]
 
 _PAPER_ORDER = (
-    "vaco", "ppo_clip", "ppo_kl", "spo", "impala", "vaco_no_realign", "ppo_clip_tv_matched", "vaco_tv_matched"
+    "vaco",
+    "ppo_clip",
+    "ppo_kl",
+    "spo",
+    "impala",
+    "vaco_no_realign",
+    "ppo_clip_tv_matched",
+    "vaco_tv_matched",
 )
 #: Algorithm configs that are variants of another (an ablation or a control), not main algorithms:
 #: the paper's normalisation leaves them out of a task's min and max. A run whose label carries a
@@ -190,9 +197,7 @@ def area_under_curve(steps: Sequence[float], values: Sequence[float]) -> float:
     return float(trapezoid(values, steps) / (steps[-1] - steps[0]))
 
 
-def performance_profiles(
-    score_dict: Mapping[str, np.ndarray], taus: np.ndarray, reps: int = 2000, seed: int = 0
-):
+def performance_profiles(score_dict: Mapping[str, np.ndarray], taus: np.ndarray, reps: int = 2000, seed: int = 0):
     """Score distributions (fraction of runs above tau) with bootstrap bands, from rliable."""
     from rliable import library
 
@@ -200,9 +205,7 @@ def performance_profiles(
     return library.create_performance_profile(dict(score_dict), taus, reps=reps)
 
 
-def common_grid(
-    histories: Sequence[tuple[np.ndarray, np.ndarray]], max_points: int = MAX_CURVE_POINTS
-) -> np.ndarray:
+def common_grid(histories: Sequence[tuple[np.ndarray, np.ndarray]], max_points: int = MAX_CURVE_POINTS) -> np.ndarray:
     """Env steps shared by all curves (at most ``max_points`` of them, evenly picked); if fewer
     than two are shared, ``max_points`` steps spanning the range every curve covers."""
     histories = [h for h in histories if len(h[0])]
@@ -358,9 +361,7 @@ def build_report(
         ends[r.env].add(int(r.score()[0][-1]))
     for task, steps in ends.items():
         if len(steps) > 1:
-            notes.append(
-                f"{task}: runs end at different env steps {sorted(steps)}; their scores are not comparable"
-            )
+            notes.append(f"{task}: runs end at different env steps {sorted(steps)}; their scores are not comparable")
     given = dict(reference or {})
     if reference_delta is not None:
         given["delta"] = reference_delta
@@ -388,7 +389,19 @@ def build_report(
         if low == high:
             notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")
     report = Report(
-        experiment, usable, notes, bounds, final, {}, {}, chosen, reps, seed, min_runs, last_evals, baseline,
+        experiment,
+        usable,
+        notes,
+        bounds,
+        final,
+        {},
+        {},
+        chosen,
+        reps,
+        seed,
+        min_runs,
+        last_evals,
+        baseline,
         normalization,
     )
     for r in usable:
@@ -447,8 +460,15 @@ class Scores:
             for i, metric in enumerate(self.metrics):
                 low, high = (e.interval[0, i], e.interval[1, i]) if e.interval is not None else (math.nan, math.nan)
                 rows.append(
-                    {"group": group, "metric": metric, "point": float(e.point[i]), "low": float(low),
-                     "high": float(high), "runs_per_task": e.runs_per_task, "tasks": e.tasks}
+                    {
+                        "group": group,
+                        "metric": metric,
+                        "point": float(e.point[i]),
+                        "low": float(low),
+                        "high": float(high),
+                        "runs_per_task": e.runs_per_task,
+                        "tasks": e.tasks,
+                    }
                 )
         return pd.DataFrame(rows, columns=["group", "metric", "point", "low", "high", "runs_per_task", "tasks"])
 
@@ -485,7 +505,9 @@ def iqm_of(scores: Scores) -> Scores:
     i = scores.metrics.index("IQM")
     return Scores(
         {
-            k: Estimate(e.point[i : i + 1], None if e.interval is None else e.interval[:, i : i + 1], e.runs_per_task, e.tasks)
+            k: Estimate(
+                e.point[i : i + 1], None if e.interval is None else e.interval[:, i : i + 1], e.runs_per_task, e.tasks
+            )
             for k, e in scores.estimates.items()
         },
         ("IQM",),
@@ -519,14 +541,19 @@ def probability_of_improvement(report: Report, baseline: str | None = None) -> S
     enough = {key: pair for key, pair in pairs.items() if min(x.shape[0] for x in pair) >= report.min_runs}
     for key, (x, y) in pairs.items():
         if key not in enough:
-            out[key] = Estimate(np.atleast_1d(metrics.probability_of_improvement(x, y)), None,
-                                min(x.shape[0], y.shape[0]), x.shape[1])
+            out[key] = Estimate(
+                np.atleast_1d(metrics.probability_of_improvement(x, y)), None, min(x.shape[0], y.shape[0]), x.shape[1]
+            )
     if enough:
         np.random.seed(report.seed)
         points, intervals = library.get_interval_estimates(enough, metrics.probability_of_improvement, reps=report.reps)
         for key, (x, y) in enough.items():
-            out[key] = Estimate(np.atleast_1d(points[key]), np.asarray(intervals[key]).reshape(2, 1),
-                                min(x.shape[0], y.shape[0]), x.shape[1])
+            out[key] = Estimate(
+                np.atleast_1d(points[key]),
+                np.asarray(intervals[key]).reshape(2, 1),
+                min(x.shape[0], y.shape[0]),
+                x.shape[1],
+            )
     return Scores({key: out[key] for key in pairs}, ("P(X > Y)",), notes)
 
 
@@ -555,8 +582,16 @@ class SampleEfficiency:
             for algo, e in est.items():
                 for j, step in enumerate(grid):
                     low, high = (e.interval[0, j], e.interval[1, j]) if e.interval is not None else (math.nan, math.nan)
-                    rows.append({"K": K, "algorithm": algo, "step": float(step), "iqm": float(e.point[j]),
-                                 "low": float(low), "high": float(high)})
+                    rows.append(
+                        {
+                            "K": K,
+                            "algorithm": algo,
+                            "step": float(step),
+                            "iqm": float(e.point[j]),
+                            "low": float(low),
+                            "high": float(high),
+                        }
+                    )
         return pd.DataFrame(rows, columns=["K", "algorithm", "step", "iqm", "low", "high"])
 
 
@@ -644,7 +679,8 @@ def ablations(report: Report) -> dict[str, Ablation]:
 
     def varied(axis: str) -> Ablation:
         candidates = [
-            r for r in report.runs
+            r
+            for r in report.runs
             if r.axes.get(axis) is not None
             and all(r.axes.get(a) in (None, v) for a, v in report.reference.items() if a != axis)
         ]

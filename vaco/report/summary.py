@@ -36,8 +36,8 @@ from vaco.report.scores import (
     aggregate_scores,
     fraction_table,
     improvement_baseline,
-    is_variant,
     iqm_of,
+    is_variant,
     probability_of_improvement,
     profiles,
     sample_efficiency,
@@ -121,28 +121,70 @@ def _robustness_section(report: Report, data: Robustness, figure: str | None) ->
         s += [f"![robustness]({figure})", ""]
     if data.interactions:
         s += [f"**Against {data.baseline}** (the headline):", ""]
-        s.append(_table(
-            ["algorithm", "K", "difference of drops", "P(drop smaller)", "paired seeds/task", "tasks"],
-            [(x.algorithm, K, _pair(x.difference, x.difference_interval), _pair(x.p_smaller, x.p_interval),
-              x.seeds, x.tasks) for (_, K), x in data.interactions.items()],
-        ))
+        s.append(
+            _table(
+                ["algorithm", "K", "difference of drops", "P(drop smaller)", "paired seeds/task", "tasks"],
+                [
+                    (
+                        x.algorithm,
+                        K,
+                        _pair(x.difference, x.difference_interval),
+                        _pair(x.p_smaller, x.p_interval),
+                        x.seeds,
+                        x.tasks,
+                    )
+                    for (_, K), x in data.interactions.items()
+                ],
+            )
+        )
         s.append("")
     elif data.baseline:
-        s += [f"No comparison with {data.baseline}: it needs its runs at K={k_ref} and at the other K, with the same seeds.", ""]
+        s += [
+            f"No comparison with {data.baseline}: it needs its runs at K={k_ref} and at the other K, with the same seeds.",
+            "",
+        ]
     s += ["Each algorithm against its own K = " + str(k_ref) + ":", ""]
-    s.append(_table(
-        ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "ratio", "paired seeds/task", "tasks"],
-        [(d.algorithm, K, f"{d.level_ref:.3f}", f"{d.level:.3f}", _pair(d.drop, d.drop_interval),
-          _pair(d.ratio, d.ratio_interval), d.seeds, d.tasks) for (_, K), d in data.drops.items()],
-    ))
-    s += ["", "Per task: mean normalised score at K = " + str(k_ref) + " and at K, and the per-seed drop "
-          "(mean +- sample SD, ddof = 1):", ""]
-    s.append(_table(
-        ["task", "algorithm", "K", f"mean K={k_ref}", "mean K", "drop", "seeds"],
-        [(t.task, t.algorithm, t.K, f"{t.mean_ref:.3f}", f"{t.mean:.3f}",
-          f"{t.drop:.3f} +- {t.drop_sd:.3f}" if t.seeds > 1 else f"{t.drop:.3f}", t.seeds)
-         for t in sorted(data.per_task, key=lambda t: (t.task, report.algorithms.index(t.algorithm), t.K))],
-    ))
+    s.append(
+        _table(
+            ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "ratio", "paired seeds/task", "tasks"],
+            [
+                (
+                    d.algorithm,
+                    K,
+                    f"{d.level_ref:.3f}",
+                    f"{d.level:.3f}",
+                    _pair(d.drop, d.drop_interval),
+                    _pair(d.ratio, d.ratio_interval),
+                    d.seeds,
+                    d.tasks,
+                )
+                for (_, K), d in data.drops.items()
+            ],
+        )
+    )
+    s += [
+        "",
+        "Per task: mean normalised score at K = " + str(k_ref) + " and at K, and the per-seed drop "
+        "(mean +- sample SD, ddof = 1):",
+        "",
+    ]
+    s.append(
+        _table(
+            ["task", "algorithm", "K", f"mean K={k_ref}", "mean K", "drop", "seeds"],
+            [
+                (
+                    t.task,
+                    t.algorithm,
+                    t.K,
+                    f"{t.mean_ref:.3f}",
+                    f"{t.mean:.3f}",
+                    f"{t.drop:.3f} +- {t.drop_sd:.3f}" if t.seeds > 1 else f"{t.drop:.3f}",
+                    t.seeds,
+                )
+                for t in sorted(data.per_task, key=lambda t: (t.task, report.algorithms.index(t.algorithm), t.K))
+            ],
+        )
+    )
     s += [f"- {n}" for n in data.notes]
     return s
 
@@ -232,9 +274,7 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
     )
     # -- robustness to lag (the paper's claim), before the levels
     lag = robustness(report)
-    s += _robustness_section(
-        report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None
-    )
+    s += _robustness_section(report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None)
     # -- aggregates
     scores = aggregate_scores(report)
     fig, agg, notes = figure_aggregates(report, scores)
@@ -251,10 +291,7 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
     s.append(
         _table(
             ["group", "runs/task", "tasks", *AGGREGATES],
-            [
-                (k, e.runs_per_task, e.tasks, *(_ci(e, i) for i in range(len(AGGREGATES))))
-                for k, e in agg.items()
-            ],
+            [(k, e.runs_per_task, e.tasks, *(_ci(e, i) for i in range(len(AGGREGATES)))) for k, e in agg.items()],
         )
     )
     s += [f"- {n}" for n in notes]
@@ -411,8 +448,14 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
                             f"{np.mean(per_task[(t, a, K)][0]):.4f}" if per_task.get((t, a, K), ([],))[0] else "-"
                             for t in report.tasks
                         ],
-                        next((f"{d / 2:g}" for (_, a2, K2), (_, _, d) in per_task.items()
-                              if (a2, K2) == (a, K) and d is not None), "-"),
+                        next(
+                            (
+                                f"{d / 2:g}"
+                                for (_, a2, K2), (_, _, d) in per_task.items()
+                                if (a2, K2) == (a, K) and d is not None
+                            ),
+                            "-",
+                        ),
                     )
                     for a, K in sorted(groups, key=lambda g: (report.algorithms.index(g[0]), g[1]))
                 ],

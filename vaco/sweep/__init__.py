@@ -24,12 +24,38 @@ from it into the same MLflow run; a failed cell prints the end of its log and th
 """
 
 from vaco.sweep.cli import main
-from vaco.sweep.grid import AXES, Algorithm, Block, Cell, Sweep, SweepError, cell_config, expand, load_sweep, validate_with_cli
+from vaco.sweep.grid import (
+    AXES,
+    Algorithm,
+    Block,
+    Cell,
+    Sweep,
+    SweepError,
+    cell_config,
+    expand,
+    load_sweep,
+    validate_with_cli,
+)
 from vaco.sweep.state import parent_run, plan, resolve_tracking_uri, sweep_runs
 from vaco.tracking import CELL_TAG, PARENT_TAG, SETTINGS_TAG
 
 __all__ = [
-    "AXES", "Algorithm", "Block", "Cell", "Sweep", "SweepError", "cell_config", "expand", "load_sweep",
-    "validate_with_cli", "parent_run", "plan", "resolve_tracking_uri", "sweep_runs", "main",
-    "CELL_TAG", "PARENT_TAG", "SETTINGS_TAG",
+    "AXES",
+    "Algorithm",
+    "Block",
+    "Cell",
+    "Sweep",
+    "SweepError",
+    "cell_config",
+    "expand",
+    "load_sweep",
+    "validate_with_cli",
+    "parent_run",
+    "plan",
+    "resolve_tracking_uri",
+    "sweep_runs",
+    "main",
+    "CELL_TAG",
+    "PARENT_TAG",
+    "SETTINGS_TAG",
 ]

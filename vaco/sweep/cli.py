@@ -23,19 +23,43 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="the sweep file, e.g. configs/sweeps/laptop.yaml")
     parser.add_argument("--jobs", type=int, default=None, help="local: cells run at once (default: the file's `jobs`)")
     parser.add_argument("--dry-run", action="store_true", help="validate, print the cells and their state, run nothing")
-    parser.add_argument("--status", action="store_true", help="print every cell's state (finished, running, resume, new) and exit")
-    parser.add_argument("--out", default=None, help="output folder of cell configs, logs, checkpoints (default: the file's `output_dir`)")
-    parser.add_argument("--only", action="append", default=[], metavar="GLOB", help="run only cells whose id matches (repeatable)")
-    parser.add_argument("--all-cells", action="store_true", help="--dry-run/--status: list every cell, even in a large sweep")
-    parser.add_argument("--grace", type=float, default=15.0, help="local: seconds a stopped cell gets to exit before SIGKILL")
+    parser.add_argument(
+        "--status", action="store_true", help="print every cell's state (finished, running, resume, new) and exit"
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder of cell configs, logs, checkpoints (default: the file's `output_dir`)",
+    )
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="GLOB", help="run only cells whose id matches (repeatable)"
+    )
+    parser.add_argument(
+        "--all-cells", action="store_true", help="--dry-run/--status: list every cell, even in a large sweep"
+    )
+    parser.add_argument(
+        "--grace", type=float, default=15.0, help="local: seconds a stopped cell gets to exit before SIGKILL"
+    )
     parser.add_argument("--status-every", type=float, default=60.0, help="local: seconds between progress lines")
     launch = parser.add_argument_group("launchers (the sweep file's `launcher` and `resources`, overridden here)")
     launch.add_argument("--launcher", choices=LAUNCHERS, default=None, help="local (default), slurm (submitit), ray")
-    launch.add_argument("--ray-address", default=None, help="ray: a running cluster (host:port or ray://host:port); default: start a local one")
-    launch.add_argument("--ray-cpus", type=int, default=None, help="ray: CPUs of the local cluster it starts (default: all)")
-    launch.add_argument("--slurm-executor", choices=("slurm", "local"), default="slurm",
-                        help="slurm: `local` runs the job array through submitit's local executor (try a sweep, test)")
-    launch.add_argument("--wait", action="store_true", help="slurm: wait for the jobs instead of returning once submitted")
+    launch.add_argument(
+        "--ray-address",
+        default=None,
+        help="ray: a running cluster (host:port or ray://host:port); default: start a local one",
+    )
+    launch.add_argument(
+        "--ray-cpus", type=int, default=None, help="ray: CPUs of the local cluster it starts (default: all)"
+    )
+    launch.add_argument(
+        "--slurm-executor",
+        choices=("slurm", "local"),
+        default="slurm",
+        help="slurm: `local` runs the job array through submitit's local executor (try a sweep, test)",
+    )
+    launch.add_argument(
+        "--wait", action="store_true", help="slurm: wait for the jobs instead of returning once submitted"
+    )
     from vaco.sweep.launchers import RESOURCE_FIELDS
 
     for name, (kind, text) in RESOURCE_FIELDS.items():
@@ -52,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         launcher = args.launcher or sweep.launcher
         if args.status and args.launcher is None and (sweep.output_dir / "submitit" / "jobs.yaml").is_file():
             launcher = "slurm"  # submitted to SLURM before: --status asks the scheduler too
-        resources = {**sweep.resources, **{k[len("resource_"):]: v for k, v in vars(args).items()
-                                           if k.startswith("resource_") and v is not None}}
+        resources = {
+            **sweep.resources,
+            **{k[len("resource_") :]: v for k, v in vars(args).items() if k.startswith("resource_") and v is not None},
+        }
         check_resources(resources)
         cells = expand(sweep)
         if args.only:
@@ -68,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.status and launcher == "slurm" and runner is None:
             from vaco.sweep.launchers import SlurmLauncher
 
-            for cell_id, state in SlurmLauncher(sweep, uri, resources, executor=args.slurm_executor).job_states().items():
+            for cell_id, state in (
+                SlurmLauncher(sweep, uri, resources, executor=args.slurm_executor).job_states().items()
+            ):
                 if states.get(cell_id) != "finished":
                     states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
     except (SweepError, RuntimeError) as err:
@@ -78,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "running", "queued", "resume", "new")}
     say(
         f"sweep '{sweep.experiment}' ({sweep.path}): {len(cells)} cells; {counts['finished']} finished "
-        f"(skipped), " + (f"{counts['running']} running, " if args.status else "")
+        f"(skipped), "
+        + (f"{counts['running']} running, " if args.status else "")
         + (f"{counts['queued']} queued, " if counts["queued"] else "")
         + f"{counts['resume']} resume from a checkpoint, {counts['new']} new; launcher {launcher}"
         + (f", {jobs} at a time" if launcher == "local" else "")
@@ -92,15 +121,17 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     if args.dry_run or args.status:
-        shown = cells if args.all_cells or len(cells) <= MAX_LISTED else cells[:MAX_LISTED // 2]
+        shown = cells if args.all_cells or len(cells) <= MAX_LISTED else cells[: MAX_LISTED // 2]
         for cell in shown:
             print(f"  {states[cell.id]:8s}  {cell.id}")
         if len(shown) < len(cells):
             by_algo: dict[str, int] = {}
             for cell in cells:
                 by_algo[cell.algorithm] = by_algo.get(cell.algorithm, 0) + 1
-            print(f"  ... and {len(cells) - len(shown)} more (--all-cells lists them); cells per algorithm: "
-                  + ", ".join(f"{a} {n}" for a, n in by_algo.items()))
+            print(
+                f"  ... and {len(cells) - len(shown)} more (--all-cells lists them); cells per algorithm: "
+                + ", ".join(f"{a} {n}" for a, n in by_algo.items())
+            )
         print(
             f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
         )
@@ -110,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             todo = sum(1 for c in cells if states[c.id] != "finished")
             slurm = SlurmLauncher(sweep, uri, resources)
             sizes = slurm.chunks(max(todo, 1))
-            print(f"  {todo} cells to submit as {len(sizes)} job array(s) of at most {max(sizes)} "
-                  f"(the cluster's MaxArraySize), {slurm.parameters(max(sizes))['array_parallelism']} running at once per array")
+            print(
+                f"  {todo} cells to submit as {len(sizes)} job array(s) of at most {max(sizes)} "
+                f"(the cluster's MaxArraySize), {slurm.parameters(max(sizes))['array_parallelism']} running at once per array"
+            )
             print("  the first job array's sbatch script:\n" + slurm.submission_script(max(todo, 1)))
         return 0
     for cell in cells:

@@ -24,7 +24,18 @@ import yaml
 
 from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, SETTINGS_TAG
 
-__all__ = ["AXES", "Algorithm", "Block", "Cell", "Sweep", "SweepError", "load_sweep", "expand", "cell_config", "validate_with_cli"]
+__all__ = [
+    "AXES",
+    "Algorithm",
+    "Block",
+    "Cell",
+    "Sweep",
+    "SweepError",
+    "load_sweep",
+    "expand",
+    "cell_config",
+    "validate_with_cli",
+]
 
 AXES = ("algorithm", "env", "K", "realign", "seed")  # and each axis an objective or advantage declares
 _TOP_FIELDS = (
@@ -65,7 +76,6 @@ _RESERVED = (
     "trainer.logger.init_args.tracking_uri",
     "checkpoint.dirpath",
 )
-
 
 
 class SweepError(ValueError):
@@ -303,7 +313,9 @@ def _load_resources(raw) -> dict:
             raise SweepError(f"`resources.{key}`: unknown field (known: {', '.join(RESOURCE_FIELDS)})")
         kind = RESOURCE_FIELDS[key][0]
         if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
-            raise SweepError(f"`resources.{key}` must be a {'non-negative integer' if kind is int else 'string'}, got {value!r}")
+            raise SweepError(
+                f"`resources.{key}` must be a {'non-negative integer' if kind is int else 'string'}, got {value!r}"
+            )
     return check_resources(dict(raw))
 
 
@@ -351,9 +363,7 @@ def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
 
 
 def _load_envs(configs_dir: Path) -> dict[str, dict]:
-    return {
-        file.stem: yaml.safe_load(file.read_text()) for file in sorted((configs_dir / "env").glob("*.yaml"))
-    }
+    return {file.stem: yaml.safe_load(file.read_text()) for file in sorted((configs_dir / "env").glob("*.yaml"))}
 
 
 def declared_axes(algorithms: dict[str, Algorithm]) -> dict[str, list[str]]:
@@ -371,11 +381,15 @@ def declared_axes(algorithms: dict[str, Algorithm]) -> dict[str, list[str]]:
 def _reserved(algorithms: dict[str, Algorithm]) -> list[str]:
     """Fields the sweep sets itself: the fixed ones, what K sets, and each declared axis's argument."""
     axes = declared_axes(algorithms)
-    return list(dict.fromkeys([
-        *_RESERVED,
-        *(a.lag_key for a in algorithms.values()),
-        *(f"model.init_args.{part}.init_args.{a}" for a, parts in axes.items() for part in parts),
-    ]))
+    return list(
+        dict.fromkeys(
+            [
+                *_RESERVED,
+                *(a.lag_key for a in algorithms.values()),
+                *(f"model.init_args.{part}.init_args.{a}" for a, parts in axes.items() for part in parts),
+            ]
+        )
+    )
 
 
 def _load_overrides(raw: dict, algorithms: dict[str, Algorithm]) -> dict[str, Any]:
@@ -673,5 +687,6 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
         except (Exception, SystemExit) as err:  # jsonargparse's ArgumentError names the key
             from vaco.config_errors import one_line
 
-            raise SweepError(f"`overrides`: `vaco fit` rejects the config of cell {cell.id}: {one_line(str(err))}") from None
-
+            raise SweepError(
+                f"`overrides`: `vaco fit` rejects the config of cell {cell.id}: {one_line(str(err))}"
+            ) from None

@@ -32,6 +32,7 @@ from vaco.tracking import CELL_TAG, redact_uri
 
 __all__ = ["LocalLauncher", "run_cell"]
 
+
 # ---------------------------------------------------------------------------------------- one cell
 def prepare_cell(sweep: Sweep, cell: Cell, tracking_uri: str) -> Path:
     """Write the cell's ``config.yaml`` into its folder (on storage every host can read)."""
@@ -55,7 +56,9 @@ def cell_command(cell_dir: Path) -> list[str]:
 
 
 def cell_env(tracking_uri: str) -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", MLFLOW_TRACKING_URI=tracking_uri)
+    return dict(
+        os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", MLFLOW_TRACKING_URI=tracking_uri
+    )
 
 
 def _log_header(fh, command: list[str]) -> None:
@@ -73,7 +76,11 @@ def run_cell(cell_dir: str, tracking_uri: str) -> int:
     with open(folder / "train.log", "a") as fh:
         _log_header(fh, command)
         proc = subprocess.Popen(
-            command, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=cell_env(tracking_uri),
+            command,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=cell_env(tracking_uri),
             preexec_fn=_set_pdeathsig if sys.platform == "linux" else None,
         )
         try:
@@ -138,9 +145,7 @@ class LocalLauncher:
         self.stop_requested += 1
         name = signal.Signals(signum).name
         if self.stop_requested == 1:
-            say(
-                f"{name}: stopping the sweep (running cells are terminated; rerun the same command to resume)"
-            )
+            say(f"{name}: stopping the sweep (running cells are terminated; rerun the same command to resume)")
         else:
             say(f"{name} again: killing the running cells now")
 
@@ -276,7 +281,6 @@ def see_results(sweep: Sweep) -> str:
 
 def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
 
 
 # ---------------------------------------------------------------------------------------- clusters
@@ -425,13 +429,27 @@ class SlurmLauncher:
         if not jobs or not shutil.which("squeue"):
             return {}
         try:  # by the sweep's job name: `--jobs` with one id SLURM has forgotten fails as a whole
-            out = subprocess.run(["squeue", "--me", "--noheader", "--array", "--format", "%i %T",
-                                  "--name", self.parameters(1)["job_name"]],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [
+                    "squeue",
+                    "--me",
+                    "--noheader",
+                    "--array",
+                    "--format",
+                    "%i %T",
+                    "--name",
+                    self.parameters(1)["job_name"],
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return {}
         if out.returncode != 0:
-            raise RuntimeError(f"`squeue` failed ({out.stderr.strip()[:200]}): cannot tell which cells are still queued")
+            raise RuntimeError(
+                f"`squeue` failed ({out.stderr.strip()[:200]}): cannot tell which cells are still queued"
+            )
         held = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
         return {cell: held[str(job)] for cell, job in jobs.items() if held.get(str(job)) in self._ACTIVE}
 
@@ -445,14 +463,21 @@ class SlurmLauncher:
             return []
         name = self.parameters(1)["job_name"]
         try:
-            out = subprocess.run(["squeue", "--me", "--noheader", "--name", name, "--format", "%i"],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                ["squeue", "--me", "--noheader", "--name", name, "--format", "%i"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return []
         if out.returncode != 0:
             return []
         record = self.folder / "jobs.yaml"
-        recorded = {str(j).split("_")[0] for j in ((yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}).values()}
+        recorded = {
+            str(j).split("_")[0]
+            for j in ((yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}).values()
+        }
         held = {line.split()[0].split("_")[0] for line in out.stdout.splitlines() if line.strip()}
         return sorted(held - recorded)
 
@@ -482,8 +507,11 @@ class SlurmLauncher:
         for size in self.chunks(len(cells)):  # one job array per MaxArraySize cells
             params = self.parameters(size)
             executor.update_parameters(
-                name=params["job_name"], timeout_min=params["time"], cpus_per_task=params["cpus_per_task"],
-                gpus_per_node=params.get("gpus_per_node", 0), mem_gb=self.resources.get("mem_gb", 8),
+                name=params["job_name"],
+                timeout_min=params["time"],
+                cpus_per_task=params["cpus_per_task"],
+                gpus_per_node=params.get("gpus_per_node", 0),
+                mem_gb=self.resources.get("mem_gb", 8),
                 slurm_array_parallelism=params["array_parallelism"],
                 **({"slurm_partition": params["partition"]} if "partition" in params else {}),
                 **({"slurm_account": params["account"]} if "account" in params else {}),
@@ -491,13 +519,17 @@ class SlurmLauncher:
             chunk = executor.map_array(CellJob(self.uri), cell_dirs[start : start + size])
             ids = (yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}
             ids.update({cell.id: job.job_id for cell, job in zip(cells[start : start + size], chunk)})
-            write_text_atomic(record, yaml.safe_dump(ids))  # after each array; a kill mid-write leaves the old record whole
+            write_text_atomic(
+                record, yaml.safe_dump(ids)
+            )  # after each array; a kill mid-write leaves the old record whole
             jobs += chunk
             arrays.append(chunk[0].job_id.split("_")[0])
             start += size
-        say(f"submitted {len(jobs)} cells as {self.kind} job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}"
+        say(
+            f"submitted {len(jobs)} cells as {self.kind} job array{'s' if len(arrays) > 1 else ''} {', '.join(arrays)}"
             f" ({self.parameters(len(jobs))['array_parallelism']} at once per array); logs in {self.folder}; "
-            f"`vaco sweep --config {self.sweep.path} --status` shows their state, and a rerun once they end closes the sweep")
+            f"`vaco sweep --config {self.sweep.path} --status` shows their state, and a rerun once they end closes the sweep"
+        )
         if not wait:
             return 0
         failed = 0
@@ -528,13 +560,20 @@ class RayLauncher:
     (``max_retries``) and the retry resumes from the cell's last checkpoint into the same MLflow run.
     """
 
-    def __init__(self, sweep: Sweep, tracking_uri: str, resources: dict, address: str | None = None,
-                 num_cpus: int | None = None) -> None:
+    def __init__(
+        self, sweep: Sweep, tracking_uri: str, resources: dict, address: str | None = None, num_cpus: int | None = None
+    ) -> None:
         try:
             import ray  # noqa: F401
         except ImportError:
             raise RuntimeError("`--launcher ray` needs Ray: pip install -e '.[ray]'") from None
-        self.sweep, self.uri, self.resources, self.address, self.num_cpus = sweep, tracking_uri, resources, address, num_cpus
+        self.sweep, self.uri, self.resources, self.address, self.num_cpus = (
+            sweep,
+            tracking_uri,
+            resources,
+            address,
+            num_cpus,
+        )
         if address:
             check_ray_address(address)
 
@@ -551,8 +590,7 @@ class RayLauncher:
             # Ray instance") say nothing to the user; errors still show
             for name in ("ray._private.authentication.authentication_token_setup", "ray._private.worker", "ray.worker"):
                 logging.getLogger(name).setLevel(logging.ERROR)
-            ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False,
-                     _node_ip_address="127.0.0.1")
+            ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
         stop = {"signal": 0}
 
         def on_signal(signum, _frame):
@@ -561,8 +599,10 @@ class RayLauncher:
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             task = ray.remote(run_cell_task).options(
-                num_cpus=self.resources.get("cpus", 1), num_gpus=self.resources.get("gpus", 0),
-                max_retries=self.resources.get("max_retries", 3), retry_exceptions=False,
+                num_cpus=self.resources.get("cpus", 1),
+                num_gpus=self.resources.get("gpus", 0),
+                max_retries=self.resources.get("max_retries", 3),
+                retry_exceptions=False,
             )
             pending = {task.remote(d, self.uri): cell for d, cell in zip(cell_dirs, cells)}
             say(f"ray: {len(pending)} cells on {ray.cluster_resources().get('CPU', 0):.0f} CPUs")
@@ -580,8 +620,10 @@ class RayLauncher:
             if stop["signal"]:
                 for ref in pending:
                     ray.cancel(ref, force=True)
-                say(f"stopped: done {len(cells) - len(pending) - failed}/{len(cells)}, failed {failed}; "
-                    "rerun the same command to resume")
+                say(
+                    f"stopped: done {len(cells) - len(pending) - failed}/{len(cells)}, failed {failed}; "
+                    "rerun the same command to resume"
+                )
                 return 130
             say(f"sweep finished: done {len(cells) - failed}/{len(cells)}, failed {failed} (ray)")
             say(see_results(self.sweep))

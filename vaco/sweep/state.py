@@ -63,9 +63,8 @@ def plan(sweep: Sweep, cells: list[Cell], tracking_uri: str, with_running: bool 
 
 
 def lock(output_dir: Path):
-    import fcntl
-
     import errno
+    import fcntl
 
     path = output_dir / ".sweep.lock"
     try:
@@ -86,13 +85,15 @@ def lock(output_dir: Path):
     return handle
 
 
-
 def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
     """The sweep's parent run (made once, found again on a rerun): its cells are MLflow child
     runs of it, so the UI groups them, and `vaco report` logs its figures to it."""
     exp = client.get_experiment_by_name(sweep.experiment)
     found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
-    grid = json.dumps({b.name: {k: v for k, v in dataclasses.asdict(b).items() if v not in (None, ())} for b in sweep.blocks}, default=str)
+    grid = json.dumps(
+        {b.name: {k: v for k, v in dataclasses.asdict(b).items() if v not in (None, ())} for b in sweep.blocks},
+        default=str,
+    )
     tags = {
         PARENT_TAG: "true",
         "vaco.sweep.name": sweep.experiment,
@@ -109,4 +110,3 @@ def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     return run_id
-

@@ -311,9 +311,7 @@ class ActorPool(BaseCollector):
             return
         saved = sum(1 for key in actors if str(key).startswith("worker"))
         if saved != self.num_workers:
-            raise ValueError(
-                f"the checkpoint holds {saved} actor states but `data.num_workers` is {self.num_workers}"
-            )
+            raise ValueError(f"the checkpoint holds {saved} actor states but `data.num_workers` is {self.num_workers}")
         if self.collector is None:
             self._pending_state = actors
         else:

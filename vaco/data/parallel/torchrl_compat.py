@@ -79,8 +79,10 @@ class AckWithLivenessScheme(MultiProcessWeightSyncScheme):
     _POLL_SECONDS = 1.0
 
     def _wait_for_ack(self, worker_ids=None, timeout=None) -> None:
-        targets = list(self._ack_queues) if worker_ids is None else (
-            [worker_ids] if isinstance(worker_ids, int) else list(worker_ids)
+        targets = (
+            list(self._ack_queues)
+            if worker_ids is None
+            else ([worker_ids] if isinstance(worker_ids, int) else list(worker_ids))
         )
         procs = getattr(self.context, "procs", ())
         for worker in targets:

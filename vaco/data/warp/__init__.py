@@ -108,8 +108,14 @@ class Warp(Collection):
         if self.evaluate_on == "gymnasium":
             return super().evaluate(data, policy, episodes, seed, deterministic)
         return warp_episodes(
-            data.env_id, policy, episodes, num_envs=data.eval_envs, seed=seed, deterministic=deterministic,
-            device=self.device, cone=self.cone,
+            data.env_id,
+            policy,
+            episodes,
+            num_envs=data.eval_envs,
+            seed=seed,
+            deterministic=deterministic,
+            device=self.device,
+            cone=self.cone,
         )
 
     def definition(self) -> dict[str, Any]:
@@ -181,7 +187,9 @@ def record_warp_episode(
         frames = [frame(0)]
         for t in range(1, max_frames + 1):
             loc, scale = (x.to(env.device) for x in policy(obs.cpu()))
-            action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator, device=env.device)
+            action = (
+                loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator, device=env.device)
+            )
             obs, _, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, env.action_high), env.action_low))
             if bool((term | trunc)[0]):  # the world has been reset already: the episode's last state is gone
                 break

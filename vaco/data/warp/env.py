@@ -119,12 +119,12 @@ def check_worlds(env_id: str, num_worlds: int, device: str = "cpu", field: str =
         _check_memory(spec, model, mujoco.MjData(model), num_worlds, torch.device(device), wp, mjw, field)
 
 
-def _check_memory(spec: Task, mj_model, mj_data, num_worlds: int, device: torch.device, wp, mjw, field: str = "data.num_envs") -> None:
+def _check_memory(
+    spec: Task, mj_model, mj_data, num_worlds: int, device: torch.device, wp, mjw, field: str = "data.num_envs"
+) -> None:
     """Refuse, before allocating, a number of worlds the device cannot hold (measured per world
     from one- and two-world allocations; the collector's own buffers come on top)."""
-    sizes = [
-        _nbytes(mjw.put_data(mj_model, mj_data, nworld=n, nconmax=spec.nconmax, njmax=spec.njmax)) for n in (1, 2)
-    ]
+    sizes = [_nbytes(mjw.put_data(mj_model, mj_data, nworld=n, nconmax=spec.nconmax, njmax=spec.njmax)) for n in (1, 2)]
     need = sizes[0] + (sizes[1] - sizes[0]) * (num_worlds - 1)
     free = _free_bytes(device)
     if need > 0.9 * free:
@@ -168,7 +168,12 @@ class WarpVectorEnv:
     """
 
     def __init__(
-        self, env_id: str, num_worlds: int, device: str = "cpu", seed: int = 0, cone: str | None = None,
+        self,
+        env_id: str,
+        num_worlds: int,
+        device: str = "cpu",
+        seed: int = 0,
+        cone: str | None = None,
         cuda_graph: bool = False,
     ):
         import mujoco
@@ -197,8 +202,15 @@ class WarpVectorEnv:
         t = wp.to_torch
         d = self.data
         self.sim = Sim(
-            qpos=t(d.qpos), qvel=t(d.qvel), ctrl=t(d.ctrl), xpos=t(d.xpos), xipos=t(d.xipos),
-            cinert=t(d.cinert), cvel=t(d.cvel), qfrc_actuator=t(d.qfrc_actuator), cfrc_ext=t(d.cfrc_ext),
+            qpos=t(d.qpos),
+            qvel=t(d.qvel),
+            ctrl=t(d.ctrl),
+            xpos=t(d.xpos),
+            xipos=t(d.xipos),
+            cinert=t(d.cinert),
+            cvel=t(d.cvel),
+            qfrc_actuator=t(d.qfrc_actuator),
+            cfrc_ext=t(d.cfrc_ext),
             body_mass=torch.as_tensor(self.mj_model.body_mass, dtype=torch.float32, device=self.device),
         )
         self._warmstart = t(d.qacc_warmstart)
@@ -341,9 +353,13 @@ class WarpVectorEnv:
         """What the next step depends on: the state, the solver's warm start, episode lengths,
         the reset RNG (tensors only; checkpoints load with ``weights_only=True``)."""
         return OrderedDict(
-            qpos=self.sim.qpos.cpu().clone(), qvel=self.sim.qvel.cpu().clone(), ctrl=self.sim.ctrl.cpu().clone(),
-            qacc_warmstart=self._warmstart.cpu().clone(), time=self._time.cpu().clone(),
-            length=self.length.cpu().clone(), position=self._position.cpu().clone(),
+            qpos=self.sim.qpos.cpu().clone(),
+            qvel=self.sim.qvel.cpu().clone(),
+            ctrl=self.sim.ctrl.cpu().clone(),
+            qacc_warmstart=self._warmstart.cpu().clone(),
+            time=self._time.cpu().clone(),
+            length=self.length.cpu().clone(),
+            position=self._position.cpu().clone(),
             generator=self.generator.get_state(),
         )
 

@@ -81,7 +81,9 @@ def _hopper_reward(sim: Sim, x_velocity: torch.Tensor, action: torch.Tensor):
     z, angle = sim.qpos[:, 1], sim.qpos[:, 2]
     state = torch.cat([sim.qpos, sim.qvel], dim=-1)[:, 2:]
     # gymnasium: 0.7 < z < inf (so z = +inf is unhealthy), -100 < state < 100, -0.2 < angle < 0.2
-    healthy = ((state > -100.0) & (state < 100.0)).all(-1) & (z > 0.7) & (z < float("inf")) & (angle > -0.2) & (angle < 0.2)
+    healthy = (
+        ((state > -100.0) & (state < 100.0)).all(-1) & (z > 0.7) & (z < float("inf")) & (angle > -0.2) & (angle < 0.2)
+    )
     reward = x_velocity + healthy.float() - _ctrl_cost(action, 1e-3)
     return reward, ~healthy
 
@@ -156,16 +158,60 @@ def _humanoid_reward(sim: Sim, x_velocity: torch.Tensor, action: torch.Tensor):
 TASKS: dict[str, Task] = {
     t.env_id: t
     for t in (
-        Task("InvertedPendulum-v5", "inverted_pendulum.xml", 2, 0.01, "uniform", _pendulum_obs,
-             _root_x, _pendulum_reward, nconmax=4, njmax=16),
+        Task(
+            "InvertedPendulum-v5",
+            "inverted_pendulum.xml",
+            2,
+            0.01,
+            "uniform",
+            _pendulum_obs,
+            _root_x,
+            _pendulum_reward,
+            nconmax=4,
+            njmax=16,
+        ),
         Task("Hopper-v5", "hopper.xml", 4, 5e-3, "uniform", _planar_obs(True), _root_x, _hopper_reward),
         Task("Walker2d-v5", "walker2d_v5.xml", 4, 5e-3, "uniform", _planar_obs(True), _root_x, _walker_reward),
-        Task("HalfCheetah-v5", "half_cheetah.xml", 5, 0.1, "normal", _planar_obs(False), _root_x,
-             _cheetah_reward, nconmax=32, njmax=128),
-        Task("Ant-v5", "ant.xml", 5, 0.1, "normal", _ant_obs, _ant_x, _ant_reward, contact_forces=True,
-             forward_on_reset=True, nconmax=48, njmax=256),
-        Task("Humanoid-v5", "humanoid.xml", 5, 1e-2, "uniform", _humanoid_obs, _mass_center_x,
-             _humanoid_reward, contact_forces=True, forward_on_reset=True, nconmax=48, njmax=256),
+        Task(
+            "HalfCheetah-v5",
+            "half_cheetah.xml",
+            5,
+            0.1,
+            "normal",
+            _planar_obs(False),
+            _root_x,
+            _cheetah_reward,
+            nconmax=32,
+            njmax=128,
+        ),
+        Task(
+            "Ant-v5",
+            "ant.xml",
+            5,
+            0.1,
+            "normal",
+            _ant_obs,
+            _ant_x,
+            _ant_reward,
+            contact_forces=True,
+            forward_on_reset=True,
+            nconmax=48,
+            njmax=256,
+        ),
+        Task(
+            "Humanoid-v5",
+            "humanoid.xml",
+            5,
+            1e-2,
+            "uniform",
+            _humanoid_obs,
+            _mass_center_x,
+            _humanoid_reward,
+            contact_forces=True,
+            forward_on_reset=True,
+            nconmax=48,
+            njmax=256,
+        ),
     )
 }
 
@@ -173,9 +219,5 @@ TASKS: dict[str, Task] = {
 def task(env_id: str, field: str = "env_id") -> Task:
     """The task of a gymnasium id, or a ValueError naming ``field`` and the ids there are."""
     if env_id not in TASKS:
-        raise ValueError(
-            f"`{field}`: the Warp backend has no task {env_id!r}; it has {', '.join(TASKS)}"
-        )
+        raise ValueError(f"`{field}`: the Warp backend has no task {env_id!r}; it has {', '.join(TASKS)}")
     return TASKS[env_id]
-
-
