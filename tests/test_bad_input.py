@@ -173,3 +173,46 @@ def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_rend
     assert video.returncode == 2
     (line,) = video.stderr.strip().splitlines()
     assert "`MUJOCO_GL=osmesa`: the OSMesa library is not installed" in line and "apt-get install libosmesa6" in line
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (("sweep", "--config", "missing.yaml"), "vaco sweep: `--config`: no sweep file at missing.yaml"),
+        (("sweep", "--config", "tab.yaml"), "vaco sweep: `--config tab.yaml`: line 3, column 1: a tab character"),
+        (
+            ("sweep", "--config", "list.yaml"),
+            "vaco sweep: `--config list.yaml`: a config file is a mapping of fields, got list",
+        ),
+        (("report", "--data", "."), "vaco report: `--data`: no data file at ."),
+        (("report", "--data", "tab.yaml"), "vaco report: `--data`: the file has no column run_id"),
+        (("evaluate", "--ckpt", "."), "vaco evaluate: error: `--ckpt`: no checkpoint at ."),
+        (
+            ("evaluate", "--ckpt", "tab.yaml"),
+            "vaco evaluate: error: `--ckpt`: tab.yaml is truncated or not a checkpoint",
+        ),
+    ],
+    ids=[
+        "sweep-missing",
+        "sweep-tab",
+        "sweep-list",
+        "report-directory",
+        "report-not-data",
+        "evaluate-directory",
+        "evaluate-not-ckpt",
+    ],
+)
+def test_every_command_given_a_missing_or_wrong_file_says_so_in_one_line(tmp_path, command, expected):
+    (tmp_path / "tab.yaml").write_text("grid:\n  main:\n\talgorithm: vaco\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    out = subprocess.run(
+        [VACO, *command],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"),
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(expected), line

@@ -246,10 +246,15 @@ class Sweep:
 # ---------------------------------------------------------------------------------------- loading
 def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     """Read and validate a sweep file (structure, names, types; not yet `vaco fit`'s parser)."""
+    from vaco.config_errors import ConfigurationError, check_config_files
+
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"`--config`: no sweep file at {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:  # unreadable, a tab, broken indentation: the file, the line and what is wrong
+        raw = check_config_files([str(path)])[str(path)] or {}
+    except ConfigurationError as err:
+        raise SweepError(str(err)) from None
     if not isinstance(raw, dict):
         raise SweepError(f"{path}: a sweep file is a mapping with the fields {', '.join(_TOP_FIELDS)}")
     for key in raw:
