@@ -255,6 +255,8 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
     lines = [line for line in out.stdout.splitlines() if line.startswith("iter ")]
     assert len(lines) == 8 and lines[0].startswith("iter 1/8 | steps 256/2.05k | sps ") and "\r" not in out.stdout
     assert " | tv " in lines[-1] and " | clipped " in lines[-1] and " | filtered " not in lines[-1]
+    for banner in ("GPU available: False", "TPU available", "srun", "litlogger"):  # nothing said to a CPU user
+        assert banner not in out.stdout + out.stderr, banner
     # the hint is runnable from here: `vaco` where it is on PATH, else this install's script
     hint = next(line for line in out.stdout.splitlines() if "open it with:" in line).split("open it with: ", 1)[1]
     program = hint.split()[0]

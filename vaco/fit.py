@@ -358,9 +358,16 @@ def _quiet() -> None:
         warnings.filterwarnings("ignore", message=message)
     # vaco prints its own summary; Lightning's "`Trainer.fit` stopped: `max_epochs=1` reached." says
     # nothing to a user whose run is counted in env steps
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-        lambda record: "litlogger" not in record.getMessage() and "`max_epochs=" not in record.getMessage()
-    )
+    # nothing; "GPU available: False, used: False" and "TPU available: False" greet every CPU run
+    # (a GPU that is there, used or not, is still reported)
+    def keep(record) -> bool:
+        text = record.getMessage()
+        return not any(
+            noise in text
+            for noise in ("litlogger", "`max_epochs=", "GPU available: False, used: False", "TPU available: False")
+        )
+
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(keep)
 
 
 def main(argv: list[str] | None = None) -> int:
