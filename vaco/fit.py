@@ -356,6 +356,7 @@ def _quiet() -> None:
         ".*The `srun` command is available on your system but is not used.*",
     ):
         warnings.filterwarnings("ignore", message=message)
+
     # vaco prints its own summary; Lightning's "`Trainer.fit` stopped: `max_epochs=1` reached." says
     # nothing to a user whose run is counted in env steps
     # nothing; "GPU available: False, used: False" and "TPU available: False" greet every CPU run
