@@ -155,9 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     if not args.no_mlflow and not args.data:
         run_id = log_report(args.experiment, out, uri)
-        print(
-            f"  logged as artifacts report/ of MLflow run {run_id} (the sweep's parent run, or a 'report' run) in experiment '{args.experiment}'"
+        import mlflow
+
+        from vaco.tracking import PARENT_TAG
+
+        tags = mlflow.MlflowClient(uri).get_run(run_id).data.tags
+        kind = (
+            f"the sweep's parent run '{tags.get('mlflow.runName', '')}'"
+            if tags.get(PARENT_TAG) == "true"
+            else "the run 'report'"
         )
+        print(f"  logged as artifacts report/ of {kind} ({run_id}) in experiment '{args.experiment}'")
     return 0
 
 
