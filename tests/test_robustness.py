@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,3 +209,32 @@ def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys
     assert "`--tasks`: no runs of Ant-v5" in capsys.readouterr().err
     assert R.main(["--data", str(tmp_path / "missing.csv.gz"), "--out", str(out)]) == 2
     assert "`--data`: no data file at" in capsys.readouterr().err
+
+
+def test_the_lag_robustness_study_figures_come_from_its_committed_data():
+    """docs/figures/lag_robustness/ was written by `vaco report --data five_tasks.csv.gz
+    lag_robustness.csv.gz --tasks Hopper-v5 HalfCheetah-v5`: the committed data hold the study's
+    runs (10 seeds per cell), and the summary's bounds and point estimates are the data's."""
+    from vaco.report.cli import read_data_files
+
+    repo = Path(__file__).resolve().parents[1]
+    runs, _ = read_data_files(
+        [str(repo / "docs/data/five_tasks.csv.gz"), str(repo / "docs/data/lag_robustness.csv.gz")]
+    )
+    runs = [r for r in runs if r.env in ("Hopper-v5", "HalfCheetah-v5")]
+    rep = R.build_report("lag_robustness", runs, reps=1, baseline="ppo_clip")
+    cells = {}
+    for r in rep.runs:
+        cells.setdefault((r.algorithm, r.K, r.env), set()).add(r.seed)
+    for algo in ("vaco", "ppo_clip", "ppo_clip_tv_matched", "vaco_no_realign"):
+        for K in (1, 4, 16):
+            for env in ("Hopper-v5", "HalfCheetah-v5"):
+                assert cells[(algo, K, env)] == set(range(1, 11)), (algo, K, env)
+    summary = (repo / "docs/figures/lag_robustness/summary.md").read_text()
+    for task, (low, high) in rep.bounds.items():
+        assert f"| {task} | {low:.1f} | {high:.1f} |" in summary
+    lag = R.robustness(rep)
+    for (algo, K), x in lag.interactions.items():
+        assert f"| {algo} | {K} | {x.difference:.3f} [" in summary, (algo, K)
+    for (algo, K), d in lag.drops.items():
+        assert f"| {algo} | {K} | {d.level_ref:.3f} | {d.level:.3f} | {d.drop:.3f} [" in summary, (algo, K)
