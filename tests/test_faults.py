@@ -341,17 +341,17 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, finis
     try:
         deadline = time.monotonic() + 300
         ckpt = None
-        while True:  # kill it once a checkpoint past iteration 3 exists
+        while True:  # kill it once a checkpoint past iteration 2 exists (4 of 6 left: a margin on a busy machine)
             found = list(tmp_path.glob("checkpoints/*/last.ckpt"))
             if found:
                 try:
-                    if int(load_checkpoint(found[0])["state_dict"]["version"]) >= 3:
+                    if int(load_checkpoint(found[0])["state_dict"]["version"]) >= 2:
                         ckpt = found[0]
                         break
                 except CheckpointError:
                     pass
             assert fit.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
-            time.sleep(0.1)
+            time.sleep(0.02)
         fit.send_signal(signal.SIGKILL)
     finally:
         fit.kill()

@@ -163,7 +163,7 @@ ALGO = str(CONFIGS / "algo" / "vaco.yaml")
 @pytest.mark.parametrize(
     "override,message",
     [
-        (["--data.init_args.env_id", "Hoper-v5"], r"`env_id`: unknown gymnasium env id 'Hoper-v5'"),
+        (["--data.init_args.env_id", "Hoper-v5"], r"`data.env_id`: unknown gymnasium env id 'Hoper-v5'"),
         (["--data.init_args.policy_buffer_size", "0"], r"`data.policy_buffer_size` \(K\) must be an integer >= 1"),
         (["--model.init_args.objective.init_args.delta", "0"], r"`delta` must be a finite number > 0"),
         (["--model.init_args.objective.init_args.delta", "-0.1"], r"`delta` must be a finite number > 0"),
