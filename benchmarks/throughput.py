@@ -237,15 +237,6 @@ def machine() -> dict[str, str]:
     }
 
 
-def parallel_data_module():
-    """The multi-process sync collection mode, if this vaco has it."""
-    try:
-        from vaco.data import ParallelRolloutDataModule
-    except ImportError:
-        return None
-    return ParallelRolloutDataModule
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script runs, measures little")
@@ -317,12 +308,13 @@ def main(argv: list[str] | None = None) -> int:
             results[f"e2e/{label}/cleanrl"],
             "SPS",
         )
-    parallel = parallel_data_module()
-    if parallel is not None:
-        label = f"{big}x{T_big}"
-        r = train("ppo_clip", parallel, num_envs=big, num_steps=T_big, iterations=iters, data_kwargs={"num_workers": 2})
-        results[f"e2e/{label}/vaco_ppo_clip_2workers"] = r["samples_per_second"]
-        row("end-to-end", f"vaco PPO-clip, Hopper-v5 {label}, 2 collector workers", r["samples_per_second"], "SPS")
+    from vaco.data.parallel import Actors  # actor processes, mode sync (docs/async.md)
+
+    label = f"{big}x{T_big}"
+    actors = {"collection": Actors(num_workers=2, mode="sync")}
+    r = train("ppo_clip", RolloutDataModule, num_envs=big, num_steps=T_big, iterations=iters, data_kwargs=actors)
+    results[f"e2e/{label}/vaco_ppo_clip_2workers"] = r["samples_per_second"]
+    row("end-to-end", f"vaco PPO-clip, Hopper-v5 {label}, 2 collector workers", r["samples_per_second"], "SPS")
 
     # 5: memory
     if not args.skip_memory:

@@ -43,8 +43,8 @@ def parallel_run(
     from vaco.callbacks import IterationCheckpoint
     from vaco.data import RolloutDataModule
     from vaco.data.parallel import Actors
-    from vaco.module import VacoModule
     from vaco.objectives import TVFilter
+    from vaco.vaco_module import VacoModule
 
     L.seed_everything(seed, verbose=False)
     data = dict(

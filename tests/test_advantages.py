@@ -14,7 +14,7 @@ from tensordict import TensorDict
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
 from vaco.advantages import GAE, VTrace
-from vaco.advantages.functional import gae, group_relative, vtrace
+from vaco.advantages.advantage_math import gae, group_relative, vtrace
 
 pytestmark = pytest.mark.usefixtures("float64")  # reference math in float64 (conftest)
 

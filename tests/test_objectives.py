@@ -14,7 +14,7 @@ from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
-from vaco.objectives.functional import gaussian_kl, tv_filter_mask
+from vaco.objectives.objective_math import gaussian_kl, tv_filter_mask
 
 pytestmark = pytest.mark.usefixtures("float64")  # reference math in float64 (conftest)
 

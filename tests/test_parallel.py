@@ -134,7 +134,7 @@ def test_a_backend_is_saved_as_plain_values(tmp_path):
 
     data = RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=2, mode="async", staleness_limit=1))
     assert data.hparams["collection"] == {
-        "class_path": "vaco.data.parallel.module.Actors",
+        "class_path": "vaco.data.parallel.backend.Actors",
         "init_args": {
             "num_workers": 2,
             "mode": "async",
@@ -154,20 +154,21 @@ def test_parallel_data_module_is_the_actors_backend_under_its_old_name():
     from vaco.advantages import VTrace
     from vaco.data import ParallelRolloutDataModule, RolloutDataModule
     from vaco.data.parallel import Actors
-    from vaco.module import VacoModule
     from vaco.objectives import TVFilter
+    from vaco.vaco_module import VacoModule
 
     with pytest.raises(ValueError, match=r"`data.num_workers` \(3\) must divide `data.num_envs` \(4\)"):
         ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=3)
     with pytest.raises(ValueError, match=r"`data.staleness_limit` only applies to `data.mode: async`"):
         ParallelRolloutDataModule(env_id=ENV, num_envs=4, staleness_limit=1)
-    old = ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=2, mode="async")
+    with pytest.warns(FutureWarning, match=r"ParallelRolloutDataModule is deprecated.*vaco\.data\.parallel\.Actors"):
+        old = ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=2, mode="async")
     new = RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=2, mode="async"))
     assert isinstance(old.collection, Actors) and (old.num_workers, old.mode) == (2, "async")
     module = VacoModule(objective=TVFilter(delta=0.2), advantage=VTrace(gamma=0.99, lmbda=0.95))
     assert module.run_definition(old) == module.run_definition(new)
     assert module.run_definition(new)["data.init_args.collection"] == {
-        "class_path": "vaco.data.parallel.module.Actors",
+        "class_path": "vaco.data.parallel.backend.Actors",
         "num_workers": 2,
         "mode": "async",
         "backend": "mp",

@@ -215,7 +215,7 @@ def test_the_lag_robustness_study_figures_come_from_its_committed_data():
     """docs/figures/lag_robustness/ was written by `vaco report --data five_tasks.csv.gz
     lag_robustness.csv.gz --tasks Hopper-v5 HalfCheetah-v5`: the committed data hold the study's
     runs (10 seeds per cell), and the summary's bounds and point estimates are the data's."""
-    from vaco.report.cli import read_data_files
+    from vaco.report.report_cli import read_data_files
 
     repo = Path(__file__).resolve().parents[1]
     runs, _ = read_data_files(

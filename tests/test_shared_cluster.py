@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from vaco.files import write_text_atomic
-from vaco.sweep.grid import SweepError, cell_config, expand, load_sweep
+from vaco.sweep import SweepError, cell_config, expand, load_sweep
 from vaco.sweep.state import lock
 from vaco.tracking import TrackingStoreError, check_tracking_store, has_secrets, redact_uri
 

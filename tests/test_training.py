@@ -18,8 +18,8 @@ import torch
 from conftest import CONFIGS, VACO, build_run, metric_histories, run_cli
 from vaco import VacoModule
 from vaco.advantages import GAE, VTrace
-from vaco.module import NonFiniteLossError
 from vaco.objectives import PPOClip, TVFilter
+from vaco.vaco_module import NonFiniteLossError
 
 # ---------------------------------------------------------------- learning
 LEARN = dict(num_envs=4, num_steps=128, total_steps=25_600, eval_every=0, eval_episodes=10, eval_envs=5)

@@ -20,8 +20,8 @@ from conftest import REPO
 from vaco.data.normalization import DeviceRewardScaler, RewardScaler
 from vaco.data.policy_buffer import PolicyVersionBuffer
 from vaco.data.warp import TASKS, Warp
-from vaco.data.warp.collector import WarpCollector
 from vaco.data.warp.env import WarpVectorEnv
+from vaco.data.warp.warp_collector import WarpCollector
 from vaco.networks import GaussianActor, gaussian_log_prob
 
 WORLDS = 4
@@ -311,7 +311,7 @@ def test_the_device_reward_scaler_is_the_cpu_one():
 
 # ---------------------------------------------------------------- bad input
 def test_bad_input_names_the_field_before_any_step():
-    from vaco.data.module import RolloutDataModule
+    from vaco.data.datamodule import RolloutDataModule
 
     with pytest.raises(
         ValueError, match=r"`data.env_id`: the Warp backend has no task 'Pusher-v5'; it has InvertedPendulum-v5"
@@ -333,7 +333,7 @@ def test_bad_input_names_the_field_before_any_step():
 
 
 def test_the_backend_is_saved_as_plain_values():
-    from vaco.data.module import RolloutDataModule
+    from vaco.data.datamodule import RolloutDataModule
 
     data = RolloutDataModule(env_id="Hopper-v5", collection=Warp(cone="elliptic"))
     assert data.hparams["collection"] == {

@@ -11,14 +11,18 @@ __version__ = "0.1.0"
 
 __all__ = ["VacoModule", "RolloutDataModule"]
 
+from vaco import _moved
+
+_moved.install()  # old module paths (vaco.module, vaco.data.module, ...) still import
+
 
 def __getattr__(name):  # lazy: `import vaco.objectives` must not pull in Lightning and MuJoCo
     if name == "VacoModule":
-        from vaco.module import VacoModule
+        from vaco.vaco_module import VacoModule
 
         return VacoModule
     if name == "RolloutDataModule":
-        from vaco.data.module import RolloutDataModule
+        from vaco.data.datamodule import RolloutDataModule
 
         return RolloutDataModule
     raise AttributeError(f"module 'vaco' has no attribute {name!r}")

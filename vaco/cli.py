@@ -16,9 +16,9 @@ import importlib
 import os
 import signal
 import sys
-from pathlib import Path
 
 from vaco.config_errors import did_you_mean
+from vaco.hints import vaco_command  # noqa: F401  (where it was first defined)
 
 __all__ = ["main", "COMMANDS"]
 
@@ -39,22 +39,6 @@ def __getattr__(name):  # `from vaco.cli import VacoCLI` keeps working without i
     if name in ("tracking_uri", "DEFAULT_TRACKING_URI"):
         return getattr(importlib.import_module("vaco.tracking"), name)
     raise AttributeError(f"module 'vaco.cli' has no attribute {name!r}")
-
-
-def vaco_command() -> str:
-    """How the user can run vaco from where they are: ``vaco`` when it is on PATH (this install's),
-    else the script's path (``.venv/bin/vaco`` after ``make demo``, relative where shorter)."""
-    import shutil
-
-    script = Path(sys.executable).with_name("vaco")
-    found = shutil.which("vaco")
-    if found and Path(found).resolve() == script.resolve():
-        return "vaco"
-    try:
-        relative = os.path.relpath(script)
-    except ValueError:
-        relative = str(script)
-    return relative if len(relative) < len(str(script)) else str(script)
 
 
 def usage() -> str:

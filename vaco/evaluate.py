@@ -15,7 +15,7 @@ __all__ = ["load_policy", "main"]
 def load_policy(ckpt_path: str):
     """The learner of a checkpoint as ``(env_id, policy)``; ``policy`` maps raw obs to (loc, scale)."""
     from vaco.checkpoint import CheckpointError, load_checkpoint
-    from vaco.data.module import learner_policy
+    from vaco.data.episodes import learner_policy
     from vaco.data.normalization import RunningMeanStd
     from vaco.networks import GaussianActor
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             device=args.device,
         )
     else:
-        from vaco.data.module import run_episodes
+        from vaco.data.episodes import run_episodes
 
         returns = run_episodes(
             env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed, deterministic=args.deterministic

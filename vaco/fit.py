@@ -179,7 +179,7 @@ class VacoCLI(LightningCLI):
         if self.trainer.global_rank != 0:
             return
         model, logger = self.model, self.trainer.logger
-        from vaco.cli import vaco_command
+        from vaco.hints import vaco_command
 
         vaco = vaco_command()  # `.venv/bin/vaco` where `vaco` is not on PATH (after `make demo`)
         lines = ["", "vaco: training finished."]
@@ -339,7 +339,7 @@ def _help() -> str:
         body = text[text.index("\n\n", text.index("usage:")) + 2 :] if "usage:" in text else text
         sections.append(f"{key} ({class_path}; --{key} chooses another class):\n" + body.split("\n", 2)[-1])
     sections.append(
-        "The LLM track's classes: `vaco fit --model.help vaco.llm.module.RLVRModule`, `--data.help vaco.llm.data.GSM8kDataModule`."
+        "The LLM track's classes: `vaco fit --model.help vaco.llm.rlvr_module.RLVRModule`, `--data.help vaco.llm.data.GSM8kDataModule`."
     )
     return "\n".join(sections)
 

@@ -26,7 +26,7 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from vaco import _checks
-from vaco.advantages import functional as F
+from vaco.advantages import advantage_math as F
 
 __all__ = ["AdvantageModule", "GAE", "VTrace"]
 

@@ -6,11 +6,11 @@ __all__ = ["RolloutDataModule", "ParallelRolloutDataModule", "Collection", "InPr
 def __getattr__(name):
     # lazy, so that actor processes (which import vaco.data.parallel.actors) do not pay for Lightning
     if name == "RolloutDataModule":
-        from vaco.data.module import RolloutDataModule
+        from vaco.data.datamodule import RolloutDataModule
 
         return RolloutDataModule
-    if name == "ParallelRolloutDataModule":  # actor processes (docs/async.md)
-        from vaco.data.parallel.module import ParallelRolloutDataModule
+    if name == "ParallelRolloutDataModule":  # deprecated: collection: vaco.data.parallel.Actors
+        from vaco.data.parallel.legacy import ParallelRolloutDataModule
 
         return ParallelRolloutDataModule
     if name in ("Collection", "InProcess"):  # the collection backends (vaco.data.warp.Warp is another)

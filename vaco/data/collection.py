@@ -20,7 +20,7 @@ builds the collector and owns the policy-version buffer; the learner pushes vers
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -30,34 +30,59 @@ from vaco.data.envs import EnvSpec, env_spec, validate_env_id
 if TYPE_CHECKING:
     from torchrl.collectors import BaseCollector
 
-    from vaco.data.module import RolloutDataModule
+    from vaco.data.policy_buffer import PolicyVersionBuffer
 
-__all__ = ["Collection", "InProcess"]
+__all__ = ["Collection", "InProcess", "RolloutSettings"]
+
+
+class RolloutSettings(Protocol):
+    """What a backend reads from the data module (:class:`~vaco.data.RolloutDataModule` is the one
+    implementation): the task, the batch shape, the reward scaler's settings and the policy buffer.
+    A backend depends on this, not on the Lightning data module."""
+
+    env_id: str
+    env_kwargs: dict | None
+    num_envs: int
+    num_steps: int
+    gamma: float
+    scale_reward: bool
+    eval_envs: int
+    trainer: Any  # the Lightning trainer (None outside fit): DDP rank and world size
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def policy_buffer(self) -> PolicyVersionBuffer: ...
+
+    def world_size(self) -> int: ...
+
+    def num_iterations(self) -> int: ...
 
 
 class Collection:
     """Base of the collection backends (see the module docstring)."""
 
-    def validate(self, data: RolloutDataModule) -> None:
+    def validate(self, data: RolloutSettings) -> None:
         """Raise a ValueError naming the field if this backend cannot run ``data``'s settings."""
         validate_env_id(data.env_id)
 
-    def env_spec(self, data: RolloutDataModule) -> EnvSpec:
+    def env_spec(self, data: RolloutSettings) -> EnvSpec:
         return env_spec(data.env_id, data.env_kwargs)
 
-    def collector(self, data: RolloutDataModule, seed: int) -> BaseCollector:  # pragma: no cover - abstract
+    def collector(self, data: RolloutSettings, seed: int) -> BaseCollector:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def evaluate(
         self,
-        data: RolloutDataModule,
+        data: RolloutSettings,
         policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
         episodes: int,
         seed: int,
         deterministic: bool,
     ) -> np.ndarray:
         """Raw returns of ``episodes`` complete episodes of ``policy`` (raw obs -> (loc, scale))."""
-        from vaco.data.module import run_episodes
+        from vaco.data.episodes import run_episodes
 
         return run_episodes(
             data.env_id,
@@ -69,10 +94,10 @@ class Collection:
             env_kwargs=data.env_kwargs,
         )
 
-    def on_policy_pushed(self, data: RolloutDataModule, version: int) -> None:
+    def on_policy_pushed(self, data: RolloutSettings, version: int) -> None:
         """After the learner pushed ``version`` into the policy buffer (e.g. ship it to actor processes)."""
 
-    def on_exception(self, data: RolloutDataModule) -> None:
+    def on_exception(self, data: RolloutSettings) -> None:
         """Fit stopped on an error or Ctrl-C (e.g. stop actor processes); ``teardown`` shuts down otherwise."""
 
     def config(self) -> dict[str, Any]:
@@ -92,7 +117,7 @@ class InProcess(Collection):
     """gymnasium vector envs (``SAME_STEP`` autoreset) stepped in this process: today's collector,
     :class:`~vaco.data.collector.RolloutCollector`."""
 
-    def collector(self, data: RolloutDataModule, seed: int) -> BaseCollector:
+    def collector(self, data: RolloutSettings, seed: int) -> BaseCollector:
         from vaco.data.collector import RolloutCollector
 
         return RolloutCollector(

@@ -10,7 +10,7 @@ __all__ = ["RLVRModule", "GSM8kDataModule", "GroupRelative", "gsm8k_reward"]
 
 def __getattr__(name):  # lazy: the reward parser must not pull in transformers and Lightning
     if name == "RLVRModule":
-        from vaco.llm.module import RLVRModule
+        from vaco.llm.rlvr_module import RLVRModule
 
         return RLVRModule
     if name == "GSM8kDataModule":

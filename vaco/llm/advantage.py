@@ -1,4 +1,4 @@
-"""GRPO's group-relative advantage as a thin module over :func:`vaco.advantages.functional.group_relative`."""
+"""GRPO's group-relative advantage as a thin module over :func:`vaco.advantages.advantage_math.group_relative`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from vaco import _checks
-from vaco.advantages.functional import group_relative
+from vaco.advantages.advantage_math import group_relative
 
 __all__ = ["GroupRelative"]
 

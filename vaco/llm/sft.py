@@ -30,7 +30,7 @@ from vaco.llm.policy import completion_log_probs, encode_prompts, generate, tiny
 from vaco.llm.reward import gsm8k_reward
 from vaco.llm.synthetic import DEFAULT_ERROR_RATES, FAMILIES, generate_splits, teacher_answer, write_jsonl
 from vaco.llm.tokenizer import train_tokenizer
-from vaco.objectives.functional import masked_mean
+from vaco.objectives.objective_math import masked_mean
 
 __all__ = ["CpuSetting", "prepare_cpu_setting", "supervised_finetune", "greedy_accuracy", "encode_pairs"]
 

@@ -1,6 +1,6 @@
 """Policy objectives: one base class (:class:`Objective`), one surrogate per subclass."""
 
-from vaco.objectives import functional
+from vaco.objectives import objective_math
 from vaco.objectives.base import Objective
 from vaco.objectives.clip import PPOClip
 from vaco.objectives.impala import IMPALA
@@ -8,4 +8,4 @@ from vaco.objectives.kl import PPOKL
 from vaco.objectives.spo import SPO
 from vaco.objectives.tv_filter import TVFilter
 
-__all__ = ["functional", "Objective", "PPOClip", "PPOKL", "SPO", "IMPALA", "TVFilter"]
+__all__ = ["objective_math", "Objective", "PPOClip", "PPOKL", "SPO", "IMPALA", "TVFilter"]

@@ -36,7 +36,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from vaco import _checks
-from vaco.objectives.functional import masked_mean, normalize
+from vaco.objectives.objective_math import masked_mean, normalize
 
 __all__ = ["Objective"]
 

@@ -8,7 +8,7 @@ import torch
 
 from vaco import _checks
 from vaco.objectives.clip import PPOClip
-from vaco.objectives.functional import gaussian_kl
+from vaco.objectives.objective_math import gaussian_kl
 
 __all__ = ["PPOKL"]
 

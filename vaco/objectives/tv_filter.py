@@ -8,7 +8,7 @@ import torch
 
 from vaco import _checks
 from vaco.objectives.base import Objective
-from vaco.objectives.functional import tv_filter_mask
+from vaco.objectives.objective_math import tv_filter_mask
 
 __all__ = ["TVFilter"]
 

@@ -1,5 +1,5 @@
 import sys
 
-from vaco.report.cli import main
+from vaco.report.report_cli import main
 
 sys.exit(main())

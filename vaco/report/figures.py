@@ -50,6 +50,11 @@ def _plt():
     return plt
 
 
+def use_file_backend() -> None:
+    """Draw into files (matplotlib's Agg backend): no display is needed or opened."""
+    _plt().switch_backend("Agg")
+
+
 def _colors(keys: Sequence[str]) -> dict[str, tuple]:
     import seaborn as sns
 

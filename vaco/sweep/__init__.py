@@ -23,20 +23,11 @@ cell whose run FINISHED is skipped; a cell with ``<out>/<cell>/checkpoints/last.
 from it into the same MLflow run; a failed cell prints the end of its log and the others go on.
 """
 
-from vaco.sweep.cli import main
-from vaco.sweep.grid import (
-    AXES,
-    Algorithm,
-    Block,
-    Cell,
-    Sweep,
-    SweepError,
-    cell_config,
-    expand,
-    load_sweep,
-    validate_with_cli,
-)
+from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, cell_config, expand
+from vaco.sweep.loader import load_sweep, validate_with_cli
+from vaco.sweep.schema import AXES, SweepError
 from vaco.sweep.state import parent_run, plan, resolve_tracking_uri, sweep_runs
+from vaco.sweep.sweep_cli import main
 from vaco.tracking import CELL_TAG, PARENT_TAG, SETTINGS_TAG
 
 __all__ = [

@@ -28,6 +28,7 @@ import yaml
 
 from vaco.files import write_text_atomic
 from vaco.sweep.grid import Cell, Sweep, cell_config
+from vaco.sweep.schema import DEFAULT_ARRAY_PARALLELISM
 from vaco.tracking import CELL_TAG, redact_uri
 
 __all__ = ["LocalLauncher", "run_cell"]
@@ -273,7 +274,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 def see_results(sweep: Sweep) -> str:
     """The closing hint of a sweep: the commands that show its results, runnable from here."""
-    from vaco.cli import vaco_command
+    from vaco.hints import vaco_command
 
     vaco = vaco_command()
     return f"see the results: {vaco} report --experiment {sweep.experiment}   (or browse the runs: {vaco} ui)"
@@ -284,7 +285,6 @@ def say(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- clusters
-DEFAULT_ARRAY_PARALLELISM = 64  # a sweep of thousands of cells must not take a whole partition at once
 SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # SLURM's own default, when `scontrol show config` cannot say
 
 
@@ -307,19 +307,6 @@ def max_array_size(env: dict | None = None) -> int:
             except ValueError:
                 break
     return SLURM_DEFAULT_MAX_ARRAY_SIZE
-
-
-RESOURCE_FIELDS = {
-    # name: (type, meaning) — the sweep file's `resources:` and the matching command-line flags
-    "cpus": (int, "CPUs per cell (default 1: one env-stepping process with one torch thread)"),
-    "gpus": (int, "GPUs per cell (default 0)"),
-    "mem_gb": (int, "memory per cell, GiB (SLURM; default 8)"),
-    "time_min": (int, "wall-time limit per cell, minutes (SLURM; a cell past it is requeued and resumes)"),
-    "partition": (str, "SLURM partition"),
-    "account": (str, "SLURM account"),
-    "array_parallelism": (int, f"SLURM: cells of a job array running at once (default {DEFAULT_ARRAY_PARALLELISM})"),
-    "max_retries": (int, "Ray: retries of a cell whose worker or node died (default 3)"),
-}
 
 
 def _cell_dirs(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> list[str]:

@@ -7,7 +7,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from vaco.sweep.grid import Cell, Sweep, SweepError, expand
+from vaco.sweep.grid import Cell, Sweep, expand
+from vaco.sweep.schema import SweepError
 from vaco.tracking import CELL_TAG, PARENT_TAG, SETTINGS_TAG, absolute_tracking_uri, search_all_runs
 
 __all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock"]

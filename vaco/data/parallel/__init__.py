@@ -3,8 +3,8 @@
 * :class:`ActorCollector` (actors.py): the collector TorchRL builds in each worker process;
 * :class:`ActorPool` (pool.py): W actors behind ``MultiSyncCollector`` / ``MultiAsyncCollector``,
   with the policy-version buffer shipped by TorchRL's weight-sync scheme;
-* :class:`Actors` (module.py): the collection backend (``data.collection``), ``mode: sync | async``;
-  :class:`ParallelRolloutDataModule`, its older spelling as a data module.
+* :class:`Actors` (backend.py): the collection backend (``data.collection``), ``mode: sync | async``;
+* :class:`ParallelRolloutDataModule` (legacy.py): deprecated, the older spelling as a data module.
 
 See docs/async.md. Imports are lazy: an actor process needs only actors.py (no Lightning).
 """
@@ -27,8 +27,8 @@ _WHERE = {
     "ActorFailure": "pool",
     "ActorPool": "pool",
     "split_envs": "pool",
-    "ParallelRolloutDataModule": "module",
-    "Actors": "module",
+    "ParallelRolloutDataModule": "legacy",
+    "Actors": "backend",
 }
 
 

@@ -10,7 +10,7 @@
 
 :mod:`~vaco.data.warp.tasks` holds each task's observation, reward and termination (gymnasium's
 v5 code on batched tensors), :mod:`~vaco.data.warp.env` the batched env, and
-:mod:`~vaco.data.warp.collector` the collector. docs/gpu.md says what matches gymnasium and what
+:mod:`~vaco.data.warp.warp_collector` the collector. docs/gpu.md says what matches gymnasium and what
 does not, with measurements.
 """
 
@@ -26,7 +26,7 @@ from vaco.data.collection import Collection
 from vaco.data.warp.tasks import TASKS, task
 
 if TYPE_CHECKING:
-    from vaco.data.module import RolloutDataModule
+    from vaco.data.collection import RolloutSettings
 
 __all__ = ["TASKS", "Warp", "record_warp_episode", "warp_episodes"]
 
@@ -59,7 +59,7 @@ class Warp(Collection):
             raise ValueError(f"`data.collection.cuda_graph`: CUDA graphs need `device: cuda`, got {device!r}")
         self.device, self.cone, self.evaluate_on, self.cuda_graph = device, cone, evaluate_on, cuda_graph
 
-    def validate(self, data: RolloutDataModule) -> None:
+    def validate(self, data: RolloutSettings) -> None:
         task(data.env_id, field="data.env_id")
         if data.env_kwargs:
             raise ValueError(
@@ -77,15 +77,15 @@ class Warp(Collection):
         for field, worlds in sizes:
             check_worlds(data.env_id, worlds, self.device, field=field)  # the extra is installed; memory
 
-    def _env(self, data: RolloutDataModule, num_worlds: int, seed: int):
+    def _env(self, data: RolloutSettings, num_worlds: int, seed: int):
         from vaco.data.warp.env import WarpVectorEnv
 
         return WarpVectorEnv(
             data.env_id, num_worlds, device=self.device, seed=seed, cone=self.cone, cuda_graph=self.cuda_graph
         )
 
-    def collector(self, data: RolloutDataModule, seed: int):
-        from vaco.data.warp.collector import WarpCollector
+    def collector(self, data: RolloutSettings, seed: int):
+        from vaco.data.warp.warp_collector import WarpCollector
 
         return WarpCollector(
             self._env(data, data.num_envs, seed),
@@ -99,7 +99,7 @@ class Warp(Collection):
 
     def evaluate(
         self,
-        data: RolloutDataModule,
+        data: RolloutSettings,
         policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
         episodes: int,
         seed: int,
@@ -135,7 +135,7 @@ def warp_episodes(
     cone: str | None = None,
 ) -> np.ndarray:
     """Returns of ``episodes`` complete episodes on Warp worlds, counted as
-    :func:`vaco.data.module.run_episodes` counts them (each world at most ceil(E / n) episodes).
+    :func:`vaco.data.episodes.run_episodes` counts them (each world at most ceil(E / n) episodes).
     ``policy`` maps raw observations on the CPU to ``(loc, scale)`` (the learner's evaluation copy)."""
     from vaco.data.warp.env import WarpVectorEnv
 

@@ -6,8 +6,10 @@ import argparse
 import fnmatch
 import sys
 
-from vaco.sweep.grid import LAUNCHERS, SweepError, check_resources, expand, load_sweep, validate_with_cli
+from vaco.sweep.grid import expand
 from vaco.sweep.launchers import say
+from vaco.sweep.loader import load_sweep, validate_with_cli
+from vaco.sweep.schema import LAUNCHERS, RESOURCE_FIELDS, SweepError, check_resources
 from vaco.sweep.state import lock, parent_run, plan, resolve_tracking_uri
 from vaco.tracking import redact_uri
 
@@ -60,8 +62,6 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--wait", action="store_true", help="slurm: wait for the jobs instead of returning once submitted"
     )
-    from vaco.sweep.launchers import RESOURCE_FIELDS
-
     for name, (kind, text) in RESOURCE_FIELDS.items():
         launch.add_argument(f"--{name.replace('_', '-')}", dest=f"resource_{name}", type=kind, default=None, help=text)
     return parser

@@ -28,7 +28,7 @@ from tensordict import TensorDictBase
 
 from vaco._checks import NonFiniteInputError
 from vaco.advantages import AdvantageModule, VTrace
-from vaco.data.module import learner_policy
+from vaco.data.episodes import learner_policy
 from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob

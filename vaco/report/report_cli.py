@@ -1,4 +1,40 @@
-"""``vaco report``'s command line."""
+"""``vaco report``: MLflow runs -> normalised scores -> rliable aggregates, PNG figures, a Markdown summary.
+
+    vaco report --experiment vaco-laptop [--out reports/vaco-laptop] [--reps 2000] [--save-data runs.csv.gz]
+    vaco report --data docs/data/runs.csv.gz          # the same report from a data file, no MLflow store
+    vaco report --data part1.csv.gz part2.csv.gz --tasks Hopper-v5 HalfCheetah-v5 --baseline ppo_clip
+
+The protocol follows the paper's Experiments section and Agarwal et al. (2021), computed with
+rliable itself (``library.get_interval_estimates``, ``metrics.aggregate_*``,
+``library.create_performance_profile``, ``plot_utils``):
+
+* final score of a run: the mean of its last ``last_evals`` ``eval/return`` values (default 1:
+  the return of the final policy, itself the mean over E evaluation episodes);
+* normalised score: ``(return - min) / (max - min)``, with min and max over the final scores of
+  the main algorithms' runs of that task at the main comparison's axis values, as the paper
+  defines it (ablation and control variants are scored on that scale but do not set it;
+  ``--normalize-over all`` takes every run); curves use the same two numbers, so a curve (or a
+  variant) can leave [0, 1];
+* robustness to lag (:mod:`~vaco.report.robustness`, the section that leads the summary): each
+  algorithm's drop from its own K = 1 and the difference of drops against ``--baseline``, with
+  paired stratified-bootstrap intervals;
+* Median, IQM, Mean and Optimality Gap with 95% stratified-bootstrap intervals over runs x tasks,
+  per algorithm and degree of asynchrony K; IQM of the normalised return over training and of
+  its area under the curve (AUC: the curve's mean over its evaluation steps, trapezoid rule);
+  performance profiles;
+* TV of the policy after each iteration's epochs from the behaviour mixture (``lag/forward_tv``,
+  the paper's "TV of the final policy") and the minibatch TV the filter tests (``train/tv``),
+  each averaged over all iterations of a run, against ``delta / 2``;
+* ``train/filter_fraction`` and ``train/clip_fraction`` per batch (one logged value per iteration);
+* an ablation per sweep axis (delta, rho_bar, and any axis an objective declares in
+  ``sweep_axes``), and realignment on/off.
+
+The main comparison uses the runs at the reference value of each axis (the value most runs use,
+unless ``--reference-delta``/``--reference-rho-bar`` is given). A group enters an aggregate only
+if it has runs on every task of that figure; its runs per task are cut to its smallest count. A
+group with fewer than ``min_runs`` (default 3) runs per task gets a point estimate and no
+interval, and the summary says so.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +42,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vaco.report import __doc__ as _DOC
-from vaco.report.figures import _plt
+from vaco.report.figures import use_file_backend
 from vaco.report.runs import load_runs, log_report, read_runs, save_runs
 from vaco.report.scores import NORMALIZATIONS, build_report
 from vaco.report.summary import write_report
@@ -32,7 +67,7 @@ def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="vaco report", description=_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="vaco report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--experiment", help="MLflow experiment name (a sweep's `experiment`)")
@@ -113,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             print(f"vaco report: `--{name.replace('_', '-')}` must be >= 1", file=sys.stderr)
             return 2
-    _plt().switch_backend("Agg")
+    use_file_backend()
     uri = tracking_uri()
     try:
         if args.data:

@@ -1,19 +1,17 @@
-"""Actor processes as a collection backend: :class:`Actors` (``data.collection``), and
-:class:`ParallelRolloutDataModule`, the older spelling of the same thing as a data module."""
+"""Actor processes as a collection backend: :class:`Actors` (``data.collection``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from vaco.data.collection import Collection
-from vaco.data.module import RolloutDataModule
+from vaco.data.collection import Collection, RolloutSettings
 from vaco.data.parallel.actors import ActorSpec, actor_seed
 from vaco.data.parallel.pool import ActorPool, split_envs, validate_backend, validate_mode
 
 if TYPE_CHECKING:
     from torchrl.collectors import BaseCollector
 
-__all__ = ["Actors", "ParallelRolloutDataModule"]
+__all__ = ["Actors"]
 
 
 class Actors(Collection):
@@ -65,11 +63,11 @@ class Actors(Collection):
         self.num_workers, self.mode, self.staleness_limit = num_workers, mode, staleness_limit
         self.backend, self.launcher, self.tcp_port = backend, launcher, tcp_port
 
-    def validate(self, data: RolloutDataModule) -> None:
+    def validate(self, data: RolloutSettings) -> None:
         super().validate(data)
         split_envs(data.num_envs, self.num_workers, f"{self.field_prefix}.num_workers")
 
-    def actor_specs(self, data: RolloutDataModule, seed: int) -> list[ActorSpec]:
+    def actor_specs(self, data: RolloutSettings, seed: int) -> list[ActorSpec]:
         """What each actor process of the rank whose collection seed is ``seed`` steps."""
         per_actor = split_envs(data.num_envs, self.num_workers, f"{self.field_prefix}.num_workers")
         return [
@@ -87,7 +85,7 @@ class Actors(Collection):
             for w in range(self.num_workers)
         ]
 
-    def collector(self, data: RolloutDataModule, seed: int) -> BaseCollector:
+    def collector(self, data: RolloutSettings, seed: int) -> BaseCollector:
         if self.backend == "distributed" and data.world_size() > 1:
             raise ValueError(
                 f"`{self.field_prefix}.backend: distributed` makes the learner rank 0 of torch.distributed's "
@@ -108,7 +106,7 @@ class Actors(Collection):
         pool.last_checkpoint = lambda: getattr(data.trainer.checkpoint_callback, "last_model_path", "") or ""
         return pool
 
-    def on_policy_pushed(self, data: RolloutDataModule, version: int) -> None:
+    def on_policy_pushed(self, data: RolloutSettings, version: int) -> None:
         data.collector.sync_weights()  # no-op until the actors run; blocks until all have it
         if self.staleness_limit is not None and version > 0:
             trainer = data.trainer
@@ -117,72 +115,8 @@ class Actors(Collection):
             step = version * data.batch_size * trainer.world_size  # the step the learner logs this iteration at
             trainer.logger.log_metrics({"lag/dropped_batches": float(data.collector.dropped_batches)}, step=step)
 
-    def on_exception(self, data: RolloutDataModule) -> None:
+    def on_exception(self, data: RolloutSettings) -> None:
         data.collector.shutdown(raise_on_error=False)
 
     def definition(self) -> dict[str, Any]:
         return {**super().definition(), "num_workers": self.num_workers, "mode": self.mode, "backend": self.backend}
-
-
-class ParallelRolloutDataModule(RolloutDataModule):
-    """:class:`~vaco.data.RolloutDataModule` with ``collection: vaco.data.parallel.Actors``: the
-    spelling of actor processes before collection backends existed, kept so that its configs and
-    checkpoints keep working. Its actor arguments are :class:`Actors`'; the rest are
-    :class:`~vaco.data.RolloutDataModule`'s. Its run definition is the new spelling's, so a run
-    started with one spelling resumes with the other.
-    """
-
-    def __init__(
-        self,
-        env_id: str = "Hopper-v5",
-        num_envs: int = 2,
-        num_steps: int = 2048,
-        total_steps: int = 1_000_000,
-        policy_buffer_size: int = 1,
-        scale_reward: bool = True,
-        gamma: float = 0.99,
-        eval_every: int = 10,
-        eval_episodes: int = 10,
-        eval_envs: int = 10,
-        eval_deterministic: bool = False,
-        seed: int = 1,
-        env_kwargs: dict[str, Any] | None = None,
-        num_workers: int = 2,
-        mode: Literal["sync", "async"] = "sync",
-        staleness_limit: int | None = None,
-        backend: Literal["mp", "distributed"] = "mp",
-        launcher: Literal["mp", "submitit", "submitit_delayed"] = "mp",
-        tcp_port: int | None = None,
-    ) -> None:
-        actors = _DataFieldActors(num_workers, mode, staleness_limit, backend, launcher, tcp_port)
-        super().__init__(
-            env_id=env_id,
-            num_envs=num_envs,
-            num_steps=num_steps,
-            total_steps=total_steps,
-            policy_buffer_size=policy_buffer_size,
-            scale_reward=scale_reward,
-            gamma=gamma,
-            eval_every=eval_every,
-            eval_episodes=eval_episodes,
-            eval_envs=eval_envs,
-            eval_deterministic=eval_deterministic,
-            seed=seed,
-            env_kwargs=env_kwargs,
-            collection=actors,
-        )
-
-    # the actor settings, where this data module's callers have always read them
-    num_workers = property(lambda self: self.collection.num_workers)
-    mode = property(lambda self: self.collection.mode)
-    backend = property(lambda self: self.collection.backend)
-    staleness_limit = property(lambda self: self.collection.staleness_limit)
-
-
-class _DataFieldActors(Actors):
-    """:class:`Actors` whose fields are ``data.*`` (ParallelRolloutDataModule's own arguments)."""
-
-    field_prefix = "data"
-
-    def definition(self) -> dict[str, Any]:
-        return {**super().definition(), "class_path": f"{Actors.__module__}.{Actors.__qualname__}"}

@@ -36,10 +36,10 @@ from vaco.llm.policy import (
     load_tokenizer,
 )
 from vaco.llm.reward import gsm8k_reward
-from vaco.module import NonFiniteLossError, plain_fields
 from vaco.objectives import Objective, PPOClip, TVFilter
-from vaco.objectives.functional import total_variation
+from vaco.objectives.objective_math import total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
+from vaco.vaco_module import NonFiniteLossError, plain_fields
 
 __all__ = ["RLVRModule"]
 

@@ -1,0 +1,84 @@
+"""``ParallelRolloutDataModule``: actor processes spelt as a data module, from before collection
+backends existed. Deprecated: write ``collection: {class_path: vaco.data.parallel.Actors}`` under
+:class:`~vaco.data.RolloutDataModule` instead (docs/async.md). Kept so that old configs and
+checkpoints keep working; it warns once per construction."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+from vaco.data.datamodule import RolloutDataModule
+from vaco.data.parallel.backend import Actors
+
+__all__ = ["ParallelRolloutDataModule", "Actors"]
+
+DEPRECATION = (
+    "vaco.data.parallel.ParallelRolloutDataModule is deprecated: use data.class_path vaco.data.RolloutDataModule "
+    "with data.init_args.collection.class_path vaco.data.parallel.Actors (the same run; docs/async.md)"
+)
+
+
+class ParallelRolloutDataModule(RolloutDataModule):
+    """:class:`~vaco.data.RolloutDataModule` with ``collection: vaco.data.parallel.Actors``: the
+    spelling of actor processes before collection backends existed, kept so that its configs and
+    checkpoints keep working. Its actor arguments are :class:`Actors`'; the rest are
+    :class:`~vaco.data.RolloutDataModule`'s. Its run definition is the new spelling's, so a run
+    started with one spelling resumes with the other.
+    """
+
+    def __init__(
+        self,
+        env_id: str = "Hopper-v5",
+        num_envs: int = 2,
+        num_steps: int = 2048,
+        total_steps: int = 1_000_000,
+        policy_buffer_size: int = 1,
+        scale_reward: bool = True,
+        gamma: float = 0.99,
+        eval_every: int = 10,
+        eval_episodes: int = 10,
+        eval_envs: int = 10,
+        eval_deterministic: bool = False,
+        seed: int = 1,
+        env_kwargs: dict[str, Any] | None = None,
+        num_workers: int = 2,
+        mode: Literal["sync", "async"] = "sync",
+        staleness_limit: int | None = None,
+        backend: Literal["mp", "distributed"] = "mp",
+        launcher: Literal["mp", "submitit", "submitit_delayed"] = "mp",
+        tcp_port: int | None = None,
+    ) -> None:
+        warnings.warn(DEPRECATION, FutureWarning, stacklevel=2)
+        actors = _DataFieldActors(num_workers, mode, staleness_limit, backend, launcher, tcp_port)
+        super().__init__(
+            env_id=env_id,
+            num_envs=num_envs,
+            num_steps=num_steps,
+            total_steps=total_steps,
+            policy_buffer_size=policy_buffer_size,
+            scale_reward=scale_reward,
+            gamma=gamma,
+            eval_every=eval_every,
+            eval_episodes=eval_episodes,
+            eval_envs=eval_envs,
+            eval_deterministic=eval_deterministic,
+            seed=seed,
+            env_kwargs=env_kwargs,
+            collection=actors,
+        )
+
+    # the actor settings, where this data module's callers have always read them
+    num_workers = property(lambda self: self.collection.num_workers)
+    mode = property(lambda self: self.collection.mode)
+    backend = property(lambda self: self.collection.backend)
+    staleness_limit = property(lambda self: self.collection.staleness_limit)
+
+
+class _DataFieldActors(Actors):
+    """:class:`Actors` whose fields are ``data.*`` (ParallelRolloutDataModule's own arguments)."""
+
+    field_prefix = "data"
+
+    def definition(self) -> dict[str, Any]:
+        return {**super().definition(), "class_path": f"{Actors.__module__}.{Actors.__qualname__}"}

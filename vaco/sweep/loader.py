@@ -1,0 +1,321 @@
+"""Reading a sweep file: its structure, names and types, checked field by field (one line naming
+the field), and then each distinct cell's config parsed by ``vaco fit``'s own parser.
+
+Imports nothing heavy (``vaco sweep --help`` and ``--dry-run`` stay fast); ``vaco fit``'s parser
+is imported only to validate the cells' configs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, _fmt, cell_config
+from vaco.sweep.schema import (
+    _AXIS_DEFAULTS,
+    _GAE,
+    _RESERVED,
+    _SAFE_ID,
+    _TOP_FIELDS,
+    _VTRACE,
+    AXES,
+    LAUNCHERS,
+    RESOURCE_FIELDS,
+    SweepError,
+    check_resources,
+    check_text,
+    import_class,
+)
+
+__all__ = ["load_sweep", "validate_with_cli", "declared_axes"]
+
+
+def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
+    """Read and validate a sweep file (structure, names, types; not yet `vaco fit`'s parser)."""
+    from vaco.config_errors import ConfigurationError, check_config_files
+
+    path = Path(path)
+    if not path.is_file():
+        raise SweepError(f"`--config`: no sweep file at {path}")
+    try:  # unreadable, a tab, broken indentation: the file, the line and what is wrong
+        raw = check_config_files([str(path)])[str(path)] or {}
+    except ConfigurationError as err:
+        raise SweepError(str(err)) from None
+    if not isinstance(raw, dict):
+        raise SweepError(f"{path}: a sweep file is a mapping with the fields {', '.join(_TOP_FIELDS)}")
+    for key in raw:
+        if key not in _TOP_FIELDS:
+            raise SweepError(f"{path}: unknown field `{key}` (known: {', '.join(_TOP_FIELDS)})")
+    experiment = raw.get("experiment")
+    if not (isinstance(experiment, str) and experiment.strip()):
+        raise SweepError(f"{path}: `experiment` (the MLflow experiment name) is required")
+    check_text("experiment", experiment)
+    jobs = raw.get("jobs", 1)
+    if not (isinstance(jobs, int) and not isinstance(jobs, bool) and jobs >= 1):
+        raise SweepError(f"`jobs` must be an integer >= 1, got {jobs!r}")
+    configs_dir = _configs_dir(path, raw.get("configs_dir"))
+    algorithms = _load_algorithms(configs_dir)
+    envs = _load_envs(configs_dir)
+    overrides = _load_overrides(raw.get("overrides") or {}, algorithms)
+    defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SweepError("`defaults` must be a mapping of axis -> values")
+    grid = raw.get("grid")
+    if not isinstance(grid, dict) or not grid:
+        raise SweepError("`grid` must be a mapping of block name -> axes, with at least one block")
+    blocks = [_load_block(str(name), body, defaults, algorithms, envs) for name, body in grid.items()]
+    for block in blocks:
+        for key, _ in block.extra:
+            if key in overrides:
+                raise SweepError(f"`grid.{block.name}.{key}` is also in `overrides`: keep it in one place")
+    out = Path(output_dir) if output_dir else Path(raw.get("output_dir") or Path("sweeps") / experiment)
+    return Sweep(
+        path=path,
+        experiment=experiment,
+        output_dir=out.resolve(),
+        jobs=jobs,
+        configs_dir=configs_dir,
+        overrides=overrides,
+        blocks=blocks,
+        algorithms=algorithms,
+        envs=envs,
+        description=str(raw.get("description", "")),
+        launcher=_load_launcher(raw.get("launcher", "local")),
+        resources=_load_resources(raw.get("resources") or {}),
+    )
+
+
+def _load_launcher(value) -> str:
+    if value not in LAUNCHERS:
+        raise SweepError(f"`launcher` must be one of {', '.join(LAUNCHERS)}, got {value!r}")
+    return value
+
+
+def _load_resources(raw) -> dict:
+    if not isinstance(raw, dict):
+        raise SweepError("`resources` must be a mapping, e.g. {cpus: 1, gpus: 0, mem_gb: 8, time_min: 600}")
+    for key, value in raw.items():
+        if key not in RESOURCE_FIELDS:
+            raise SweepError(f"`resources.{key}`: unknown field (known: {', '.join(RESOURCE_FIELDS)})")
+        kind = RESOURCE_FIELDS[key][0]
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise SweepError(
+                f"`resources.{key}` must be a {'non-negative integer' if kind is int else 'string'}, got {value!r}"
+            )
+    return check_resources(dict(raw))
+
+
+def _configs_dir(path: Path, given: str | None) -> Path:
+    if given:
+        found = (path.parent / given).resolve()
+    else:  # configs/sweeps/x.yaml -> configs/; else the repository's configs/
+        found = path.resolve().parent.parent
+        if not (found / "algo").is_dir():
+            found = Path(__file__).resolve().parents[2] / "configs"
+    if not (found / "algo").is_dir() or not (found / "env").is_dir():
+        raise SweepError(f"`configs_dir`: {found} has no algo/ and env/ folders")
+    return found
+
+
+def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
+    out = {}
+    for file in sorted((configs_dir / "algo").glob("*.yaml")):
+        config = yaml.safe_load(file.read_text())
+        init = config["model"]["init_args"]
+        objective, advantage = init["objective"]["class_path"], (init.get("advantage") or {}).get("class_path")
+        where = f"{file}: model.init_args.objective.class_path"
+        module = import_class(config["model"].get("class_path", "vaco.VacoModule"), f"{file}: model.class_path")
+        out[file.stem] = Algorithm(
+            name=file.stem,
+            config=config,
+            objective=objective,
+            advantage=advantage,
+            lag_key=getattr(module, "lag_key", "data.init_args.policy_buffer_size"),
+            realign_optional=not getattr(import_class(objective, where), "reestimate_advantage", False)
+            and advantage in (_VTRACE, _GAE),
+        )
+    return out
+
+
+def _load_envs(configs_dir: Path) -> dict[str, dict]:
+    return {file.stem: yaml.safe_load(file.read_text()) for file in sorted((configs_dir / "env").glob("*.yaml"))}
+
+
+def declared_axes(algorithms: dict[str, Algorithm]) -> dict[str, list[str]]:
+    """Every axis the algorithms' objectives and advantage modules declare (with realignment on
+    and off) -> the parts (objective, advantage) that take it."""
+    out: dict[str, list[str]] = {}
+    for algo in algorithms.values():
+        for realigned in (True, False) if algo.realign_optional else (algo.realigned,):
+            for axis, (_, parts) in algo.axes(realigned).items():
+                out.setdefault(axis, [])
+                out[axis] += [p for p in parts if p not in out[axis]]
+    return out
+
+
+def _reserved(algorithms: dict[str, Algorithm]) -> list[str]:
+    """Fields the sweep sets itself: the fixed ones, what K sets, and each declared axis's argument."""
+    axes = declared_axes(algorithms)
+    return list(
+        dict.fromkeys(
+            [
+                *_RESERVED,
+                *(a.lag_key for a in algorithms.values()),
+                *(f"model.init_args.{part}.init_args.{a}" for a, parts in axes.items() for part in parts),
+            ]
+        )
+    )
+
+
+def _load_overrides(raw: dict, algorithms: dict[str, Algorithm]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise SweepError("`overrides` must be a mapping of dotted `vaco fit` keys -> values")
+    out, reserved_keys = {}, _reserved(algorithms)
+    for key, value in raw.items():
+        key = str(key)
+        if key.startswith("--"):
+            key = key[2:]
+        for reserved in reserved_keys:
+            if key == reserved or key.startswith(reserved + ".") or reserved.startswith(key + "."):
+                raise SweepError(
+                    f"`overrides.{key}`: set by the sweep itself ({reserved}); use the grid axes "
+                    f"{', '.join([*AXES, *declared_axes(algorithms)])} or an algorithm config instead"
+                )
+        out[key] = value
+    return out
+
+
+def _as_list(block: str, axis: str, value) -> list:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise SweepError(f"`grid.{block}.{axis}` is empty")
+    return values
+
+
+def _check_values(block: str, axis: str, values: list, algorithms, envs) -> tuple:
+    where = f"`grid.{block}.{axis}`"
+    if axis not in AXES:  # a declared axis: numbers, checked by its class's own constructor
+        for v in values:
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+                raise SweepError(f"{where}: values must be numbers, got {v!r}")
+        return tuple(dict.fromkeys(float(v) for v in values))
+    for v in values:
+        if axis == "algorithm" and v not in algorithms:
+            raise SweepError(f"{where}: unknown algorithm `{v}` (known: {', '.join(algorithms)})")
+        if axis == "env" and v not in envs:
+            raise SweepError(f"{where}: unknown env `{v}` (known: {', '.join(envs)})")
+        if axis in ("K", "seed"):
+            low = 1 if axis == "K" else 0
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= low):
+                raise SweepError(f"{where}: values must be integers >= {low}, got {v!r}")
+        if axis == "realign" and not isinstance(v, bool):
+            raise SweepError(f"{where}: values must be true or false, got {v!r}")
+    return tuple(dict.fromkeys(values))
+
+
+def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
+    if not isinstance(body, dict):
+        raise SweepError(f"`grid.{name}` must be a mapping of axis -> values")
+    axes = declared_axes(algorithms)
+    for source, where in ((body, f"grid.{name}"), (defaults, "defaults")):
+        for key in source:
+            if key not in AXES and key not in axes and "." not in str(key):
+                raise SweepError(
+                    f"`{where}`: unknown field `{key}` (the axes are {', '.join([*AXES, *axes])}, the last "
+                    "declared by the objectives and advantage modules; or any dotted `vaco fit` key such as "
+                    "model.init_args.lr)"
+                )
+    extra = []
+    for key in dict.fromkeys([k for k in (*defaults, *body) if "." in str(k)]):
+        _load_overrides({key: None}, algorithms)  # the same reserved-key check as `overrides`
+        raw = body.get(key, defaults.get(key))
+        values = tuple(dict.fromkeys(_as_list(name, key, raw)))
+        for value in values:  # each value becomes part of a cell id: a folder name and an MLflow filter
+            text = _fmt(value)
+            if not _SAFE_ID.fullmatch(text) or ".." in text:
+                raise SweepError(
+                    f"`grid.{name}.{key}`: {value!r} cannot name a cell (its folder and MLflow run): a value is "
+                    "a number, true/false, or text of letters, digits and _ . + = - (no '..')"
+                )
+        extra.append((str(key), values))
+    values: dict[str, Any] = {}
+    for axis in (*AXES, *axes):
+        raw = body.get(axis, defaults.get(axis, _AXIS_DEFAULTS.get(axis)))
+        if raw is None:
+            if axis in ("algorithm", "env"):
+                raise SweepError(f"`grid.{name}.{axis}` is required (in the block or in `defaults`)")
+            values[axis] = None
+            continue
+        values[axis] = _check_values(name, axis, _as_list(name, axis, raw), algorithms, envs)
+    settings = tuple((a, values.pop(a)) for a in axes if values.get(a) is not None)
+    for a in axes:
+        values.pop(a, None)
+    block = Block(name=name, **values, settings=settings, extra=tuple(extra))
+    algos = [algorithms[a] for a in block.algorithm]
+    if block.realign is not None and not any(a.realign_optional for a in algos):
+        raise SweepError(f"`grid.{name}.realign`: none of {list(block.algorithm)} can switch realignment")
+
+    def realign_values(a: Algorithm) -> set:
+        return set(block.realign) if (block.realign and a.realign_optional) else {a.realigned}
+
+    for axis, axis_values in settings:
+        takers = [(a, r) for a in algos for r in realign_values(a) if axis in a.axes(r)]
+        if not takers:
+            raise SweepError(f"`grid.{name}.{axis}`: none of {list(block.algorithm)} takes {axis}")
+        for algo, realigned in takers:  # the class's own checks, before any cell starts
+            part = algo.axes(realigned)[axis][1][0]
+            class_path = algo.class_path(part, realigned)
+            config = algo.config["model"]["init_args"][part]
+            init = dict(config.get("init_args") or {}) if config["class_path"] == class_path else {}
+            cls = import_class(class_path)
+            for v in axis_values:
+                try:
+                    cls(**{**init, axis: v})
+                except ValueError as err:
+                    raise SweepError(f"`grid.{name}.{axis}`: {v!r} is refused by {cls.__name__}: {err}") from None
+                except Exception:  # the class needs more than its config gives; `vaco fit` checks it
+                    break
+    return block
+
+
+class _Parsed(Exception):
+    pass
+
+
+def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> None:
+    """Parse one cell per (algorithm, env) with ``vaco fit``'s own parser: unknown or mistyped
+    override fields fail here, before anything starts, with jsonargparse's message."""
+    from vaco.fit import VacoCLI
+
+    class ParseOnly(VacoCLI):
+        def init_parser(self, **kwargs):
+            kwargs["exit_on_error"] = False
+            return super().init_parser(**kwargs)
+
+        def before_instantiate_classes(self) -> None:
+            raise _Parsed
+
+    logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
+    seen = set()
+    for cell in cells:
+        key = (cell.algorithm, cell.env, tuple(axis for axis, _ in cell.settings))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*args parameter is intended.*")
+                ParseOnly(args=cell_config(sweep, cell, tracking_uri), run=False)
+        except _Parsed:
+            continue
+        except (Exception, SystemExit) as err:  # jsonargparse's ArgumentError names the key
+            from vaco.config_errors import one_line
+
+            raise SweepError(
+                f"`overrides`: `vaco fit` rejects the config of cell {cell.id}: {one_line(str(err))}"
+            ) from None
