@@ -19,8 +19,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from conftest import CONFIGS, REPO, VACO, metric_histories
-from parallel_helpers import alive, descendants, parallel_run
+from helpers.actors import alive, descendants, parallel_run
+from helpers.runs import CONFIGS, REPO, VACO, metric_histories
 
 
 def _values(history) -> list[float]:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers.runs import REPO
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from conftest import CONFIGS, VACO, run_cli
-from mlflow_server import free_port
+from helpers.mlflow_server import free_port
+from helpers.runs import CONFIGS, VACO, run_cli
 
 PROBE = """
 import json, sys

@@ -1,4 +1,4 @@
-"""A sweep on a real one-node SLURM cluster and against a real PostgreSQL database (tests/services.py
+"""A sweep on a real one-node SLURM cluster and against a real PostgreSQL database (tests/helpers/services.py
 starts them once per session): submission through `sbatch` as a job array, a cell requeued
 mid-run with `scontrol requeue`, a lost submission record that must not lead to a second
 submission, the parent run closed once the cells are done, and a PostgreSQL password that
@@ -17,7 +17,7 @@ import mlflow
 import pytest
 import yaml
 
-from services import postgres, slurm_cluster
+from helpers.services import postgres, slurm_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "sweeps" / "tiny.yaml")

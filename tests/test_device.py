@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import CONFIGS, build_run, run_cli
+from helpers.runs import CONFIGS, build_run, run_cli
 from vaco import VacoModule
 from vaco.advantages import VTrace
 from vaco.checkpoint import load_checkpoint

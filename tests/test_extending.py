@@ -16,7 +16,7 @@ import mlflow
 import pytest
 import yaml
 
-from conftest import REPO, VACO, metric_histories
+from helpers.runs import REPO, VACO, metric_histories
 
 DOC = REPO / "docs" / "extending.md"
 # a tiny budget appended to every `vaco fit` of the doc

@@ -18,8 +18,8 @@ import mlflow
 import pytest
 import torch
 
-from conftest import CONFIGS, VACO, metric_histories, run_cli
-from mlflow_server import free_port, start_server, stop_server
+from helpers.mlflow_server import free_port, start_server, stop_server
+from helpers.runs import CONFIGS, VACO, metric_histories, run_cli
 from vaco.checkpoint import CheckpointError, load_checkpoint, pack_state, save_atomic, unpack_state
 
 ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")

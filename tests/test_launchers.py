@@ -15,8 +15,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from conftest import CONFIGS, VACO, run_cli
-from mlflow_server import free_port, mlflow_server
+from helpers.mlflow_server import free_port, mlflow_server
+from helpers.runs import CONFIGS, VACO, run_cli
 from vaco.checkpoint import CheckpointError, load_checkpoint
 
 TINY = str(CONFIGS / "sweeps" / "tiny.yaml")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlflow
 
-from conftest import CONFIGS, run_cli
+from helpers.runs import CONFIGS, run_cli
 
 FIT = [
     "fit",

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from mlflow_server import mlflow_server
-from sweep_fixture import FIRST, ITERATIONS, SECOND, interrupted_sweep
+from helpers.mlflow_server import mlflow_server
+from helpers.tiny_sweep import FIRST, ITERATIONS, SECOND, interrupted_sweep
 
 
 def _get(base: str, path: str, **query) -> dict:

@@ -6,7 +6,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from sweep_fixture import REPO, full_sweep
+from helpers.tiny_sweep import REPO, full_sweep
 
 
 @pytest.mark.slow

@@ -16,8 +16,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from conftest import CONFIGS, metric_histories, run_cli
-from parallel_helpers import filled_buffer, parallel_run
+from helpers.actors import filled_buffer, parallel_run
+from helpers.runs import CONFIGS, metric_histories, run_cli
 from vaco.data.collector import RolloutCollector
 from vaco.data.parallel import ActorPool, ActorSpec, actor_seed
 from vaco.networks import gaussian_log_prob

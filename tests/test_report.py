@@ -11,7 +11,7 @@ import pytest
 from matplotlib import image as mpimg
 from rliable import library, metrics
 
-from sweep_fixture import FIRST, SECOND, full_sweep
+from helpers.tiny_sweep import FIRST, SECOND, full_sweep
 from vaco import report as R
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweep_fixture import (
+from helpers.tiny_sweep import (
     ABLATIONS,
     BROKEN,
     FIRST,

@@ -15,7 +15,7 @@ import mlflow
 import pytest
 import torch
 
-from conftest import CONFIGS, VACO, build_run, metric_histories, run_cli
+from helpers.runs import CONFIGS, VACO, build_run, metric_histories, run_cli
 from vaco import VacoModule
 from vaco.advantages import GAE, VTrace
 from vaco.objectives import PPOClip, TVFilter

@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy import stats
 
-from conftest import REPO
+from helpers.runs import REPO
 from vaco.data.normalization import DeviceRewardScaler, RewardScaler
 from vaco.data.policy_buffer import PolicyVersionBuffer
 from vaco.data.warp import TASKS, Warp
@@ -355,7 +355,7 @@ def test_every_task_has_gymnasiums_spaces():
 def test_learns_inverted_pendulum_on_warp(tmp_path, mlflow_uri):
     """VACO at K = 4 on 32 Warp worlds x 16 steps, 25.6k env steps; evaluated on gymnasium
     (MuJoCo C): a random policy scores < 30, 800 means the pole stays up 80% of 1,000 steps."""
-    from conftest import build_run, metric_histories
+    from helpers.runs import build_run, metric_histories
     from vaco.advantages import VTrace
     from vaco.objectives import TVFilter
 

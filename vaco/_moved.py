@@ -48,3 +48,11 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def install() -> None:
     if not any(isinstance(finder, _MovedFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _MovedFinder())
+
+
+def current_path(dotted: str) -> str:
+    """``dotted`` (a module or a class path) under the module's current name."""
+    for old, new in MOVED.items():
+        if dotted == old or dotted.startswith(old + "."):
+            return new + dotted[len(old) :]
+    return dotted

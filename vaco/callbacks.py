@@ -46,7 +46,7 @@ class IterationCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        iteration = int(getattr(pl_module, "version", batch_idx + 1))
+        iteration = int(pl_module.version)  # a vaco.learner.Learner: updates done
         if self.every_n_iterations < 1 or iteration % self.every_n_iterations:
             return
         if self._should_skip_saving_checkpoint(trainer):
@@ -75,15 +75,14 @@ class IterationLog(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_rank != 0:
             return
-        iteration = int(getattr(pl_module, "version", batch_idx + 1))
-        data = getattr(pl_module, "data", None)
-        total = data.num_iterations() if hasattr(data, "num_iterations") else None
+        iteration = int(pl_module.version)  # a vaco.learner.Learner
+        total = pl_module.total_iterations()
         width = len(str(total)) if total else 1
         parts = [f"iter {iteration:>{width}}" + (f"/{total}" if total else "")]
-        progress = dict(getattr(pl_module, "progress", {}))
+        progress = dict(pl_module.progress)
         parts += [f"{key} {value}" for key, value in progress.items() if key != "eval"]
-        metrics = getattr(pl_module, "last_metrics", {}) or {}
-        own = getattr(getattr(pl_module, "objective", None), "fraction_metric", None)
+        metrics = pl_module.last_metrics
+        own = pl_module.objective.fraction_metric
         for key, label in self.COLUMNS:
             if own and key.endswith("_fraction") and key != f"train/{own}":
                 continue  # the objective's own intervention fraction only
@@ -99,7 +98,7 @@ class VacoProgressBar(TQDMProgressBar):
     """Iterations as the bar; env steps done/total, SPS and the latest eval return beside it."""
 
     def get_metrics(self, trainer, pl_module):
-        return dict(getattr(pl_module, "progress", {}))
+        return dict(pl_module.progress)
 
     def init_train_tqdm(self):
         bar = super().init_train_tqdm()

@@ -56,7 +56,7 @@ def check_video_writer(path: str) -> None:
             ) from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vaco evaluate", description=__doc__)
     parser.add_argument(
         "--ckpt",
@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         help="simulate on gymnasium (MuJoCo C) or on MuJoCo Warp (the video is drawn from the Warp state)",
     )
     parser.add_argument("--device", default="cpu", help="warp: the Warp device (cpu, cuda)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("`--episodes` must be >= 1")
@@ -117,34 +122,39 @@ def main(argv: list[str] | None = None) -> int:
         f"(min {returns.min():.1f}, max {returns.max():.1f}) over {len(returns)} episodes"
     )
     if args.video:
-        backend = os.environ.setdefault("MUJOCO_GL", "egl")
-        print(
-            f"recording one episode for {args.video} (MUJOCO_GL={backend}; up to 1000 frames, a progress line every 100)",
-            flush=True,
-        )
-        try:
-            if args.backend == "warp":
-                from vaco.data.warp import record_warp_episode
-
-                frames = record_warp_episode(env_id, policy, args.seed, args.deterministic, args.device)
-            else:
-                frames = _record(env_id, policy, args.seed, args.deterministic, on_frame=_frame_progress)
-        except Exception as err:  # noqa: BLE001 - report any renderer failure plainly
-            print(
-                f"no video: offscreen rendering is unavailable here (MUJOCO_GL={backend}): "
-                f"{type(err).__name__}: {err}. Install an EGL or OSMesa driver and set MUJOCO_GL=egl or osmesa.",
-                file=sys.stderr,
-            )
-            return 0
-        import imageio.v2 as imageio
-
-        print(f"  {len(frames)} frames rendered; encoding {args.video} ...", flush=True)
-
-        imageio.mimsave(args.video, frames, fps=30) if args.video.endswith(".gif") else imageio.mimwrite(
-            args.video, frames, fps=30
-        )
-        print(f"wrote {len(frames)} frames to {args.video} ({backend})")
+        _write_video(args, env_id, policy)
     return 0
+
+
+def _write_video(args, env_id: str, policy) -> None:
+    """One episode rendered offscreen into ``args.video`` (a renderer failure is one line, not an error)."""
+    backend = os.environ.setdefault("MUJOCO_GL", "egl")
+    print(
+        f"recording one episode for {args.video} (MUJOCO_GL={backend}; up to 1000 frames, a progress line every 100)",
+        flush=True,
+    )
+    try:
+        if args.backend == "warp":
+            from vaco.data.warp import record_warp_episode
+
+            frames = record_warp_episode(env_id, policy, args.seed, args.deterministic, args.device)
+        else:
+            frames = _record(env_id, policy, args.seed, args.deterministic, on_frame=_frame_progress)
+    except Exception as err:  # noqa: BLE001 - report any renderer failure plainly
+        print(
+            f"no video: offscreen rendering is unavailable here (MUJOCO_GL={backend}): "
+            f"{type(err).__name__}: {err}. Install an EGL or OSMesa driver and set MUJOCO_GL=egl or osmesa.",
+            file=sys.stderr,
+        )
+        return
+    import imageio.v2 as imageio
+
+    print(f"  {len(frames)} frames rendered; encoding {args.video} ...", flush=True)
+
+    imageio.mimsave(args.video, frames, fps=30) if args.video.endswith(".gif") else imageio.mimwrite(
+        args.video, frames, fps=30
+    )
+    print(f"wrote {len(frames)} frames to {args.video} ({backend})")
 
 
 def _frame_progress(count: int) -> None:

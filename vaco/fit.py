@@ -26,6 +26,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from vaco.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow, VacoProgressBar
 from vaco.checkpoint import CheckpointError, load_checkpoint
 from vaco.config_errors import ConfigurationError, check_config_files, config_files, file_of_key, one_line
+from vaco.hints import vaco_command
+from vaco.learner import Learner, same_run_problem
 from vaco.logger import VacoMLFlowLogger
 from vaco.tracking import (
     DEFAULT_TRACKING_URI,
@@ -70,7 +72,7 @@ class VacoCLI(LightningCLI):
 
     def __init__(self, args=None, run: bool = True) -> None:
         super().__init__(
-            model_class=L.LightningModule,
+            model_class=Learner,  # any vaco learner (vaco.learner.Learner): the two shipped, or your own
             datamodule_class=L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
@@ -141,13 +143,11 @@ class VacoCLI(LightningCLI):
     def before_fit(self) -> None:
         """Cross-field checks and the resume check, after the classes exist but before any env
         starts or any MLflow run is created (the logger creates its run lazily)."""
-        check = getattr(self.model, "check_data", None)
-        name = getattr(self.model, "default_run_name", None)
-        if isinstance(self.trainer.logger, VacoMLFlowLogger) and name is not None:
-            self.trainer.logger.default_run_name = name(self.datamodule)
+        model: Learner = self.model
+        if isinstance(self.trainer.logger, VacoMLFlowLogger):
+            self.trainer.logger.default_run_name = model.default_run_name(self.datamodule)
         try:
-            if check is not None:
-                check(self.datamodule)
+            model.check_data(self.datamodule)
             if self._resume_state is not None:
                 _check_same_run(self.model, self.datamodule, self._resume_state)
         except ValueError as err:
@@ -179,13 +179,11 @@ class VacoCLI(LightningCLI):
         if self.trainer.global_rank != 0:
             return
         model, logger = self.model, self.trainer.logger
-        from vaco.hints import vaco_command
-
         vaco = vaco_command()  # `.venv/bin/vaco` where `vaco` is not on PATH (after `make demo`)
         lines = ["", "vaco: training finished."]
-        final = getattr(model, "last_eval_return", None)
-        if final is not None:
-            lines.append(f"  final eval/return: {final:.1f}")
+        summary = model.summary()
+        if summary is not None:
+            lines.append(f"  {summary}")
         ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
         if ckpt:
             lines.append(f"  checkpoint: {ckpt}")
@@ -196,7 +194,7 @@ class VacoCLI(LightningCLI):
             lines.append(
                 f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {redact_uri(uri)}")
             )
-        if ckpt and hasattr(model, "actor"):  # `vaco evaluate` runs MuJoCo policies
+        if ckpt and model.evaluable:  # `vaco evaluate` runs MuJoCo policies
             lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {ckpt}")
         print("\n".join(lines), flush=True)
 
@@ -294,17 +292,11 @@ def _continue_mlflow_run(config, state: dict | None) -> None:
 def _check_same_run(model, datamodule, state: dict) -> None:
     """Refuse to resume a checkpoint into a different experiment (only the budget may change)."""
     saved = state.get("vaco", {}).get("definition")
-    definition = getattr(model, "run_definition", None)
-    if saved is None or definition is None:
+    if saved is None:  # a checkpoint from before run definitions were saved
         return
-    now = definition(datamodule)
-    for key in sorted(set(saved) | set(now)):
-        if saved.get(key) != now.get(key):
-            raise ValueError(
-                f"`{key}` cannot change when resuming (the checkpoint's run has {saved.get(key)!r}, the config "
-                f"{now.get(key)!r}); only `data.init_args.total_steps` and the evaluation and logging fields "
-                "may change. Start a new run for a different setting"
-            )
+    problem = same_run_problem(saved, model.run_definition(datamodule))
+    if problem is not None:
+        raise ValueError(problem)
 
 
 _HELP_HEADER = """usage: vaco fit --config FILE [--config FILE ...] [--FIELD VALUE ...] [--ckpt_path CKPT] [--print_config]

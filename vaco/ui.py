@@ -27,7 +27,7 @@ from vaco.tracking import TrackingStoreError, absolute_tracking_uri, check_track
 __all__ = ["main"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaco ui", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -44,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the experiment whose runs the printed address opens (default: the most recent)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     store = absolute_tracking_uri(args.store)
     if store.startswith(("http://", "https://")):
         print(f"vaco ui: the store is already a server: open {store}")

@@ -21,7 +21,6 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import lightning as L
 import numpy as np
 import torch
 from tensordict import TensorDictBase
@@ -31,6 +30,7 @@ from vaco.advantages import AdvantageModule, VTrace
 from vaco.data.episodes import learner_policy
 from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
+from vaco.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, SCORE_PARAM, declared_axes
@@ -39,10 +39,6 @@ __all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name", "plain_
 
 # the chunk of the batch evaluated at once outside the minibatch loop (bounds peak memory)
 _CHUNK = 65_536
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss became NaN or inf; the run stops before the optimiser applies it."""
 
 
 def default_algorithm_name(objective: Objective, advantage: AdvantageModule) -> str:
@@ -59,7 +55,7 @@ def default_algorithm_name(objective: Objective, advantage: AdvantageModule) -> 
     return known.get((type(objective), realigned), f"{type(objective).__name__}+{type(advantage).__name__}")
 
 
-class VacoModule(L.LightningModule):
+class VacoModule(Learner):
     """Asynchronous on-policy training with swappable advantage and objective modules.
 
     Args:
@@ -82,6 +78,9 @@ class VacoModule(L.LightningModule):
     lag_key: ClassVar[str] = "data.init_args.policy_buffer_size"
     #: the metric a run is scored by (the report's final score)
     score_metric: ClassVar[str] = "eval/return"
+    #: filled in from the data module (env_spec) or derived (algorithm_name): not the run's definition
+    resumable_hparams: ClassVar[tuple[str, ...]] = ("env_spec", "algorithm_name")
+    evaluable: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -98,9 +97,7 @@ class VacoModule(L.LightningModule):
         algorithm_name: str | None = None,
         env_spec: dict | None = None,
     ) -> None:
-        super().__init__()
-        if not isinstance(objective, Objective):
-            raise TypeError(f"`model.objective` must be a vaco.objectives.Objective, got {type(objective).__name__}")
+        super().__init__(objective, algorithm_name or default_algorithm_name(objective, advantage))
         if not isinstance(advantage, AdvantageModule):
             raise TypeError(
                 f"`model.advantage` must be a vaco.advantages.AdvantageModule, got {type(advantage).__name__}"
@@ -123,20 +120,13 @@ class VacoModule(L.LightningModule):
                 f"`model.advantage.init_args.rho_bar` ({advantage.rho_bar})"
             )
         self.save_hyperparameters(ignore=["objective", "advantage"])
-        self.automatic_optimization = False
-        self.objective = objective
         self.advantage = advantage
-        self.algorithm = algorithm_name or default_algorithm_name(objective, advantage)
         self.actor: GaussianActor | None = None
         self.critic: Critic | None = None
         self.obs_rms: RunningMeanStd | None = None
-        self.data = None  # the RolloutDataModule, bound in setup
-        self.register_buffer("version", torch.zeros((), dtype=torch.long))
         self._generator = torch.Generator()
-        self._restored = False
         self._saved_budget: int | None = None
         self.last_eval_return = float("nan")
-        self.progress: dict[str, str] = {}
         if env_spec is not None:
             self._build(env_spec)
 
@@ -147,17 +137,23 @@ class VacoModule(L.LightningModule):
         self.critic = Critic(spec["obs_dim"], hidden)
         self.obs_rms = RunningMeanStd(spec["obs_dim"])
 
-    def setup(self, stage: str) -> None:
-        """Meet the data module (the one place the learner looks it up, through the trainer):
-        build the networks for its task, then :meth:`~vaco.data.RolloutDataModule.bind` hands it
-        the actor; from here on each holds the other (``self.data``, ``data.learner``)."""
-        data = self.trainer.datamodule
+    def build(self, data) -> None:
+        """The networks for the data module's task (before :meth:`~vaco.data.RolloutDataModule.bind`
+        hands the data module the actor)."""
         if self.actor is None:
             spec = data.env_spec.to_dict()
             self.hparams.env_spec = spec
             self._build(spec)
-        data.bind(self)
-        self.data = data
+
+    def defining_modules(self) -> dict[str, torch.nn.Module]:
+        return {"objective": self.objective, "advantage": self.advantage}
+
+    def total_iterations(self) -> int | None:
+        return self.data.num_iterations() if self.data is not None else None
+
+    @property
+    def last_score(self) -> float:
+        return self.last_eval_return
 
     def check_data(self, data) -> None:
         """Cross-field checks between this module and the data module (before any env starts)."""
@@ -191,8 +187,8 @@ class VacoModule(L.LightningModule):
             self._generator.manual_seed(data.seed + 7_919 * self.global_rank)
         if data.policy_buffer.size == 0:  # a fresh run: version 0 is the initial policy
             data.push_policy(self.actor, self.obs_rms.mean, self.obs_rms.var, int(self.version))
+        self.log_run_params()
         if self.logger is not None and self.global_rank == 0:
-            self.logger.log_hyperparams(self.run_params())
             # the budget can grow on resume: its history is a metric (logged where it changes), not
             # an immutable param
             budget = self._budget()
@@ -210,28 +206,6 @@ class VacoModule(L.LightningModule):
         parts = [self.algorithm, data.env_id, f"K={data.policy_buffer_size}"]
         parts += axis_labels(self.objective, self.advantage)
         return " ".join(parts) + f" s{data.seed}"
-
-    def run_definition(self, data) -> dict[str, Any]:
-        """The fields that make a run what it is, by config path: a resumed run must match them.
-
-        Everything but the budget (``data.total_steps``), evaluation and logging: the objective
-        and advantage with their arguments, the update's hyperparameters, the network, the task,
-        K, the batch shape and the seed.
-        """
-        out: dict[str, Any] = {}
-        for name, module in (("objective", self.objective), ("advantage", self.advantage)):
-            out[f"model.init_args.{name}"] = f"{type(module).__module__}.{type(module).__qualname__}"
-            for key, value in plain_fields(module).items():
-                out[f"model.init_args.{name}.init_args.{key}"] = value
-        for key, value in self.hparams.items():
-            if key not in ("env_spec", "algorithm_name"):
-                out[f"model.init_args.{key}"] = list(value) if isinstance(value, (list, tuple)) else value
-        for key in getattr(data, "defining_fields", ()):
-            value = getattr(data, key)
-            if hasattr(value, "definition"):  # a component (the collection backend): its class and settings
-                value = value.definition()
-            out[f"data.init_args.{key}"] = dict(value) if isinstance(value, dict) else value
-        return out
 
     def run_params(self) -> dict[str, Any]:
         """The coordinates a user compares runs by, as flat MLflow params."""
@@ -261,13 +235,13 @@ class VacoModule(L.LightningModule):
 
     # ------------------------------------------------------------------ the iteration
     def training_step(self, dataloader_iter) -> None:
+        """One iteration of Algorithm 1: the learner pass and the advantage once, the update
+        (:meth:`update`), then a new policy version and the iteration's metrics (:meth:`telemetry`)."""
         # no prefetching: the next batch is collected only after this update has been pushed
         batch, _, _ = next(dataloader_iter)
-        data = self.data
-        collect_seconds = data.collector.last_collect_seconds
+        collect_seconds = self.data.collector.last_collect_seconds
         start = time.perf_counter()
         batch = self.transfer_batch(batch)
-        N, T = batch.batch_size
         flat = batch.reshape(-1)
         self._freeze_normalizer()
 
@@ -279,7 +253,35 @@ class VacoModule(L.LightningModule):
         flat.set("value_target", batch["value_target"].reshape(-1))
         explained_var = _explained_variance(flat["state_value"], flat["value_target"])
 
-        # -- epochs x minibatches
+        means = self.update(batch, flat)
+
+        # -- after the update: forward lag, new normaliser statistics, a new policy version
+        with torch.no_grad():
+            final_log_prob = self._log_prob(flat["observation"], flat["action"])
+        forward_tv = self._tv(final_log_prob, flat["behavior_log_prob"])
+        age = (self.version - flat["policy_version"]).float()
+        if self.hparams.normalize_observation:
+            self._update_obs_rms(flat["observation"])
+        self.version += 1
+        self.data.push_policy(self.actor, self.obs_rms.mean, self.obs_rms.var, int(self.version))
+        update_seconds = time.perf_counter() - start
+
+        lag = {
+            "train/explained_variance": explained_var,
+            "lag/backward_tv": backward_tv,
+            "lag/forward_tv": forward_tv,
+            "lag/policy_age_mean": float(age.mean()),
+            "lag/policy_age_max": float(age.max()),
+        }
+        metrics, env_steps = self.telemetry(flat, means, lag, collect_seconds, update_seconds)
+        if self.should_evaluate():
+            metrics.update(self.evaluate())
+        self.log_metrics(metrics, env_steps)
+
+    def update(self, batch: TensorDictBase, flat: TensorDictBase) -> dict[str, float]:
+        """Epochs x minibatches of the objective on one batch; returns the objective's outputs
+        averaged over the optimiser steps. Adam steps with gradient-norm clipping; the learning
+        rate is annealed once per iteration; a non-finite loss stops the run (see :meth:`_diagnose`)."""
         train = {
             key: flat[key]
             for key in (
@@ -342,36 +344,27 @@ class VacoModule(L.LightningModule):
         totals = torch.stack([value.float() for value in sums.values()]).cpu().tolist()  # one transfer
         means = {key: total / steps for key, total in zip(sums, totals)}
         self.objective.update_coefficients(means)
+        return means
 
-        # -- after the update: forward lag, new normaliser statistics, a new policy version
-        with torch.no_grad():
-            final_log_prob = self._log_prob(flat["observation"], flat["action"])
-        forward_tv = self._tv(final_log_prob, flat["behavior_log_prob"])
-        age = (self.version - flat["policy_version"]).float()
-        if self.hparams.normalize_observation:
-            self._update_obs_rms(flat["observation"])
-        self.version += 1
-        data.push_policy(self.actor, self.obs_rms.mean, self.obs_rms.var, int(self.version))
-        update_seconds = time.perf_counter() - start
-
-        # -- telemetry
+    def telemetry(
+        self, flat: TensorDictBase, means: dict[str, float], lag: dict[str, float], collect: float, update: float
+    ) -> tuple[dict[str, float], int]:
+        """The iteration's metrics (``train/*``, ``lag/*``, ``perf/*``, ``time/*``) and its env step."""
         world = self.trainer.world_size
-        env_steps = int(self.version) * N * T * world
+        rows = flat.numel()  # N x T of this rank
+        env_steps = int(self.version) * rows * world
         done = flat["next", "done"]
         metrics = {f"train/{k}": v for k, v in means.items()}
         metrics.update(
             {
-                "train/explained_variance": explained_var,
-                "train/lr": optimizer.param_groups[0]["lr"],
+                "train/explained_variance": lag["train/explained_variance"],
+                "train/lr": self.optimizers().param_groups[0]["lr"],
                 "train/advantage_std": float(flat["advantage"].std()),
-                "lag/backward_tv": backward_tv,
-                "lag/forward_tv": forward_tv,
-                "lag/policy_age_mean": float(age.mean()),
-                "lag/policy_age_max": float(age.max()),
-                "perf/sps": N * T * world / (collect_seconds + update_seconds),
-                "perf/collect_sps": N * T / max(collect_seconds, 1e-9),
-                "perf/collect_seconds": collect_seconds,
-                "perf/update_seconds": update_seconds,
+                **{key: value for key, value in lag.items() if key.startswith("lag/")},
+                "perf/sps": rows * world / (collect + update),
+                "perf/collect_sps": rows / max(collect, 1e-9),
+                "perf/collect_seconds": collect,
+                "perf/update_seconds": update,
                 "time/iteration": int(self.version),
                 "time/env_steps": env_steps,
             }
@@ -382,9 +375,7 @@ class VacoModule(L.LightningModule):
             metrics["train/episode_length"] = float(flat["next", "episode_length"][done].float().mean())
         if world > 1:
             metrics["ddp/max_param_divergence"] = self._check_ranks_in_sync()
-        if self._should_evaluate(data):
-            metrics.update(self.evaluate())
-        self._log(metrics, env_steps)
+        return metrics, env_steps
 
     # ------------------------------------------------------------------ pieces
     def transfer_batch(self, batch: TensorDictBase) -> TensorDictBase:
@@ -511,11 +502,11 @@ class VacoModule(L.LightningModule):
         return divergence
 
     # ------------------------------------------------------------------ evaluation and logging
-    def _should_evaluate(self, data) -> bool:
+    def should_evaluate(self) -> bool:
         if self.global_rank != 0:
             return False
-        version, last = int(self.version), data.num_iterations()
-        return version == last or (data.eval_every > 0 and version % data.eval_every == 0)
+        version, last = int(self.version), self.data.num_iterations()
+        return version == last or (self.data.eval_every > 0 and version % self.data.eval_every == 0)
 
     def policy(self):
         """The learner as a function of raw observations -> (loc, scale), on the CPU where the
@@ -532,45 +523,38 @@ class VacoModule(L.LightningModule):
         self.last_eval_return = float(returns.mean())
         return {"eval/return": self.last_eval_return, "eval/return_std": float(returns.std())}
 
-    def _log(self, metrics: dict[str, float], env_steps: int) -> None:
-        self.last_metrics = metrics  # what vaco.callbacks.IterationLog prints when not on a terminal
-        if self.logger is not None and self.global_rank == 0:
-            self.logger.log_metrics(metrics, step=env_steps)
-        data = self.data
-        total = data.num_iterations() * data.batch_size * self.trainer.world_size
-        progress = {"steps": f"{_si(env_steps)}/{_si(total)}", "sps": f"{metrics['perf/sps']:.0f}"}
+    def progress_fields(self, metrics: dict[str, float], step: int) -> dict[str, str]:
+        """Env steps done/total, SPS and the latest eval return (``step`` is env steps)."""
+        progress = {"steps": f"{_si(step)}/{_si(self._budget())}", "sps": f"{metrics['perf/sps']:.0f}"}
         if not math.isnan(self.last_eval_return):
             progress["eval"] = f"{self.last_eval_return:.1f}"
-        self.progress = progress
+        return progress
 
     # ------------------------------------------------------------------ checkpoints
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["vaco"] = {
+    def extra_state(self) -> dict[str, Any]:
+        return {
             "generator": self._generator.get_state(),
             "last_eval_return": self.last_eval_return,
-            "torch_rng": torch.get_rng_state(),
             "numpy_rng": _numpy_rng_state(),
             "python_rng": list(random.getstate()[1]),
-            "algorithm": self.algorithm,
-            "mlflow_run_id": getattr(self.logger, "run_id", None),
-            "definition": self.run_definition(self.data),
             "total_steps": self._budget(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.actor is None:
             self._build(checkpoint["hyper_parameters"]["env_spec"])
-        state = checkpoint.get("vaco", {})
-        if "generator" in state:
-            self._generator.set_state(state["generator"])
-            self.last_eval_return = state["last_eval_return"]
-            torch.set_rng_state(state["torch_rng"])
-            _set_numpy_rng_state(state["numpy_rng"])
-            random.setstate((3, tuple(state["python_rng"]), None))
-            self._restored = True
-            self._saved_budget = state.get("total_steps")
-            if self._trainer is not None and self._saved_budget is not None and self._budget() > self._saved_budget:
+        super().on_load_checkpoint(checkpoint)
+        if self._restored and self._trainer is not None and self._saved_budget is not None:
+            if self._budget() > self._saved_budget:
                 _reopen_finished_epoch(checkpoint)
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        self._generator.set_state(state["generator"])
+        self.last_eval_return = state["last_eval_return"]
+        _set_numpy_rng_state(state["numpy_rng"])
+        random.setstate((3, tuple(state["python_rng"]), None))
+        self._saved_budget = state.get("total_steps")
 
 
 def axis_labels(*modules) -> list[str]:
@@ -582,15 +566,6 @@ def axis_labels(*modules) -> list[str]:
         if value is not None and default is not None and value != default:
             out.append(f"{axis}={value:g}")
     return out
-
-
-def plain_fields(module: torch.nn.Module) -> dict[str, Any]:
-    """A module's public scalar settings (an objective's ``delta``, an advantage's ``gamma``, ...)."""
-    return {
-        key: value
-        for key, value in vars(module).items()
-        if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool))
-    }
 
 
 def _reopen_finished_epoch(checkpoint: dict[str, Any]) -> None:

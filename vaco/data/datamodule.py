@@ -149,9 +149,7 @@ class RolloutDataModule(L.LightningDataModule):
         """
         if self.learner is learner and self.collector is not None:
             return
-        check = getattr(learner, "check_data", None)
-        if check is not None:
-            check(self)
+        learner.check_data(self)
         self.learner = learner
         if self.collector is None:
             self.collector = self.collection.collector(self, seed=self.seed + 1_000 * learner.global_rank)

@@ -207,9 +207,7 @@ class GSM8kDataModule(L.LightningDataModule):
         """Where the learner and this data module meet (the learner's ``setup`` calls it): the
         learner's cross-field checks run before any generation, and its N (minibatches per
         generation batch, which sets the forward lag) sizes the prompt stream."""
-        check = getattr(learner, "check_data", None)
-        if check is not None:
-            check(self)
+        learner.check_data(self)
         self.learner = learner
 
     def prompt(self, question: str) -> str:

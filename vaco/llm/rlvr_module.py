@@ -22,10 +22,10 @@ import math
 import time
 from typing import Any, ClassVar
 
-import lightning as L
 import torch
 from tensordict import TensorDict
 
+from vaco.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.llm.advantage import GroupRelative
 from vaco.llm.policy import (
     check_model_dir,
@@ -39,7 +39,6 @@ from vaco.llm.reward import gsm8k_reward
 from vaco.objectives import Objective, PPOClip, TVFilter
 from vaco.objectives.objective_math import total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
-from vaco.vaco_module import NonFiniteLossError, plain_fields
 
 __all__ = ["RLVRModule"]
 
@@ -53,7 +52,7 @@ def _positive_int(name: str, value: Any, low: int = 1) -> None:
         raise ValueError(f"`model.{name}` must be an integer >= {low}, got {value!r}")
 
 
-class RLVRModule(L.LightningModule):
+class RLVRModule(Learner):
     """GRPO-style RL with a verifiable reward, with swappable token-level objectives.
 
     Args:
@@ -96,6 +95,15 @@ class RLVRModule(L.LightningModule):
     lag_key: ClassVar[str] = "model.init_args.num_minibatches"
     #: the metric a run is scored by (the report's final score)
     score_metric: ClassVar[str] = "eval/accuracy"
+    score_format: ClassVar[str] = ".3f"
+    #: hyperparameters a resumed run may change: evaluation, and the run's label
+    resumable_hparams: ClassVar[tuple[str, ...]] = (
+        "algorithm_name",
+        "eval_batch_size",
+        "eval_max_completion_length",
+        "micro_batch_size",
+        "gradient_checkpointing",
+    )
 
     def __init__(
         self,
@@ -119,9 +127,7 @@ class RLVRModule(L.LightningModule):
         rescore_behavior: bool = True,
         algorithm_name: str | None = None,
     ) -> None:
-        super().__init__()
-        if not isinstance(objective, Objective):
-            raise TypeError(f"`model.objective` must be a vaco.objectives.Objective, got {type(objective).__name__}")
+        super().__init__(objective, algorithm_name or _algorithm_name(objective))
         if objective.reestimate_advantage:
             raise ValueError(
                 f"`model.objective`: {type(objective).__name__} re-estimates V-trace with a critic; RLVR has none"
@@ -154,32 +160,26 @@ class RLVRModule(L.LightningModule):
             raise ValueError(f"`model.dtype` must be float32, bfloat16 or float16, got {dtype!r}")
         check_model_dir(model_path, "model.model_path")
         self.save_hyperparameters(ignore=["objective"])
-        self.automatic_optimization = False
-        self.objective = objective
         self.advantage = GroupRelative()
-        self.algorithm = algorithm_name or _algorithm_name(objective)
         self.policy: torch.nn.Module | None = None
         self.tokenizer = None
-        self.register_buffer("version", torch.zeros((), dtype=torch.long))
         self._generator: torch.Generator | None = None
         self._generator_state: torch.Tensor | None = None
-        self._restored = False
         self.initial_eval_accuracy = float("nan")
         self.last_eval_accuracy = float("nan")
-        self.progress: dict[str, str] = {}
-        self.data = None  # the GSM8kDataModule, bound in setup
 
     # ------------------------------------------------------------------ construction
     @property
     def num_minibatches(self) -> int:
         return self.hparams.num_minibatches
 
-    def setup(self, stage: str) -> None:
-        """Meet the data module (the one place this module looks it up, through the trainer):
-        :meth:`~vaco.llm.data.GSM8kDataModule.bind` runs the cross-field checks before any generation."""
-        data = self.trainer.datamodule
-        data.bind(self)
-        self.data = data
+    def total_iterations(self) -> int | None:
+        """Generation batches: ``data.num_steps`` optimiser steps, N per batch."""
+        return self.data.num_steps // self.num_minibatches if self.data is not None else None
+
+    @property
+    def last_score(self) -> float:
+        return self.last_eval_accuracy
 
     def configure_model(self) -> None:
         if self.policy is not None:
@@ -217,12 +217,11 @@ class RLVRModule(L.LightningModule):
             self._generator.set_state(self._generator_state)
         else:
             self._generator.manual_seed(data.seed)
-        if self.logger is not None:
-            self.logger.log_hyperparams(self.run_params())
+        self.log_run_params()
         if not self._restored:  # the supervised start, at step 0
             metrics = self.evaluate()
             self.initial_eval_accuracy = self.last_eval_accuracy
-            self._log(metrics, step=0)
+            self.log_metrics(metrics, step=0)
 
     def run_params(self) -> dict[str, Any]:
         """The coordinates a user compares runs by, as flat MLflow params."""
@@ -260,13 +259,9 @@ class RLVRModule(L.LightningModule):
             + f" s{data.seed}"
         )
 
-    def on_fit_end(self) -> None:
-        if self.global_rank == 0 and not math.isnan(self.last_eval_accuracy):
-            print(
-                f"\nvaco: final eval/accuracy {self.last_eval_accuracy:.3f} "
-                f"(supervised start {self.initial_eval_accuracy:.3f})",
-                flush=True,
-            )
+    def summary(self) -> str | None:
+        line = super().summary()
+        return line and f"{line} (supervised start {self.initial_eval_accuracy:.3f})"
 
     # ------------------------------------------------------------------ the generation batch
     def training_step(self, dataloader_iter) -> None:
@@ -287,7 +282,7 @@ class RLVRModule(L.LightningModule):
             metrics = self._train_minibatch(minibatch, k)
             metrics["lag/steps_behind"] = k
             tvs.append(metrics["train/tv"])
-            self._log(metrics, step=steps_before + k + 1)
+            self.log_metrics(metrics, step=steps_before + k + 1)
         update_seconds = time.perf_counter() - start
         self.version += 1
 
@@ -316,9 +311,9 @@ class RLVRModule(L.LightningModule):
             "time/generation_batch": int(self.version),
             "time/episodes": steps * data.prompts_per_minibatch * self.hparams.completions_per_prompt,
         }
-        if self._should_evaluate(steps, data):
+        if self.should_evaluate():
             metrics.update(self.evaluate())
-        self._log(metrics, step=steps)
+        self.log_metrics(metrics, step=steps)
 
     @torch.no_grad()
     def _rollout(self, batch: dict[str, list]) -> dict[str, Any]:
@@ -456,7 +451,9 @@ class RLVRModule(L.LightningModule):
         return metrics
 
     # ------------------------------------------------------------------ evaluation and logging
-    def _should_evaluate(self, steps: int, data) -> bool:
+    def should_evaluate(self) -> bool:
+        """At the last step, and at each step a multiple of ``data.eval_every`` passed in this batch."""
+        steps, data = int(self.version) * self.num_minibatches, self.data
         if steps >= data.num_steps:
             return True
         every = data.eval_every
@@ -489,67 +486,35 @@ class RLVRModule(L.LightningModule):
         self.last_eval_accuracy = sum(rewards) / len(rewards)
         return {"eval/accuracy": self.last_eval_accuracy, "eval/completion_length": sum(lengths) / len(lengths)}
 
-    def _log(self, metrics: dict[str, float], step: int) -> None:
-        if self.logger is not None:
-            self.logger.log_metrics(metrics, step=step)
-        data = self.data
+    def progress_fields(self, metrics: dict[str, float], step: int) -> dict[str, str]:
+        """Optimiser steps done/total, the latest mean reward and eval accuracy."""
         progress = dict(self.progress)
-        progress["step"] = f"{step}/{data.num_steps}"
+        progress["step"] = f"{step}/{self.data.num_steps}"
         if "train/reward" in metrics:
             progress["reward"] = f"{metrics['train/reward']:.2f}"
         if not math.isnan(self.last_eval_accuracy):
             progress["eval"] = f"{self.last_eval_accuracy:.3f}"
-        self.progress = progress
-
-    #: hyperparameters a resumed run may change: evaluation, and the run's label
-    resumable_hparams: ClassVar[tuple[str, ...]] = (
-        "algorithm_name",
-        "eval_batch_size",
-        "eval_max_completion_length",
-        "micro_batch_size",
-        "gradient_checkpointing",
-    )
-
-    def run_definition(self, data) -> dict[str, Any]:
-        """The fields that make a run what it is, by config path: a resumed run must match them
-        (``vaco fit --ckpt_path`` refuses a changed delta, lr or model path). Everything but the
-        budget (``data.num_steps``), evaluation and the label."""
-        out: dict[str, Any] = {
-            "model.init_args.objective": f"{type(self.objective).__module__}.{type(self.objective).__qualname__}"
-        }
-        for key, value in plain_fields(self.objective).items():
-            out[f"model.init_args.objective.init_args.{key}"] = value
-        for key, value in self.hparams.items():
-            if key not in self.resumable_hparams:
-                out[f"model.init_args.{key}"] = list(value) if isinstance(value, (list, tuple)) else value
-        for key in getattr(data, "defining_fields", ()):
-            out[f"data.init_args.{key}"] = getattr(data, key)
-        return out
+        return progress
 
     # ------------------------------------------------------------------ checkpoints
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # tensors and plain values only (loads with weights_only=True). All sampling goes through
-        # the module's generator and the data stream is a function of its position, so those two
-        # (and torch's global state, for any dropout) make the resume exact.
-        checkpoint["vaco"] = {
+    # All sampling goes through the module's generator and the data stream is a function of its
+    # position, so those two (and torch's global state, for any dropout) make the resume exact.
+    def extra_state(self) -> dict[str, Any]:
+        return {
             "generator": self._generator.get_state() if self._generator is not None else None,
             "initial_eval_accuracy": self.initial_eval_accuracy,
             "last_eval_accuracy": self.last_eval_accuracy,
-            "torch_rng": torch.get_rng_state(),
-            "algorithm": self.algorithm,
-            "mlflow_run_id": getattr(self.logger, "run_id", None),
-            "definition": self.run_definition(self.data) if self.data is not None else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.configure_model()
-        state = checkpoint.get("vaco", {})
-        if state.get("generator") is not None:
-            self._generator_state = state["generator"]
-            self.initial_eval_accuracy = state["initial_eval_accuracy"]
-            self.last_eval_accuracy = state["last_eval_accuracy"]
-            torch.set_rng_state(state["torch_rng"])
-            self._restored = True
+        super().on_load_checkpoint(checkpoint)
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        self._generator_state = state["generator"]
+        self.initial_eval_accuracy = state["initial_eval_accuracy"]
+        self.last_eval_accuracy = state["last_eval_accuracy"]
 
 
 _SEQUENCE_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "behavior_log_prob", "advantage")

@@ -8,6 +8,7 @@ docstring, printed by ``vaco report --help``, states the protocol). Everything i
 ``vaco.report`` too (``from vaco import report as R``).
 """
 
+from vaco.report.ablations import Ablation, ablation_scores, ablations, fraction_table, tv_table
 from vaco.report.figures import (
     figure_ablation,
     figure_aggregates,
@@ -42,14 +43,11 @@ from vaco.report.runs import (
 )
 from vaco.report.scores import (
     AGGREGATES,
-    Ablation,
     Estimate,
     Profiles,
     Report,
     SampleEfficiency,
     Scores,
-    ablation_scores,
-    ablations,
     aggregate_estimates,
     aggregate_scores,
     area_under_curve,
@@ -57,7 +55,6 @@ from vaco.report.scores import (
     common_grid,
     curve_iqm,
     final_score,
-    fraction_table,
     improvement_baseline,
     iqm_against_k,
     iqm_estimates,
@@ -72,7 +69,6 @@ from vaco.report.scores import (
     runs_frame,
     sample_efficiency,
     score_matrix,
-    tv_table,
 )
 from vaco.report.summary import FIGURES, SECTIONS, write_report
 

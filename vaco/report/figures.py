@@ -12,16 +12,15 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from vaco.report.ablations import Ablation, ablation_scores
 from vaco.report.runs import Run
 from vaco.report.scores import (
     AGGREGATES,
-    Ablation,
     Estimate,
     Profiles,
     Report,
     SampleEfficiency,
     Scores,
-    ablation_scores,
     aggregate_scores,
     common_grid,
     iqm_against_k,

@@ -65,7 +65,7 @@ def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
     return runs, notes
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaco report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -134,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--include-unfinished", action="store_true", help="also use runs that did not FINISH")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     experiment = args.experiment or args.name or Path(args.data[0]).name.split(".")[0]
     reference = {}
     for item in args.reference:

@@ -221,95 +221,19 @@ def robustness(report: Report, baseline: str | None = None) -> Robustness:
     k_ref = ks[0]
     algos = [a for a in report.algorithms if any(r.algorithm == a for r in main)]
     drops, interactions, per_task = {}, {}, []
-    small = set()
+    small: set[int] = set()
     for algo in algos:
         for K in ks[1:]:
-            tasks = sorted({r.env for r in main if r.algorithm == algo and r.K in (k_ref, K)})
-            tasks = [t for t in tasks if seeds.get((algo, k_ref, t)) and seeds.get((algo, K, t))]
-            if not tasks:
-                continue
-            missing = sorted(set(report.tasks) - set(tasks))
-            if missing:
-                notes.append(
-                    f"{algo} K={K}: no paired runs on {', '.join(missing)}; its drop is over {', '.join(tasks)}"
-                )
-            (ref, cur), counts = paired_cells(report, [(algo, k_ref), (algo, K)], tasks)
-            n = ref.shape[0]
-            if n == 0:
-                notes.append(f"{algo} K={K}: no seed has runs at both K={k_ref} and K={K}")
-                continue
-            if len(set(counts)) > 1:
-                notes.append(f"{algo} K={K}: paired seeds per task {dict(zip(tasks, counts))}; cut to {n}")
-            if distinct_resamples(n) < FEW_RESAMPLES:
-                small.add(n)
-            for j, t in enumerate(tasks):
-                d = ref[:, j] - cur[:, j]
-                per_task.append(
-                    TaskDrop(
-                        t,
-                        algo,
-                        K,
-                        float(ref[:, j].mean()),
-                        float(cur[:, j].mean()),
-                        float(d.mean()),
-                        float(d.std(ddof=1)) if n > 1 else math.nan,
-                        n,
-                    )
-                )
-
-            def drop_ratio(a, b):
-                lo, hi = _iqm(a), _iqm(b)
-                return np.array([lo - hi, hi / lo if lo > 0 else math.nan])
-
-            point = drop_ratio(ref, cur)
-            interval = None
-            if n >= report.min_runs:
-                interval = _interval(paired_bootstrap([ref, cur], drop_ratio, report.reps, report.seed))
-            drops[(algo, K)] = Drop(
-                algo,
-                K,
-                _iqm(ref),
-                _iqm(cur),
-                float(point[0]),
-                float(point[1]),
-                None if interval is None else interval[:, 0],
-                None if interval is None else interval[:, 1],
-                n,
-                len(tasks),
-            )
+            drop = _drop(report, main, algo, k_ref, K, seeds, notes, small, per_task)
+            if drop is not None:
+                drops[(algo, K)] = drop
     if baseline is not None:
         for algo in algos:
-            if algo == baseline:
-                continue
             for K in ks[1:]:
-                if (algo, K) not in drops or (baseline, K) not in drops:
-                    continue
-                cells = [(algo, k_ref), (algo, K), (baseline, k_ref), (baseline, K)]
-                tasks = [t for t in report.tasks if all(seeds.get((a, k, t)) for a, k in cells)]
-                mats, counts = paired_cells(report, cells, tasks)
-                n = mats[0].shape[0]
-                if n == 0:
-                    notes.append(f"{algo} vs {baseline} K={K}: no seed has runs in all four cells")
-                    continue
-
-                def interaction(xr, xk, yr, yk):
-                    return np.array([(_iqm(yr) - _iqm(yk)) - (_iqm(xr) - _iqm(xk)), _p_smaller(xr - xk, yr - yk)])
-
-                point = interaction(*mats)
-                interval = None
-                if n >= report.min_runs:
-                    interval = _interval(paired_bootstrap(mats, interaction, report.reps, report.seed))
-                interactions[(algo, K)] = Interaction(
-                    algo,
-                    baseline,
-                    K,
-                    float(point[0]),
-                    None if interval is None else interval[:, 0],
-                    float(point[1]),
-                    None if interval is None else interval[:, 1],
-                    n,
-                    len(tasks),
-                )
+                if algo != baseline and (algo, K) in drops and (baseline, K) in drops:
+                    found = _interaction(report, algo, baseline, k_ref, K, seeds, notes)
+                    if found is not None:
+                        interactions[(algo, K)] = found
     if small:
         notes.append(
             "few distinct bootstrap resamples: "
@@ -322,6 +246,93 @@ def robustness(report: Report, baseline: str | None = None) -> Robustness:
             f"no interval where a cell has fewer than {report.min_runs} paired seeds ({', '.join(map(str, few))})"
         )
     return Robustness(k_ref, baseline, drops, interactions, per_task, dict(seeds), notes)
+
+
+def _drop(report: Report, main, algo: str, k_ref: int, K: int, seeds, notes, small, per_task) -> Drop | None:
+    """``algo``'s drop from K = ``k_ref`` to ``K`` over the tasks with paired seeds (appends its
+    per-task rows to ``per_task`` and what it had to leave out to ``notes``)."""
+    tasks = sorted({r.env for r in main if r.algorithm == algo and r.K in (k_ref, K)})
+    tasks = [t for t in tasks if seeds.get((algo, k_ref, t)) and seeds.get((algo, K, t))]
+    if not tasks:
+        return None
+    missing = sorted(set(report.tasks) - set(tasks))
+    if missing:
+        notes.append(f"{algo} K={K}: no paired runs on {', '.join(missing)}; its drop is over {', '.join(tasks)}")
+    (ref, cur), counts = paired_cells(report, [(algo, k_ref), (algo, K)], tasks)
+    n = ref.shape[0]
+    if n == 0:
+        notes.append(f"{algo} K={K}: no seed has runs at both K={k_ref} and K={K}")
+        return None
+    if len(set(counts)) > 1:
+        notes.append(f"{algo} K={K}: paired seeds per task {dict(zip(tasks, counts))}; cut to {n}")
+    if distinct_resamples(n) < FEW_RESAMPLES:
+        small.add(n)
+    for j, t in enumerate(tasks):
+        d = ref[:, j] - cur[:, j]
+        per_task.append(
+            TaskDrop(
+                t,
+                algo,
+                K,
+                float(ref[:, j].mean()),
+                float(cur[:, j].mean()),
+                float(d.mean()),
+                float(d.std(ddof=1)) if n > 1 else math.nan,
+                n,
+            )
+        )
+
+    def drop_ratio(a, b):
+        lo, hi = _iqm(a), _iqm(b)
+        return np.array([lo - hi, hi / lo if lo > 0 else math.nan])
+
+    point = drop_ratio(ref, cur)
+    interval = None
+    if n >= report.min_runs:
+        interval = _interval(paired_bootstrap([ref, cur], drop_ratio, report.reps, report.seed))
+    return Drop(
+        algo,
+        K,
+        _iqm(ref),
+        _iqm(cur),
+        float(point[0]),
+        float(point[1]),
+        None if interval is None else interval[:, 0],
+        None if interval is None else interval[:, 1],
+        n,
+        len(tasks),
+    )
+
+
+def _interaction(report: Report, algo: str, baseline: str, k_ref: int, K: int, seeds, notes) -> Interaction | None:
+    """The difference of drops of ``algo`` and ``baseline`` (and P(drop smaller)) on the seeds with
+    runs in all four cells."""
+    cells = [(algo, k_ref), (algo, K), (baseline, k_ref), (baseline, K)]
+    tasks = [t for t in report.tasks if all(seeds.get((a, k, t)) for a, k in cells)]
+    mats, counts = paired_cells(report, cells, tasks)
+    n = mats[0].shape[0]
+    if n == 0:
+        notes.append(f"{algo} vs {baseline} K={K}: no seed has runs in all four cells")
+        return None
+
+    def interaction(xr, xk, yr, yk):
+        return np.array([(_iqm(yr) - _iqm(yk)) - (_iqm(xr) - _iqm(xk)), _p_smaller(xr - xk, yr - yk)])
+
+    point = interaction(*mats)
+    interval = None
+    if n >= report.min_runs:
+        interval = _interval(paired_bootstrap(mats, interaction, report.reps, report.seed))
+    return Interaction(
+        algo,
+        baseline,
+        K,
+        float(point[0]),
+        None if interval is None else interval[:, 0],
+        float(point[1]),
+        None if interval is None else interval[:, 1],
+        n,
+        len(tasks),
+    )
 
 
 def cell_seeds(runs: Sequence[Run]) -> dict[tuple[str, int], list[int]]:

@@ -1,5 +1,6 @@
 """Statistics as data: final and normalised scores, rliable aggregates with stratified-bootstrap
-intervals, curves, TV and fraction tables, and the ablations. Nothing here draws; the figures
+intervals, curves and performance profiles (the TV and fraction tables and the ablations are in
+:mod:`vaco.report.ablations`, the drops in :mod:`vaco.report.robustness`). Nothing here draws; the figures
 (:mod:`vaco.report.figures`) and the summary (:mod:`vaco.report.summary`) are made from what these
 functions return, and a notebook gets every number without drawing a figure.
 """
@@ -18,12 +19,9 @@ from vaco.tracking import PAPER_AXES
 
 __all__ = [
     "AGGREGATES",
-    "Ablation",
     "Estimate",
     "Report",
     "Scores",
-    "ablation_scores",
-    "ablations",
     "aggregate_estimates",
     "aggregate_scores",
     "area_under_curve",
@@ -31,7 +29,6 @@ __all__ = [
     "common_grid",
     "curve_iqm",
     "final_score",
-    "fraction_table",
     "iqm_against_k",
     "iqm_estimates",
     "iqm_of",
@@ -44,7 +41,6 @@ __all__ = [
     "runs_frame",
     "sample_efficiency",
     "score_matrix",
-    "tv_table",
     "probability_of_improvement",
     "improvement_baseline",
 ]
@@ -318,6 +314,33 @@ def _most_common(values: list[float], paper: float | None) -> float | None:
     return paper if paper in tied else tied[0]
 
 
+def _reference_values(runs: list[Run], given: Mapping[str, float]) -> dict[str, float | None]:
+    """Each axis's value in the main comparison: the given one, else the most used (the paper's
+    delta 0.2 and rho_bar 1 win a tie)."""
+    axes = list(dict.fromkeys([*PAPER_AXES, *(a for r in runs for a in r.axes)]))
+    return {
+        axis: given[axis]
+        if given.get(axis) is not None
+        else _most_common([r.axes[axis] for r in runs if r.axes.get(axis) is not None], _PAPER_REFERENCE.get(axis))
+        for axis in axes
+    }
+
+
+def _normalizing_scores(runs, final, chosen, normalization: str, notes: list[str]) -> dict[str, list[float]]:
+    """Per task, the final scores its min and max are taken over (see :func:`build_report`)."""
+    by_task, everything = defaultdict(list), defaultdict(list)
+    for r in runs:
+        everything[r.env].append(final[r.run_id])
+        reference_run = all(r.axes.get(axis) in (None, value) for axis, value in chosen.items())
+        if normalization == "all" or (reference_run and not is_variant(r.algorithm)):
+            by_task[r.env].append(final[r.run_id])
+    for task in everything:
+        if not by_task.get(task):
+            notes.append(f"{task}: no main-algorithm run to normalise by; min and max over all its runs")
+            by_task[task] = everything[task]
+    return by_task
+
+
 def build_report(
     experiment: str,
     runs: list[Run],
@@ -367,24 +390,8 @@ def build_report(
         given["delta"] = reference_delta
     if reference_rho_bar is not None:
         given["rho_bar"] = reference_rho_bar
-    axes = list(dict.fromkeys([*PAPER_AXES, *(a for r in usable for a in r.axes)]))
-    chosen = {
-        axis: given[axis]
-        if given.get(axis) is not None
-        else _most_common([r.axes[axis] for r in usable if r.axes.get(axis) is not None], _PAPER_REFERENCE.get(axis))
-        for axis in axes
-    }
-    by_task, everything = defaultdict(list), defaultdict(list)
-    for r in usable:
-        everything[r.env].append(final[r.run_id])
-        reference_run = all(r.axes.get(axis) in (None, value) for axis, value in chosen.items())
-        if normalization == "all" or (reference_run and not is_variant(r.algorithm)):
-            by_task[r.env].append(final[r.run_id])
-    for task in everything:
-        if not by_task.get(task):
-            notes.append(f"{task}: no main-algorithm run to normalise by; min and max over all its runs")
-            by_task[task] = everything[task]
-    bounds = normalization_bounds(by_task)
+    chosen = _reference_values(usable, given)
+    bounds = normalization_bounds(_normalizing_scores(usable, final, chosen, normalization, notes))
     for task, (low, high) in bounds.items():
         if low == high:
             notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")
@@ -630,89 +637,3 @@ def profiles(report: Report, taus: np.ndarray | None = None) -> Profiles:
         profile, cis = performance_profiles(matrices, taus, report.reps, report.seed)
         out[K] = (profile, cis, {a: m.shape[0] for a, m in matrices.items()})
     return Profiles(taus, out, notes)
-
-
-def tv_table(report: Report, by_task: bool = False) -> dict[tuple, tuple[list[float], list[float], float | None]]:
-    """Per (algorithm, K), or per (task, algorithm, K) with ``by_task``: each run's mean
-    lag/forward_tv and mean train/tv, and its delta."""
-    rows = {}
-    key = (lambda r: (r.env, r.algorithm, r.K)) if by_task else (lambda r: (r.algorithm, r.K))
-    for group, runs in sorted(
-        groups_of(report.main_runs(), key).items(),
-        key=lambda x: (*x[0][:-2], report.algorithms.index(x[0][-2]), x[0][-1]),
-    ):
-        fwd = [r.history("lag/forward_tv")[1].mean() for r in runs if len(r.history("lag/forward_tv")[1])]
-        trn = [r.history("train/tv")[1].mean() for r in runs if len(r.history("train/tv")[1])]
-        rows[group] = (fwd, trn, runs[0].delta)
-    return rows
-
-
-def fraction_table(report: Report) -> dict[tuple[str, int], tuple[float, float, str]]:
-    """Per (algorithm, K): the mean filter fraction, the mean clip fraction, and the objective."""
-    rows = {}
-    for (algo, K), runs in groups_of(report.main_runs(), lambda r: (r.algorithm, r.K)).items():
-        f = [r.history("train/filter_fraction")[1].mean() for r in runs if len(r.history("train/filter_fraction")[1])]
-        c = [r.history("train/clip_fraction")[1].mean() for r in runs if len(r.history("train/clip_fraction")[1])]
-        rows[(algo, K)] = (np.mean(f) if f else math.nan, np.mean(c) if c else math.nan, runs[0].objective)
-    return rows
-
-
-@dataclasses.dataclass
-class Ablation:
-    name: str
-    title: str
-    runs: list[Run]
-    variant: Callable[[Run], str]
-    reason: str  # why it is not available, when runs is empty
-
-    def groups(self) -> dict[str, list[Run]]:
-        """``"<variant> K=<K>"`` -> runs, sorted by variant and K."""
-        return groups_of(
-            sorted(self.runs, key=lambda r: (self.variant(r), r.K)), lambda r: f"{self.variant(r)} K={r.K}"
-        )
-
-
-def ablations(report: Report) -> dict[str, Ablation]:
-    """The runs of each ablation: one per axis (delta, rho_bar, and any other axis an objective
-    declares) for the algorithms run with >= 2 of its values while the other axes are at their
-    reference; and realignment (objectives run both with V-trace and with GAE, at the reference)."""
-
-    def varied(axis: str) -> Ablation:
-        candidates = [
-            r
-            for r in report.runs
-            if r.axes.get(axis) is not None
-            and all(r.axes.get(a) in (None, v) for a, v in report.reference.items() if a != axis)
-        ]
-        by_algo = groups_of(candidates, lambda r: r.algorithm)
-        runs = [r for rs in by_algo.values() if len({r.axes[axis] for r in rs}) > 1 for r in rs]
-        return Ablation(
-            axis,
-            f"{axis} ablation",
-            runs,
-            lambda r: f"{r.algorithm} {axis}={r.axes[axis]:g}",
-            f"needs runs of an algorithm that takes {axis} with at least two values of it",
-        )
-
-    out = {axis: varied(axis) for axis in report.reference}
-    by_obj = groups_of(report.main_runs(), lambda r: r.objective)
-    runs = [r for rs in by_obj.values() if len({r.realign for r in rs}) > 1 for r in rs]
-    out["realign"] = Ablation(
-        "realign",
-        "realignment on/off",
-        runs,
-        lambda r: f"{r.algorithm} ({'V-trace' if r.realign else 'GAE'})",
-        "needs runs of one objective both with V-trace realignment and with GAE",
-    )
-    return out
-
-
-def ablation_scores(report: Report, ablation: Ablation) -> tuple[Scores, Scores]:
-    """IQM of the normalised final score and of the AUC per (variant, K)."""
-    groups = ablation.groups()
-    final, _, notes = report.matrices(groups, lambda r: report.normalized[r.run_id])
-    auc, _, _ = report.matrices(groups, lambda r: report.auc[r.run_id])
-    return (
-        Scores(iqm_estimates(final, report.reps, report.seed, report.min_runs), ("IQM",), notes),
-        Scores(iqm_estimates(auc, report.reps, report.seed, report.min_runs), ("IQM AUC",), []),
-    )

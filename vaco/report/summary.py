@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vaco.report.ablations import ablation_scores, ablations, fraction_table, tv_table
 from vaco.report.figures import (
     _plt,
     figure_ablation,
@@ -31,17 +32,13 @@ from vaco.report.scores import (
     MAX_CURVE_POINTS,
     Estimate,
     Report,
-    ablation_scores,
-    ablations,
     aggregate_scores,
-    fraction_table,
     improvement_baseline,
     iqm_of,
     is_variant,
     probability_of_improvement,
     profiles,
     sample_efficiency,
-    tv_table,
 )
 
 __all__ = ["FIGURES", "SECTIONS", "write_report"]
@@ -120,73 +117,78 @@ def _robustness_section(report: Report, data: Robustness, figure: str | None) ->
     if figure:
         s += [f"![robustness]({figure})", ""]
     if data.interactions:
-        s += [f"**Against {data.baseline}** (the headline):", ""]
-        s.append(
-            _table(
-                ["algorithm", "K", "difference of drops", "P(drop smaller)", "paired seeds/task", "tasks"],
-                [
-                    (
-                        x.algorithm,
-                        K,
-                        _pair(x.difference, x.difference_interval),
-                        _pair(x.p_smaller, x.p_interval),
-                        x.seeds,
-                        x.tasks,
-                    )
-                    for (_, K), x in data.interactions.items()
-                ],
-            )
-        )
-        s.append("")
+        s += [f"**Against {data.baseline}** (the headline):", "", _interaction_table(data), ""]
     elif data.baseline:
         s += [
             f"No comparison with {data.baseline}: it needs its runs at K={k_ref} and at the other K, with the same seeds.",
             "",
         ]
-    s += ["Each algorithm against its own K = " + str(k_ref) + ":", ""]
-    s.append(
-        _table(
-            ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "ratio", "paired seeds/task", "tasks"],
-            [
-                (
-                    d.algorithm,
-                    K,
-                    f"{d.level_ref:.3f}",
-                    f"{d.level:.3f}",
-                    _pair(d.drop, d.drop_interval),
-                    _pair(d.ratio, d.ratio_interval),
-                    d.seeds,
-                    d.tasks,
-                )
-                for (_, K), d in data.drops.items()
-            ],
-        )
-    )
+    s += ["Each algorithm against its own K = " + str(k_ref) + ":", "", _drop_table(data)]
     s += [
         "",
         "Per task: mean normalised score at K = " + str(k_ref) + " and at K, and the per-seed drop "
         "(mean +- sample SD, ddof = 1):",
         "",
+        _task_drop_table(report, data),
     ]
-    s.append(
-        _table(
-            ["task", "algorithm", "K", f"mean K={k_ref}", "mean K", "drop", "seeds"],
-            [
-                (
-                    t.task,
-                    t.algorithm,
-                    t.K,
-                    f"{t.mean_ref:.3f}",
-                    f"{t.mean:.3f}",
-                    f"{t.drop:.3f} +- {t.drop_sd:.3f}" if t.seeds > 1 else f"{t.drop:.3f}",
-                    t.seeds,
-                )
-                for t in sorted(data.per_task, key=lambda t: (t.task, report.algorithms.index(t.algorithm), t.K))
-            ],
-        )
-    )
     s += [f"- {n}" for n in data.notes]
     return s
+
+
+def _interaction_table(data: Robustness) -> str:
+    return _table(
+        ["algorithm", "K", "difference of drops", "P(drop smaller)", "paired seeds/task", "tasks"],
+        [
+            (
+                x.algorithm,
+                K,
+                _pair(x.difference, x.difference_interval),
+                _pair(x.p_smaller, x.p_interval),
+                x.seeds,
+                x.tasks,
+            )
+            for (_, K), x in data.interactions.items()
+        ],
+    )
+
+
+def _drop_table(data: Robustness) -> str:
+    k_ref = data.k_ref
+    return _table(
+        ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "ratio", "paired seeds/task", "tasks"],
+        [
+            (
+                d.algorithm,
+                K,
+                f"{d.level_ref:.3f}",
+                f"{d.level:.3f}",
+                _pair(d.drop, d.drop_interval),
+                _pair(d.ratio, d.ratio_interval),
+                d.seeds,
+                d.tasks,
+            )
+            for (_, K), d in data.drops.items()
+        ],
+    )
+
+
+def _task_drop_table(report: Report, data: Robustness) -> str:
+    k_ref = data.k_ref
+    return _table(
+        ["task", "algorithm", "K", f"mean K={k_ref}", "mean K", "drop", "seeds"],
+        [
+            (
+                t.task,
+                t.algorithm,
+                t.K,
+                f"{t.mean_ref:.3f}",
+                f"{t.mean:.3f}",
+                f"{t.drop:.3f} +- {t.drop_sd:.3f}" if t.seeds > 1 else f"{t.drop:.3f}",
+                t.seeds,
+            )
+            for t in sorted(data.per_task, key=lambda t: (t.task, report.algorithms.index(t.algorithm), t.K))
+        ],
+    )
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
@@ -207,24 +209,52 @@ def _interval_sentence(estimates: Mapping[str, Estimate], min_runs: int) -> str:
     )
 
 
-def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path:
-    """Draw every figure into ``out`` and write ``out/summary.md``; returns the summary's path."""
-    plt = _plt()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+class _Figures:
+    """Saves a figure into the report's folder (``save(fig, name)`` returns the name for the link)."""
 
-    def save(fig, name: str) -> str:
+    def __init__(self, out: Path, dpi: int) -> None:
+        self.out, self.dpi = out, dpi
+
+    def __call__(self, fig, name: str) -> str:
         from matplotlib.ticker import EngFormatter
 
         for ax in fig.axes:  # 50k, 100k, ... instead of colliding 50000100000 tick labels
             if ax.get_xlabel() == "env steps":
                 ax.xaxis.set_major_formatter(EngFormatter(sep=""))
-        fig.savefig(out / name, dpi=dpi, bbox_inches="tight")
-        plt.close(fig)
+        fig.savefig(self.out / name, dpi=self.dpi, bbox_inches="tight")
+        _plt().close(fig)
         return name
 
+
+def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path:
+    """Draw every figure into ``out`` and write ``out/summary.md`` (one function per section, in
+    :data:`SECTIONS` order); returns the summary's path."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save = _Figures(out, dpi)
     s: list[str] = [f"# Report: {report.experiment}", ""]
-    # -- runs
+    s += _runs_section(report, save)
+    s += _normalisation_section(report, save)
+    s += _robustness_part(report, save)
+    scores = aggregate_scores(report)  # (after the robustness bootstrap, as the summary has always been drawn)
+    s += _final_scores_section(report, save, scores)
+    s += _iqm_section(report, save, scores)
+    s += _improvement_section(report, save)
+    s += _returns_section(report, save)
+    s += _sample_efficiency_section(report, save)
+    s += _profiles_section(report, save)
+    s += _tv_section(report, save)
+    s += _fractions_section(report, save)
+    s += _ablations_section(report, save)
+    s += _method_section(report, save)
+    path = out / "summary.md"
+    path.write_text("\n".join(s) + "\n")
+    return path
+
+
+def _runs_section(report: Report, save: _Figures) -> list[str]:
+    """Runs."""
+    s: list[str] = []
     s += ["## Runs", ""]
     main = report.main_runs()
     s.append(
@@ -248,7 +278,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
     ]
     if report.notes:
         s += ["", "Notes:", ""] + [f"- {n}" for n in report.notes]
-    # -- normalisation
+    return s
+
+
+def _normalisation_section(report: Report, save: _Figures) -> list[str]:
+    """Normalisation."""
+    s: list[str] = []
     s += [
         "",
         "## Normalisation",
@@ -272,11 +307,21 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
             [(t, f"{lo:.1f}", f"{hi:.1f}") for t, (lo, hi) in sorted(report.bounds.items())],
         )
     )
-    # -- robustness to lag (the paper's claim), before the levels
+    return s
+
+
+def _robustness_part(report: Report, save: _Figures) -> list[str]:
+    """Robustness to lag (the paper's claim), before the levels."""
     lag = robustness(report)
-    s += _robustness_section(report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None)
-    # -- aggregates
-    scores = aggregate_scores(report)
+    return _robustness_section(
+        report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None
+    )
+
+
+def _final_scores_section(report: Report, save: _Figures, scores) -> list[str]:
+    """Aggregates."""
+    s: list[str] = []
+    main = report.main_runs()
     fig, agg, notes = figure_aggregates(report, scores)
     s += [
         "",
@@ -311,7 +356,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
             ],
         )
     )
-    # -- IQM vs K
+    return s
+
+
+def _iqm_section(report: Report, save: _Figures, scores) -> list[str]:
+    """IQM vs K."""
+    s: list[str] = []
     fig, iqm, _ = figure_iqm_vs_k(report, iqm_of(scores))  # the IQM column above: one bootstrap, one interval
     s += [
         "",
@@ -333,7 +383,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
             ],
         )
     )
-    # -- probability of improvement
+    return s
+
+
+def _improvement_section(report: Report, save: _Figures) -> list[str]:
+    """Probability of improvement."""
+    s: list[str] = []
     baseline = improvement_baseline(report)
     s += ["", "## Probability of improvement", ""]
     improvement = probability_of_improvement(report, baseline) if baseline else None
@@ -359,7 +414,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
                 ],
             )
         )
-    # -- returns
+    return s
+
+
+def _returns_section(report: Report, save: _Figures) -> list[str]:
+    """Returns."""
+    s: list[str] = []
     s += [
         "",
         "## Returns over training",
@@ -368,7 +428,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         "",
         f"Raw {report.score_metric} per task and K; lines are means over seeds, bands one sample standard deviation.",
     ]
-    # -- sample efficiency
+    return s
+
+
+def _sample_efficiency_section(report: Report, save: _Figures) -> list[str]:
+    """Sample efficiency."""
+    s: list[str] = []
     fig, _, auc, notes = figure_sample_efficiency(report, sample_efficiency(report))
     s += [
         "",
@@ -392,7 +457,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         )
     )
     s += [f"- {n}" for n in notes]
-    # -- performance profiles
+    return s
+
+
+def _profiles_section(report: Report, save: _Figures) -> list[str]:
+    """Performance profiles."""
+    s: list[str] = []
     fig, notes = figure_performance_profiles(report, profiles(report))
     s += [
         "",
@@ -404,7 +474,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         f"bootstrap CIs, drawn only for groups with at least {report.min_runs} runs per task.",
     ]
     s += [f"- {n}" for n in notes]
-    # -- TV
+    return s
+
+
+def _tv_section(report: Report, save: _Figures) -> list[str]:
+    """TV."""
+    s: list[str] = []
     s += [
         "",
         "## TV divergence against delta/2",
@@ -461,7 +536,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
                 ],
             )
         )
-    # -- fractions
+    return s
+
+
+def _fractions_section(report: Report, save: _Figures) -> list[str]:
+    """Fractions."""
+    s: list[str] = []
     s += [
         "",
         "## Filter and clip fractions",
@@ -483,7 +563,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
             ],
         )
     )
-    # -- ablations
+    return s
+
+
+def _ablations_section(report: Report, save: _Figures) -> list[str]:
+    """Ablations."""
+    s: list[str] = []
     for name, ablation in ablations(report).items():
         heading = "Ablation: realignment" if name == "realign" else f"Ablation: {name}"
         s += ["", f"## {heading}", ""]
@@ -504,7 +589,12 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
             )
         )
         s += [f"- {n}" for n in notes]
-    # -- method
+    return s
+
+
+def _method_section(report: Report, save: _Figures) -> list[str]:
+    """Method."""
+    s: list[str] = []
     s += [
         "",
         "## How this was computed",
@@ -520,9 +610,7 @@ def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path
         _resample_sentence(report),
         "",
     ]
-    path = out / "summary.md"
-    path.write_text("\n".join(s) + "\n")
-    return path
+    return s
 
 
 def _resample_sentence(report: Report) -> str:

@@ -51,7 +51,7 @@ class Algorithm:
             class_path = self.class_path(part, realigned)
             if class_path is None:
                 continue
-            for axis, label in getattr(import_class(class_path), "sweep_axes", {}).items():
+            for axis, label in import_class(class_path).sweep_axes.items():  # checked by the loader
                 out.setdefault(axis, (label, []))[1].append(part)
         return out
 

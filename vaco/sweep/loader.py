@@ -123,23 +123,38 @@ def _configs_dir(path: Path, given: str | None) -> Path:
 
 
 def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
+    from vaco.advantages import AdvantageModule
+    from vaco.learner import Learner
+    from vaco.objectives import Objective
+
     out = {}
     for file in sorted((configs_dir / "algo").glob("*.yaml")):
         config = yaml.safe_load(file.read_text())
         init = config["model"]["init_args"]
         objective, advantage = init["objective"]["class_path"], (init.get("advantage") or {}).get("class_path")
+        module = _checked_class(
+            config["model"].get("class_path", "vaco.VacoModule"), Learner, f"{file}: model.class_path"
+        )
         where = f"{file}: model.init_args.objective.class_path"
-        module = import_class(config["model"].get("class_path", "vaco.VacoModule"), f"{file}: model.class_path")
+        objective_class = _checked_class(objective, Objective, where)
+        if advantage is not None:
+            _checked_class(advantage, AdvantageModule, f"{file}: model.init_args.advantage.class_path")
         out[file.stem] = Algorithm(
             name=file.stem,
             config=config,
             objective=objective,
             advantage=advantage,
-            lag_key=getattr(module, "lag_key", "data.init_args.policy_buffer_size"),
-            realign_optional=not getattr(import_class(objective, where), "reestimate_advantage", False)
-            and advantage in (_VTRACE, _GAE),
+            lag_key=module.lag_key,
+            realign_optional=not objective_class.reestimate_advantage and advantage in (_VTRACE, _GAE),
         )
     return out
+
+
+def _checked_class(class_path: str, base: type, where: str) -> type:
+    found = import_class(class_path, where)
+    if not (isinstance(found, type) and issubclass(found, base)):
+        raise SweepError(f"`{where}`: {class_path!r} is not a {base.__module__}.{base.__qualname__}")
+    return found
 
 
 def _load_envs(configs_dir: Path) -> dict[str, dict]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fnmatch
 import sys
 
-from vaco.sweep.grid import expand
+from vaco.sweep.grid import Cell, Sweep, expand
 from vaco.sweep.launchers import say
 from vaco.sweep.loader import load_sweep, validate_with_cli
 from vaco.sweep.schema import LAUNCHERS, RESOURCE_FIELDS, SweepError, check_resources
@@ -67,45 +68,72 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+@dataclasses.dataclass
+class _Plan:
+    """What ``vaco sweep`` decided before running anything: the sweep, its cells and their states."""
+
+    sweep: Sweep
+    launcher: str
+    resources: dict
+    cells: list[Cell]
+    uri: str
+    runner: object | None  # the SLURM or Ray launcher (checked early); None for local, --dry-run, --status
+    states: dict[str, str]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.jobs is not None and args.jobs < 1:
-            raise SweepError(f"`--jobs` must be >= 1, got {args.jobs}")
-        sweep = load_sweep(args.config, args.out)
-        launcher = args.launcher or sweep.launcher
-        if args.status and args.launcher is None and (sweep.output_dir / "submitit" / "jobs.yaml").is_file():
-            launcher = "slurm"  # submitted to SLURM before: --status asks the scheduler too
-        resources = {
-            **sweep.resources,
-            **{k[len("resource_") :]: v for k, v in vars(args).items() if k.startswith("resource_") and v is not None},
-        }
-        check_resources(resources)
-        cells = expand(sweep)
-        if args.only:
-            cells = [c for c in cells if any(fnmatch.fnmatch(c.id, g) for g in args.only)]
-            if not cells:
-                raise SweepError(f"`--only {' '.join(args.only)}` matches no cell")
-        uri = resolve_tracking_uri()
-        _check_store(uri)
-        runner = _launcher(launcher, sweep, uri, resources, args) if not (args.dry_run or args.status) else None
-        validate_with_cli(sweep, cells, uri)
-        states = plan(sweep, cells, uri, with_running=args.status)
-        if args.status and launcher == "slurm" and runner is None:
-            from vaco.sweep.launchers import SlurmLauncher
-
-            for cell_id, state in (
-                SlurmLauncher(sweep, uri, resources, executor=args.slurm_executor).job_states().items()
-            ):
-                if states.get(cell_id) != "finished":
-                    states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
+        p = _plan(args)
     except (SweepError, RuntimeError) as err:
         print(f"vaco sweep: {err}", file=sys.stderr)
         return 2
+    _say_plan(p, args)
+    if args.dry_run or args.status:
+        _list_cells(p, args)
+        return 0
+    return _run(p, args)
+
+
+def _plan(args) -> _Plan:
+    """Load and check everything (the file, the resources, the store, every cell's config) and find
+    each cell's state; raises SweepError naming the field."""
+    if args.jobs is not None and args.jobs < 1:
+        raise SweepError(f"`--jobs` must be >= 1, got {args.jobs}")
+    sweep = load_sweep(args.config, args.out)
+    launcher = args.launcher or sweep.launcher
+    if args.status and args.launcher is None and (sweep.output_dir / "submitit" / "jobs.yaml").is_file():
+        launcher = "slurm"  # submitted to SLURM before: --status asks the scheduler too
+    resources = {
+        **sweep.resources,
+        **{k[len("resource_") :]: v for k, v in vars(args).items() if k.startswith("resource_") and v is not None},
+    }
+    check_resources(resources)
+    cells = expand(sweep)
+    if args.only:
+        cells = [c for c in cells if any(fnmatch.fnmatch(c.id, g) for g in args.only)]
+        if not cells:
+            raise SweepError(f"`--only {' '.join(args.only)}` matches no cell")
+    uri = resolve_tracking_uri()
+    _check_store(uri)
+    runner = _launcher(launcher, sweep, uri, resources, args) if not (args.dry_run or args.status) else None
+    validate_with_cli(sweep, cells, uri)
+    states = plan(sweep, cells, uri, with_running=args.status)
+    if args.status and launcher == "slurm" and runner is None:
+        from vaco.sweep.launchers import SlurmLauncher
+
+        for cell_id, state in SlurmLauncher(sweep, uri, resources, executor=args.slurm_executor).job_states().items():
+            if states.get(cell_id) != "finished":
+                states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
+    return _Plan(sweep, launcher, resources, cells, uri, runner, states)
+
+
+def _say_plan(p: _Plan, args) -> None:
+    sweep, launcher, uri, states = p.sweep, p.launcher, p.uri, p.states
     jobs = args.jobs or sweep.jobs
     counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "running", "queued", "resume", "new")}
     say(
-        f"sweep '{sweep.experiment}' ({sweep.path}): {len(cells)} cells; {counts['finished']} finished "
+        f"sweep '{sweep.experiment}' ({sweep.path}): {len(p.cells)} cells; {counts['finished']} finished "
         f"(skipped), "
         + (f"{counts['running']} running, " if args.status else "")
         + (f"{counts['queued']} queued, " if counts["queued"] else "")
@@ -120,33 +148,42 @@ def main(argv: list[str] | None = None) -> int:
             "MLFLOW_TRACKING_URI to it",
             file=sys.stderr,
         )
-    if args.dry_run or args.status:
-        shown = cells if args.all_cells or len(cells) <= MAX_LISTED else cells[: MAX_LISTED // 2]
-        for cell in shown:
-            print(f"  {states[cell.id]:8s}  {cell.id}")
-        if len(shown) < len(cells):
-            by_algo: dict[str, int] = {}
-            for cell in cells:
-                by_algo[cell.algorithm] = by_algo.get(cell.algorithm, 0) + 1
-            print(
-                f"  ... and {len(cells) - len(shown)} more (--all-cells lists them); cells per algorithm: "
-                + ", ".join(f"{a} {n}" for a, n in by_algo.items())
-            )
-        print(
-            f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
-        )
-        if args.dry_run and launcher == "slurm":
-            from vaco.sweep.launchers import SlurmLauncher
 
-            todo = sum(1 for c in cells if states[c.id] != "finished")
-            slurm = SlurmLauncher(sweep, uri, resources)
-            sizes = slurm.chunks(max(todo, 1))
-            print(
-                f"  {todo} cells to submit as {len(sizes)} job array(s) of at most {max(sizes)} "
-                f"(the cluster's MaxArraySize), {slurm.parameters(max(sizes))['array_parallelism']} running at once per array"
-            )
-            print("  the first job array's sbatch script:\n" + slurm.submission_script(max(todo, 1)))
-        return 0
+
+def _list_cells(p: _Plan, args) -> None:
+    """--dry-run and --status: each cell's state (the first ones of a large sweep), and for SLURM
+    the job arrays and the first sbatch script."""
+    cells, states, sweep = p.cells, p.states, p.sweep
+    shown = cells if args.all_cells or len(cells) <= MAX_LISTED else cells[: MAX_LISTED // 2]
+    for cell in shown:
+        print(f"  {states[cell.id]:8s}  {cell.id}")
+    if len(shown) < len(cells):
+        by_algo: dict[str, int] = {}
+        for cell in cells:
+            by_algo[cell.algorithm] = by_algo.get(cell.algorithm, 0) + 1
+        print(
+            f"  ... and {len(cells) - len(shown)} more (--all-cells lists them); cells per algorithm: "
+            + ", ".join(f"{a} {n}" for a, n in by_algo.items())
+        )
+    print(
+        f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
+    )
+    if args.dry_run and p.launcher == "slurm":
+        from vaco.sweep.launchers import SlurmLauncher
+
+        todo = sum(1 for c in cells if states[c.id] != "finished")
+        slurm = SlurmLauncher(sweep, p.uri, p.resources)
+        sizes = slurm.chunks(max(todo, 1))
+        print(
+            f"  {todo} cells to submit as {len(sizes)} job array(s) of at most {max(sizes)} "
+            f"(the cluster's MaxArraySize), {slurm.parameters(max(sizes))['array_parallelism']} running at once per array"
+        )
+        print("  the first job array's sbatch script:\n" + slurm.submission_script(max(todo, 1)))
+
+
+def _run(p: _Plan, args) -> int:
+    """Run (or submit) the cells that have not finished, under the sweep's lock and parent run."""
+    sweep, cells, states, uri, launcher, runner = p.sweep, p.cells, p.states, p.uri, p.launcher, p.runner
     for cell in cells:
         if states[cell.id] == "finished":
             say(f"skip   {cell.id} (finished)")
@@ -176,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         if launcher == "local":
             from vaco.sweep.launchers import LocalLauncher
 
-            rc = LocalLauncher(sweep, uri, jobs, args.grace, args.status_every).run(todo)
+            rc = LocalLauncher(sweep, uri, args.jobs or sweep.jobs, args.grace, args.status_every).run(todo)
         elif launcher == "slurm":
             rc = runner.launch(todo, wait=args.wait or args.slurm_executor == "local")
             if rc == 0 and not (args.wait or args.slurm_executor == "local"):

@@ -13,16 +13,15 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import mlflow
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers.runs import REPO, VACO
+
 TINY = REPO / "configs" / "sweeps" / "tiny.yaml"
-VACO = str(Path(sys.executable).with_name("vaco"))
 EXPERIMENT = "vaco-tiny"
 FIRST, SECOND = "vaco-inverted_pendulum-K2-s1", "ppo_clip-inverted_pendulum-K2-s1"
 ABLATIONS = (

@@ -1,0 +1,92 @@
+"""A tiny real training run, the ``vaco`` command as a subprocess, and MLflow metric histories."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import lightning as L
+import mlflow
+from lightning.pytorch.loggers import MLFlowLogger
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
+VACO = str(Path(sys.executable).with_name("vaco"))
+
+
+def metric_histories(uri: str, run_id: str, skip_prefixes=("perf/",)) -> dict[str, list[tuple[int, float]]]:
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    out = {}
+    for key in run.data.metrics:
+        if key.startswith(skip_prefixes):
+            continue
+        out[key] = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+    return out
+
+
+def build_run(
+    tmp_path: Path,
+    uri: str,
+    *,
+    objective=None,
+    advantage=None,
+    data_kwargs: dict | None = None,
+    model_kwargs: dict | None = None,
+    every_n_iterations: int = 1,
+    run_id: str | None = None,
+    callbacks: tuple = (),
+    devices: int = 1,
+    accelerator: str = "cpu",
+    seed: int = 3,
+    experiment: str = "test",
+):
+    """A real (module, data module, trainer) triple on a tiny InvertedPendulum setting."""
+    from vaco import RolloutDataModule, VacoModule
+    from vaco.advantages import VTrace
+    from vaco.callbacks import IterationCheckpoint
+    from vaco.objectives import TVFilter
+
+    L.seed_everything(seed, verbose=False)
+    data = dict(
+        env_id="InvertedPendulum-v5",
+        num_envs=2,
+        num_steps=64,
+        total_steps=2 * 64 * 6,
+        policy_buffer_size=3,
+        eval_every=3,
+        eval_episodes=2,
+        eval_envs=2,
+        seed=seed,
+    )
+    data.update(data_kwargs or {})
+    model = dict(update_epochs=2, num_minibatches=4)
+    model.update(model_kwargs or {})
+    module = VacoModule(
+        objective=objective or TVFilter(delta=0.2),
+        advantage=advantage or VTrace(gamma=0.99, lmbda=0.95),
+        **model,
+    )
+    datamodule = RolloutDataModule(**data)
+    logger = MLFlowLogger(experiment_name=experiment, tracking_uri=uri, run_id=run_id, log_model=True)
+    checkpoint = IterationCheckpoint(every_n_iterations=every_n_iterations, dirpath=str(tmp_path / "ckpt"))
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator=accelerator,
+        devices=devices,
+        logger=logger,
+        callbacks=[checkpoint, *callbacks],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(tmp_path),
+    )
+    return module, datamodule, trainer
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None):
+    import subprocess
+
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run([VACO, *args], cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,102 @@
+"""What the lag telemetry and the ablations say, as data: the TV and filter/clip-fraction tables
+(per algorithm and K), and one :class:`Ablation` per sweep axis and for realignment, with their
+IQM scores. Drawn by :mod:`~vaco.report.figures`, written by :mod:`~vaco.report.summary`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from vaco.report.runs import Run
+from vaco.report.scores import Report, Scores, groups_of, iqm_estimates
+
+__all__ = ["Ablation", "ablation_scores", "ablations", "fraction_table", "tv_table"]
+
+
+def tv_table(report: Report, by_task: bool = False) -> dict[tuple, tuple[list[float], list[float], float | None]]:
+    """Per (algorithm, K), or per (task, algorithm, K) with ``by_task``: each run's mean
+    lag/forward_tv and mean train/tv, and its delta."""
+    rows = {}
+    key = (lambda r: (r.env, r.algorithm, r.K)) if by_task else (lambda r: (r.algorithm, r.K))
+    for group, runs in sorted(
+        groups_of(report.main_runs(), key).items(),
+        key=lambda x: (*x[0][:-2], report.algorithms.index(x[0][-2]), x[0][-1]),
+    ):
+        fwd = [r.history("lag/forward_tv")[1].mean() for r in runs if len(r.history("lag/forward_tv")[1])]
+        trn = [r.history("train/tv")[1].mean() for r in runs if len(r.history("train/tv")[1])]
+        rows[group] = (fwd, trn, runs[0].delta)
+    return rows
+
+
+def fraction_table(report: Report) -> dict[tuple[str, int], tuple[float, float, str]]:
+    """Per (algorithm, K): the mean filter fraction, the mean clip fraction, and the objective."""
+    rows = {}
+    for (algo, K), runs in groups_of(report.main_runs(), lambda r: (r.algorithm, r.K)).items():
+        f = [r.history("train/filter_fraction")[1].mean() for r in runs if len(r.history("train/filter_fraction")[1])]
+        c = [r.history("train/clip_fraction")[1].mean() for r in runs if len(r.history("train/clip_fraction")[1])]
+        rows[(algo, K)] = (np.mean(f) if f else math.nan, np.mean(c) if c else math.nan, runs[0].objective)
+    return rows
+
+
+@dataclasses.dataclass
+class Ablation:
+    name: str
+    title: str
+    runs: list[Run]
+    variant: Callable[[Run], str]
+    reason: str  # why it is not available, when runs is empty
+
+    def groups(self) -> dict[str, list[Run]]:
+        """``"<variant> K=<K>"`` -> runs, sorted by variant and K."""
+        return groups_of(
+            sorted(self.runs, key=lambda r: (self.variant(r), r.K)), lambda r: f"{self.variant(r)} K={r.K}"
+        )
+
+
+def ablations(report: Report) -> dict[str, Ablation]:
+    """The runs of each ablation: one per axis (delta, rho_bar, and any other axis an objective
+    declares) for the algorithms run with >= 2 of its values while the other axes are at their
+    reference; and realignment (objectives run both with V-trace and with GAE, at the reference)."""
+
+    def varied(axis: str) -> Ablation:
+        candidates = [
+            r
+            for r in report.runs
+            if r.axes.get(axis) is not None
+            and all(r.axes.get(a) in (None, v) for a, v in report.reference.items() if a != axis)
+        ]
+        by_algo = groups_of(candidates, lambda r: r.algorithm)
+        runs = [r for rs in by_algo.values() if len({r.axes[axis] for r in rs}) > 1 for r in rs]
+        return Ablation(
+            axis,
+            f"{axis} ablation",
+            runs,
+            lambda r: f"{r.algorithm} {axis}={r.axes[axis]:g}",
+            f"needs runs of an algorithm that takes {axis} with at least two values of it",
+        )
+
+    out = {axis: varied(axis) for axis in report.reference}
+    by_obj = groups_of(report.main_runs(), lambda r: r.objective)
+    runs = [r for rs in by_obj.values() if len({r.realign for r in rs}) > 1 for r in rs]
+    out["realign"] = Ablation(
+        "realign",
+        "realignment on/off",
+        runs,
+        lambda r: f"{r.algorithm} ({'V-trace' if r.realign else 'GAE'})",
+        "needs runs of one objective both with V-trace realignment and with GAE",
+    )
+    return out
+
+
+def ablation_scores(report: Report, ablation: Ablation) -> tuple[Scores, Scores]:
+    """IQM of the normalised final score and of the AUC per (variant, K)."""
+    groups = ablation.groups()
+    final, _, notes = report.matrices(groups, lambda r: report.normalized[r.run_id])
+    auc, _, _ = report.matrices(groups, lambda r: report.auc[r.run_id])
+    return (
+        Scores(iqm_estimates(final, report.reps, report.seed, report.min_runs), ("IQM",), notes),
+        Scores(iqm_estimates(auc, report.reps, report.seed, report.min_runs), ("IQM AUC",), []),
+    )
