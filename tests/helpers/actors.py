@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
 
+from helpers.runs import tiny_trainer
 from vaco.data.policy_buffer import PolicyVersionBuffer
 from vaco.networks import GaussianActor
 
@@ -68,17 +69,7 @@ def parallel_run(
     datamodule = RolloutDataModule(**data, collection=actors)
     logger = MLFlowLogger(experiment_name="test", tracking_uri=uri, run_id=run_id)
     checkpoint = IterationCheckpoint(every_n_iterations=1, dirpath=str(tmp_path / "ckpt"))
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=logger,
-        callbacks=[checkpoint, *callbacks],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=str(tmp_path),
-    )
+    trainer = tiny_trainer(tmp_path, logger, [checkpoint, *callbacks])
     return module, datamodule, trainer
 
 

@@ -71,18 +71,23 @@ def build_run(
     datamodule = RolloutDataModule(**data)
     logger = MLFlowLogger(experiment_name=experiment, tracking_uri=uri, run_id=run_id, log_model=True)
     checkpoint = IterationCheckpoint(every_n_iterations=every_n_iterations, dirpath=str(tmp_path / "ckpt"))
-    trainer = L.Trainer(
+    trainer = tiny_trainer(tmp_path, logger, [checkpoint, *callbacks], accelerator=accelerator, devices=devices)
+    return module, datamodule, trainer
+
+
+def tiny_trainer(tmp_path: Path, logger, callbacks: list, *, accelerator: str = "cpu", devices: int = 1) -> L.Trainer:
+    """The Trainer of the tiny runs: one epoch (the whole run), no bar, no sanity steps."""
+    return L.Trainer(
         max_epochs=1,
         accelerator=accelerator,
         devices=devices,
         logger=logger,
-        callbacks=[checkpoint, *callbacks],
+        callbacks=callbacks,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=str(tmp_path),
     )
-    return module, datamodule, trainer
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None):

@@ -1,0 +1,173 @@
+"""The house rules of docs/architecture.md, read from the code's own imports (every ``import`` and
+``from ... import`` in vaco/, at any depth, TYPE_CHECKING blocks included): no import circle, no
+arrow from a lower layer up to a higher one, no two files with one name, and the learners keep the
+contract."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from helpers.runs import REPO
+
+PACKAGE = REPO / "vaco"
+
+# docs/architecture.md's layers, lowest first: a module may import its own layer and those below
+LAYERS = {
+    1: (
+        "vaco._checks",
+        "vaco._moved",
+        "vaco.tracking",
+        "vaco.files",
+        "vaco.config_errors",
+        "vaco.hints",
+        "vaco.checkpoint",
+    ),
+    2: ("vaco.objectives", "vaco.advantages", "vaco.networks"),
+    3: (
+        "vaco.data",
+        "vaco.llm.data",
+        "vaco.llm.policy",
+        "vaco.llm.reward",
+        "vaco.llm.advantage",
+        "vaco.llm.synthetic",
+        "vaco.llm.tokenizer",
+        "vaco.llm.sft",
+    ),
+    4: ("vaco.learner", "vaco.vaco_module", "vaco.llm.rlvr_module", "vaco.llm", "vaco.callbacks", "vaco.logger"),
+    5: ("vaco.fit", "vaco.evaluate", "vaco.ui", "vaco.sweep", "vaco.report", "vaco.cli", "vaco"),
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports() -> dict[str, set[str]]:
+    """module -> the vaco modules it imports (a name imported from a package resolves to the
+    submodule when there is one)."""
+    mods = modules()
+
+    def resolve(name: str) -> str:
+        while name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for target in targets:
+                if target == "vaco" or target.startswith("vaco."):
+                    found = resolve(target)
+                    if found != name:
+                        edges[name].add(found)
+    return edges
+
+
+def layer(module: str) -> int:
+    best, found = -1, None
+    for number, prefixes in LAYERS.items():
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, found = len(prefix), number
+    assert found is not None, f"{module} is in no layer of docs/architecture.md: add it to LAYERS and the doc"
+    return found
+
+
+def test_no_import_circle():
+    edges = imports()
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in modules():
+        if v not in index:
+            visit(v)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_no_arrow_runs_up_a_layer():
+    up = [
+        f"{a} (layer {layer(a)}) -> {b} (layer {layer(b)})"
+        for a, targets in imports().items()
+        for b in targets
+        if layer(b) > layer(a)
+    ]
+    assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(sorted(up))
+
+
+def test_circle_and_layer_checks_can_fail(tmp_path, monkeypatch):
+    """The checks see a real circle and a real upward arrow (a copy of the tree with two added imports)."""
+    import shutil
+
+    copy = tmp_path / "vaco"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "tracking.py", "a") as fh:
+        fh.write("\nfrom vaco.fit import VacoCLI  # noqa\n")  # leaves -> commands: up, and a circle
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", copy)
+    monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
+    with pytest.raises(AssertionError, match="import circles"):
+        test_no_import_circle()
+    with pytest.raises(AssertionError, match=r"vaco.tracking \(layer 1\) -> vaco.fit \(layer 5\)"):
+        test_no_arrow_runs_up_a_layer()
+
+
+def test_no_two_files_share_a_name():
+    names = defaultdict(list)
+    for path in PACKAGE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            names[path.name].append(str(path.relative_to(REPO)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}
+
+
+def test_the_learners_keep_the_contract():
+    from vaco import VacoModule
+    from vaco.learner import Learner
+    from vaco.llm import RLVRModule
+
+    abstract = set(Learner.__abstractmethods__)
+    assert abstract == {"check_data", "default_run_name", "run_params", "evaluate", "should_evaluate", "last_score"}
+    for learner in (VacoModule, RLVRModule):
+        assert issubclass(learner, Learner) and not inspect.isabstract(learner)
+        assert isinstance(learner.lag_key, str) and isinstance(learner.score_metric, str)
+
+    class Incomplete(Learner):
+        lag_key, score_metric = "data.init_args.policy_buffer_size", "eval/return"
+
+    from vaco.objectives import PPOClip
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete(PPOClip(), "x")
