@@ -203,33 +203,54 @@ class RolloutCollector(BaseCollector):
             raise FloatingPointError(
                 f"the environment returned NaN/inf observations or rewards at iteration {self.iteration}"
             )
-
-        def env_major(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(x.swapaxes(0, 1)))
-
-        obs, next_obs, actions, locs, scales = map(env_major, (obs, next_obs, actions, locs, scales))
-        log_probs, rewards, terminated, truncated = map(env_major, (log_probs, rewards, terminated, truncated))
-        ep_returns, ep_lengths = env_major(ep_returns), env_major(ep_lengths)
-        batch = TensorDict(
-            {
-                "observation": obs,
-                "action": actions,
-                "behavior_log_prob": log_probs,
-                "behavior_loc": locs,
-                "behavior_scale": scales,
-                "policy_version": policy.versions.unsqueeze(-1).expand(N, T).clone(),
-                "next": {
-                    "observation": next_obs,
-                    "reward": rewards,
-                    "done": terminated | truncated,
-                    "terminated": terminated,
-                    "truncated": truncated,
-                    "episode_return": ep_returns,
-                    "episode_length": ep_lengths,
-                },
-            },
-            batch_size=[N, T],
+        versions = policy.versions.unsqueeze(-1).expand(N, T).clone()
+        batch = _env_major_batch(
+            obs,
+            next_obs,
+            actions,
+            locs,
+            scales,
+            log_probs,
+            versions,
+            rewards,
+            terminated,
+            truncated,
+            ep_returns,
+            ep_lengths,
         )
         self.iteration += 1
         self.last_collect_seconds = time.perf_counter() - start
         return batch
+
+
+def _env_major_batch(
+    obs, next_obs, actions, locs, scales, log_probs, versions, rewards, terminated, truncated, ep_returns, ep_lengths
+) -> TensorDict:
+    """The time-major ``[T, N, ...]`` step buffers as the ``[N, T]`` batch (one transpose each);
+    ``versions`` is already ``[N, T]``."""
+
+    def env_major(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x.swapaxes(0, 1)))
+
+    terminated, truncated = env_major(terminated), env_major(truncated)
+    N, T = terminated.shape
+    return TensorDict(
+        {
+            "observation": env_major(obs),
+            "action": env_major(actions),
+            "behavior_log_prob": env_major(log_probs),
+            "behavior_loc": env_major(locs),
+            "behavior_scale": env_major(scales),
+            "policy_version": versions,
+            "next": {
+                "observation": env_major(next_obs),
+                "reward": env_major(rewards),
+                "done": terminated | truncated,
+                "terminated": terminated,
+                "truncated": truncated,
+                "episode_return": env_major(ep_returns),
+                "episode_length": env_major(ep_lengths),
+            },
+        },
+        batch_size=[N, T],
+    )
