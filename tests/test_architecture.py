@@ -171,3 +171,33 @@ def test_the_learners_keep_the_contract():
 
     with pytest.raises(TypeError, match="abstract"):
         Incomplete(PPOClip(), "x")
+
+
+def test_old_module_paths_still_import_and_old_checkpoints_define_the_same_run():
+    """Configs, user code and checkpoints written before the renames keep working."""
+    import importlib
+    import sys
+
+    from vaco._moved import MOVED
+    from vaco.learner import same_run_problem
+
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with pytest.warns(FutureWarning, match=f"`{old}` is now `{new}`"):
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new)
+    from vaco.data.module import RolloutDataModule  # the old spelling of a class path in a YAML
+
+    assert RolloutDataModule.__module__ == "vaco.data.datamodule"
+
+    saved = {
+        "data.init_args.collection": {"class_path": "vaco.data.parallel.module.Actors", "num_workers": 2},
+        "model.init_args.objective": "vaco.objectives.tv_filter.TVFilter",
+    }
+    now = {
+        "data.init_args.collection": {"class_path": "vaco.data.parallel.backend.Actors", "num_workers": 2},
+        "model.init_args.objective": "vaco.objectives.tv_filter.TVFilter",
+    }
+    assert same_run_problem(saved, now) is None
+    changed = {**now, "data.init_args.collection": {**now["data.init_args.collection"], "num_workers": 4}}
+    assert "`data.init_args.collection` cannot change" in same_run_problem(saved, changed)

@@ -234,6 +234,24 @@ def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_
     assert runs[0].info.status == "FINISHED"
 
 
+def test_resume_with_a_larger_budget_when_the_last_iteration_saved_the_checkpoint(tmp_path):
+    """``checkpoint.every_n_iterations`` dividing the run (the demo: 100 iterations, every 10): the
+    last iteration's own save is the last checkpoint, with its epoch not yet marked complete.
+    A larger budget must still run the remaining iterations (it used to finish at once)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    every = ["--checkpoint.every_n_iterations", "1"]
+    first = _run([VACO, "fit", *BASE, *every, "--data.init_args.total_steps", "256"], tmp_path, uri)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpt = str(next(tmp_path.glob("checkpoints/*/last.ckpt")))
+    run_id = next(tmp_path.glob("checkpoints/*")).name
+    longer = _run(
+        [VACO, "fit", *BASE, *every, "--data.init_args.total_steps", "512", "--ckpt_path", ckpt], tmp_path, uri
+    )
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    history = metric_histories(uri, run_id)
+    assert [s for s, _ in history["train/tv"]] == [128 * i for i in range(1, 5)]  # 2 iterations, then 2 more
+
+
 def test_the_readme_example_is_the_docs_example():
     """The README's "Adding an objective" blocks are the doc's, so the doc test runs them too."""
     readme = dict(re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S))

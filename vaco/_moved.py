@@ -27,6 +27,10 @@ MOVED = {
 }
 
 
+#: classes whose old module now re-exports them from another (the old module maps to the shim)
+MOVED_CLASSES = {"vaco.data.parallel.module.Actors": "vaco.data.parallel.backend.Actors"}
+
+
 class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Resolves an old path to the module at its new one (a meta-path finder: it is asked before
     the file system, and only for the names in :data:`MOVED`)."""
@@ -51,7 +55,10 @@ def install() -> None:
 
 
 def current_path(dotted: str) -> str:
-    """``dotted`` (a module or a class path) under the module's current name."""
+    """``dotted`` (a module or a class path) under the module's current name (a checkpoint's run
+    definition names its components by class path; nothing is imported to answer)."""
+    if dotted in MOVED_CLASSES:
+        return MOVED_CLASSES[dotted]
     for old, new in MOVED.items():
         if dotted == old or dotted.startswith(old + "."):
             return new + dotted[len(old) :]
