@@ -17,13 +17,10 @@ import mlflow
 import pytest
 import yaml
 
+from helpers.runs import VACO
 from helpers.services import postgres, slurm_cluster
+from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs, parent_run
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = str(REPO / "configs" / "sweeps" / "tiny.yaml")
-VACO = str(Path(sys.executable).with_name("vaco"))
-FIRST, SECOND = "vaco-inverted_pendulum-K2-s1", "ppo_clip-inverted_pendulum-K2-s1"
-ONLY = ["--only", FIRST, "--only", SECOND]
 ITERATIONS = 32  # tiny.yaml: 4096 steps / (2 envs x 64 steps)
 SECRET = "Pg-s3cr3t-7f1c"
 
@@ -62,24 +59,6 @@ def _wait_until(check, timeout: float, what: str):
         time.sleep(1)
 
 
-def _cell_runs(uri: str, experiment: str = "vaco-tiny") -> dict[str, list]:
-    client = mlflow.MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    out: dict[str, list] = {}
-    for run in client.search_runs([exp.experiment_id]):
-        cell = run.data.tags.get("vaco.sweep.cell")
-        if cell:
-            out.setdefault(cell, []).append(run)
-    return out
-
-
-def _parent(uri: str, experiment: str = "vaco-tiny"):
-    client = mlflow.MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'")
-    return parent
-
-
 def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_run(slurm, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**slurm, "MLFLOW_TRACKING_URI": uri}
@@ -114,7 +93,7 @@ def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_ru
     assert "launcher slurm" in status.stdout and re.search(rf"queued\s+{FIRST}", status.stdout), status.stdout
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=dict(os.environ, **slurm), check=True)
     _wait_until(lambda: not _squeue(slurm), 900, "every job of the array ending")
-    runs = _cell_runs(uri)
+    runs = cell_runs(uri)
     assert sorted(runs) == sorted([FIRST, SECOND])
     client = mlflow.MlflowClient(uri)
     for cell, found in runs.items():
@@ -124,12 +103,12 @@ def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_ru
     log = (tmp_path / "out" / FIRST / "train.log").read_text()
     assert log.count("=== ") >= 2 and "--ckpt_path" in log  # it ran again, from its checkpoint
     # the parent run stays RUNNING while the cells run on their own; a rerun closes it
-    assert _parent(uri).info.status == "RUNNING"
+    assert parent_run(uri).info.status == "RUNNING"
     again = _vaco(
         "sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "slurm", cwd=tmp_path, env=env
     )
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
-    assert _parent(uri).info.status == "FINISHED"
+    assert parent_run(uri).info.status == "FINISHED"
 
 
 def test_the_dry_run_shows_the_arrays_and_the_script_that_will_be_submitted(slurm, tmp_path):
@@ -212,7 +191,7 @@ def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     )
     assert report.returncode == 0, report.stderr[-3000:]
     client = mlflow.MlflowClient(url)
-    runs = _cell_runs(url)
+    runs = cell_runs(url)
     assert len(runs[FIRST]) == 1 and runs[FIRST][0].info.status == "FINISHED"
     texts = [out.stdout, out.stderr, report.stdout, report.stderr]
     exp = client.get_experiment_by_name("vaco-tiny")

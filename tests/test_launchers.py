@@ -16,23 +16,9 @@ import mlflow
 import pytest
 
 from helpers.mlflow_server import free_port, mlflow_server
-from helpers.runs import CONFIGS, VACO, run_cli
+from helpers.runs import VACO, run_cli
+from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs
 from vaco.checkpoint import CheckpointError, load_checkpoint
-
-TINY = str(CONFIGS / "sweeps" / "tiny.yaml")
-FIRST, SECOND = "vaco-inverted_pendulum-K2-s1", "ppo_clip-inverted_pendulum-K2-s1"
-ONLY = ["--only", FIRST, "--only", SECOND]
-
-
-def _cell_runs(uri: str, experiment: str = "vaco-tiny") -> dict[str, list]:
-    client = mlflow.MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    out: dict[str, list] = {}
-    for run in client.search_runs([exp.experiment_id]):
-        cell = run.data.tags.get("vaco.sweep.cell")
-        if cell:
-            out.setdefault(cell, []).append(run)
-    return out
 
 
 def _sweep(tmp_path: Path, uri: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -58,7 +44,7 @@ def test_slurm_launcher_runs_the_cells_through_submitits_local_executor(tmp_path
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     print(f"slurm (submitit local executor), 2 tiny cells: {elapsed:.0f} s")
     assert "submitted 2 cells as local job array" in out.stdout
-    runs = _cell_runs(uri)
+    runs = cell_runs(uri)
     assert sorted(runs) == sorted([FIRST, SECOND])
     assert all(len(r) == 1 and r[0].info.status == "FINISHED" for r in runs.values())
     # the cells ran as submitit jobs: their logs are in the submitit folder and their own
@@ -178,10 +164,10 @@ def test_ray_retries_a_cell_whose_worker_died_and_it_resumes_into_the_same_run(t
     elapsed = time.monotonic() - start
     print(f"ray (local cluster, 2 CPUs), 2 tiny cells with one worker killed: {elapsed:.0f} s")
     assert sweep.returncode == 0, output[-4000:]
-    runs = _cell_runs(uri)
+    runs = cell_runs(uri)
     assert sorted(runs) == sorted([FIRST, SECOND])
-    for cell_id, cell_runs in runs.items():  # no duplicate MLflow runs, all finished
-        assert len(cell_runs) == 1 and cell_runs[0].info.status == "FINISHED", cell_id
+    for cell_id, found in runs.items():  # no duplicate MLflow runs, all finished
+        assert len(found) == 1 and found[0].info.status == "FINISHED", cell_id
     log = (cell / "train.log").read_text()
     headers = [line for line in log.splitlines() if line.startswith("=== ")]
     assert len(headers) == 2 and "--ckpt_path" in headers[1], headers  # retried, and resumed
@@ -204,7 +190,7 @@ def test_a_sweep_against_an_mlflow_server_with_a_database_backend_and_the_report
         out = _sweep(tmp_path, url, *ONLY, "--jobs", "2")
         print(f"local launcher against an mlflow server, 2 tiny cells: {time.monotonic() - start:.0f} s")
         assert out.returncode == 0, out.stdout[-3000:]
-        runs = _cell_runs(url)
+        runs = cell_runs(url)
         assert sorted(runs) == sorted([FIRST, SECOND]) and all(r[0].info.status == "FINISHED" for r in runs.values())
         report = run_cli(
             "report",

@@ -64,6 +64,29 @@ class TinySweep:
         return client.search_runs([exp.experiment_id], filter_string=f"tags.`vaco.sweep.cell` = '{cell}'")
 
 
+ONLY = ["--only", FIRST, "--only", SECOND]  # the two main cells
+
+
+def cell_runs(uri: str, experiment: str = EXPERIMENT) -> dict[str, list]:
+    """Cell id -> its MLflow runs (a cell that ran twice would have two)."""
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    out: dict[str, list] = {}
+    for run in client.search_runs([exp.experiment_id]):
+        cell = run.data.tags.get("vaco.sweep.cell")
+        if cell:
+            out.setdefault(cell, []).append(run)
+    return out
+
+
+def parent_run(uri: str, experiment: str = EXPERIMENT):
+    """The sweep's one parent run."""
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'")
+    return parent
+
+
 def _env(uri: str) -> dict:
     return dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
