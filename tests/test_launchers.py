@@ -98,7 +98,7 @@ def test_slurm_without_submitit_is_refused_before_any_cell(tmp_path):
     code = (
         "import sys; sys.modules['submitit'] = None\n"
         "from vaco.cli import main\n"
-        f"sys.exit(main(['sweep', '--config', {TINY!r}, '--out', {str(tmp_path / 'out')!r}, '--launcher', 'slurm']))\n"
+        f"sys.exit(main(['sweep', '--config', {str(TINY)!r}, '--out', {str(tmp_path / 'out')!r}, '--launcher', 'slurm']))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
