@@ -281,3 +281,88 @@ def test_tv_filter_uses_the_minibatch_tv_when_given():
     objective = TVFilter(delta=0.05, normalize_advantage=False)
     assert float(objective(half)["filter_fraction"]) == 1.0  # micro-batch TV: every sample filtered
     assert float(objective({**half, "minibatch_tv": whole_tv})["filter_fraction"]) == 0.0
+
+
+def _one_policy_gradient_step(module) -> float:
+    """One AdamW step of the module's objective on sampled completions with +-1 advantages (a real
+    policy-gradient signal); the fraction of the weights with a non-zero gradient that moved."""
+    from vaco.llm.policy import completion_log_probs, encode_prompts, generate
+
+    tok, policy = module.tokenizer, module.policy
+    ids, mask, _ = encode_prompts(tok, ["Question: Tom has 3 apples.\nAnswer:", "Question: hi\nAnswer:"] * 2, 64)
+    with module.autocast():
+        out = generate(
+            policy,
+            ids,
+            mask,
+            max_new_tokens=8,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            generator=torch.Generator().manual_seed(0),
+        )
+        log_prob, entropy = completion_log_probs(
+            policy, ids, mask, out["completion_ids"], out["completion_mask"], with_entropy=True
+        )
+    advantage = torch.tensor([1.0, -1.0, -1.0, 1.0])[:, None].expand_as(log_prob) * out["completion_mask"]
+    losses = module.objective(
+        {
+            "log_prob": log_prob,
+            "behavior_log_prob": out["behavior_log_prob"],
+            "advantage": advantage,
+            "entropy": entropy,
+            "mask": out["completion_mask"],
+        }
+    )
+    sum(v for k, v in losses.items() if k.startswith("loss_")).backward()
+    before = {name: p.detach().clone() for name, p in policy.named_parameters()}
+    module.configure_optimizers().step()
+    moved = total = 0
+    for name, p in policy.named_parameters():
+        signal = p.grad is not None and p.grad != 0
+        moved += int(((p.detach() != before[name]) & signal).sum())
+        total += int(signal.sum())
+    return moved / total
+
+
+def test_bf16_configured_weights_move_after_one_step_at_lr_1e_6(setting):
+    """`dtype: bfloat16` computes in bfloat16 but keeps float32 master weights: one AdamW step at the
+    paper's lr 1e-6 moves every weight that has a gradient. Weights *stored* in bfloat16 (as before)
+    barely move: a step of ~1e-6 is below bfloat16's resolution for nearly every weight."""
+    from vaco.llm import RLVRModule
+    from vaco.llm.policy import load_causal_lm
+    from vaco.objectives import PPOClip
+
+    def module():
+        m = RLVRModule(PPOClip(normalize_advantage=False), str(setting / "model"), lr=1e-6, dtype="bfloat16")
+        m.configure_model()
+        m.compute_dtype = torch.bfloat16  # what a GPU resolves to; autocast runs bfloat16 on a CPU too
+        return m
+
+    mixed = module()
+    assert all(p.dtype == torch.float32 for p in mixed.policy.parameters())  # the master weights
+    assert _one_policy_gradient_step(mixed) > 0.99
+    # the check can fail: the same step on weights stored in bfloat16 leaves nearly all of them where they were
+    stored = module()
+    stored.policy = load_causal_lm(str(setting / "model"), "bfloat16")
+    assert _one_policy_gradient_step(stored) < 0.5
+
+
+def test_bf16_on_a_cpu_computes_in_float32_and_says_so(setting, tmp_path, mlflow_env):
+    with pytest.warns(UserWarning, match="bfloat16` on a CPU: computing in float32"):
+        main(fit_args(setting, tmp_path, "--data.init_args.num_steps", "1", "--model.init_args.dtype", "bfloat16"))
+    state = final_policy_state(tmp_path)
+    assert state and all(v.dtype == torch.float32 for v in state.values())
+
+
+def test_a_finished_run_extends_with_a_larger_num_steps(setting, tmp_path, mlflow_env):
+    args = ("--checkpoint.every_n_iterations", "1", "--data.init_args.eval_every", "0")
+    main(fit_args(setting, tmp_path, *args, "--data.init_args.num_steps", "2"))
+    (ckpt,) = list(tmp_path.glob("checkpoints/*/last.ckpt"))
+    run_id = torch.load(ckpt, map_location="cpu", weights_only=True)["vaco"]["mlflow_run_id"]
+    main(fit_args(setting, tmp_path, *args, "--data.init_args.num_steps", "4", "--ckpt_path", str(ckpt)))
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert int(saved["state_dict"]["version"]) == 4 and saved["vaco"]["num_steps"] == 4
+    client = mlflow.MlflowClient(tracking_uri=mlflow_env)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/reward")) == [1, 2, 3, 4]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags.get("num_steps") == "4"

@@ -108,3 +108,25 @@ def test_model_dir_check_names_the_field(tmp_path):
         check_model_dir(str(tmp_path / "Qwen2.5-0.5B"), "model.model_path")
     with pytest.raises(FileNotFoundError, match="no config.json"):
         check_model_dir(str(tmp_path), "model.model_path")
+
+
+def test_run_on_completions_end_at_their_stop_string(tokenizer):
+    from vaco.llm.policy import cut_at_stop_strings
+
+    texts = [" 3 + 4 = 7\n#### 7\n\nQuestion: Tom has 5 pens.", " 3 + 4 = 7\n#### 7", " no stop here, Question"]
+    rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), True
+    cut, stopped = cut_at_stop_strings(tokenizer, ids, mask, ("Question:",))
+    assert stopped.tolist() == [True, False, False]
+    assert torch.equal(cut[1:], mask[1:])  # no stop string: unchanged
+    kept = tokenizer.decode(ids[0, cut[0]].tolist())
+    assert kept.endswith("Question:") or kept.rstrip().endswith("Question:")  # the last kept token completes it
+    shorter = tokenizer.decode(ids[0, : int(cut[0].sum()) - 1].tolist())
+    assert "Question:" not in shorter  # ... and is the first that does
+    assert "Tom" not in kept
+    # the cut is a prefix of the mask, and nothing is cut with no stop strings
+    assert not (cut & ~mask).any() and torch.equal(cut_at_stop_strings(tokenizer, ids, mask, ())[0], mask)

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from vaco.llm.reward import gsm8k_reward, last_number, parse_number, reference_answer
+from vaco.llm.reward import answer_span, extract_answer, gsm8k_reward, last_number, parse_number, reference_answer
 
 GSM8K_ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72"
 
@@ -16,7 +16,13 @@ GSM8K_ANSWER = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48
     [
         (" 48 / 2 = 24\n24 + 48 = 72\n#### 72", GSM8K_ANSWER, 1.0),  # the format the policy is taught
         ("She sold 72 clips in total.", GSM8K_ANSWER, 1.0),  # no "####": the last number counts
-        ("#### 72\nand then 5 more", GSM8K_ANSWER, 0.0),  # the LAST number, not the one after ####
+        ("#### 72\nand then 5 more", GSM8K_ANSWER, 1.0),  # the ####-marked answer, not the last number
+        ("#### 5\nso 72", GSM8K_ANSWER, 0.0),  # ... even when a later number is right
+        ("#### $1,234", "#### 1234", 1.0),  # a marked answer with a currency sign and separators
+        ("12 + 60 = 72\n#### 72\n\nQuestion: Tom has 5 apples.\nAnswer: #### 5", GSM8K_ANSWER, 1.0),  # run-on
+        ("12 + 60 = 72\n\nQuestion: Tom has 5 apples and eats 3.", GSM8K_ANSWER, 1.0),  # run-on, no ####
+        ("so 5\n\nQuestion: Tom has 72 apples.", GSM8K_ANSWER, 0.0),  # the run-on's number is not the answer
+        ("the answer is 72<|im_end|>\n<|im_start|>user\n3", GSM8K_ANSWER, 1.0),  # a chat template's end
         ("The answer is 1,234.", "#### 1234", 1.0),  # thousands separator in the completion
         ("#### 1234", "#### 1,234", 1.0),  # ... or in the reference
         ("It costs $18.", "#### 18", 1.0),  # currency sign, sentence-final period
@@ -66,3 +72,12 @@ def test_parse_number_rejects_non_numbers():
 def test_reference_without_a_number_raises(bad):
     with pytest.raises(ValueError, match="####"):
         reference_answer(bad)
+
+
+def test_answer_span_cuts_at_the_first_stop_string():
+    text = "a 1\nQuestion: b 2 <|im_end|> c 3"
+    assert answer_span(text) == "a 1\n"
+    assert answer_span(text, stop_strings=("<|im_end|>",)) == "a 1\nQuestion: b 2 "
+    assert answer_span(text, stop_strings=()) == text
+    assert extract_answer(text, stop_strings=()) == Fraction(3)
+    assert extract_answer("####") is None and extract_answer(None) is None

@@ -33,7 +33,7 @@ from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 __all__ = ["VacoMLFlowLogger", "GROWABLE_PARAMS"]
 
 # hyperparameters that may change when a run is resumed, kept out of MLflow's immutable params
-GROWABLE_PARAMS = ("total_steps",)
+GROWABLE_PARAMS = ("total_steps", "num_steps")  # MuJoCo env steps; the LLM track's optimiser steps
 
 
 def _internal(key: str) -> bool:

@@ -27,6 +27,7 @@ from tensordict import TensorDictBase
 
 from vaco._checks import NonFiniteInputError
 from vaco.advantages import AdvantageModule, VTrace
+from vaco.checkpoint import reopen_finished_epoch
 from vaco.data.episodes import learner_policy
 from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
@@ -546,7 +547,7 @@ class VacoModule(Learner):
         super().on_load_checkpoint(checkpoint)
         if self._restored and self._trainer is not None and self._saved_budget is not None:
             if self._budget() > self._saved_budget:
-                _reopen_finished_epoch(checkpoint)
+                reopen_finished_epoch(checkpoint)
 
     def restore_state(self, state: dict[str, Any]) -> None:
         super().restore_state(state)
@@ -566,26 +567,6 @@ def axis_labels(*modules) -> list[str]:
         if value is not None and default is not None and value != default:
             out.append(f"{axis}={value:g}")
     return out
-
-
-def _reopen_finished_epoch(checkpoint: dict[str, Any]) -> None:
-    """A finished run resumed with a larger budget: mark its one epoch (the whole run) unfinished.
-
-    A vaco run is one Lightning epoch whose length is the number of iterations. A checkpoint
-    written at the end has that epoch completed, or (when ``checkpoint.every_n_iterations``
-    divides the run, so the last iteration's own save is the last one) its last batch marked as
-    the last; either way Lightning would stop at once (``max_epochs=1``). Reopened, it resumes
-    mid-epoch like an interrupted run, and the collector (restored with the new
-    ``num_iterations``) yields the remaining iterations.
-    """
-    loop = checkpoint.get("loops", {}).get("fit_loop", {})
-    epochs = loop.get("epoch_progress")
-    if not epochs:
-        return
-    if epochs["current"]["completed"] >= 1:
-        for scope in ("current", "total"):
-            epochs[scope]["completed"] = epochs[scope]["processed"] = epochs[scope]["completed"] - 1
-    loop.get("epoch_loop.batch_progress", {})["is_last_batch"] = False
 
 
 # Checkpoints hold only tensors and plain Python values, so Lightning (and torch.load) can read

@@ -22,6 +22,7 @@ __all__ = [
     "encode_prompts",
     "generate",
     "completion_log_probs",
+    "cut_at_stop_strings",
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -129,7 +130,7 @@ def generate(
     out = model(
         input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
     )
-    cache, logits = out.past_key_values, out.logits[:, -1].float()
+    cache, logits = out.cache, out.logits[:, -1].float()
     next_position = positions[:, -1] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
     tokens, log_probs, valid = [], [], []
@@ -152,10 +153,10 @@ def generate(
             input_ids=tokens[-1][:, None],
             attention_mask=attention,
             position_ids=next_position[:, None],
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
-        cache, logits = out.past_key_values, out.logits[:, -1].float()
+        cache, logits = out.cache, out.logits[:, -1].float()
         next_position = next_position + 1
     return {
         "completion_ids": torch.stack(tokens, -1),
@@ -203,3 +204,42 @@ def completion_log_probs(
             entropy = -(log_dist.exp() * log_dist).sum(-1)
             entropy = torch.where(completion_mask, entropy, torch.zeros_like(entropy))
     return log_prob, entropy
+
+
+def cut_at_stop_strings(
+    tokenizer, completion_ids: torch.Tensor, completion_mask: torch.Tensor, stop_strings
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """End each completion at the token that completes its first stop string (e.g. a new ``Question:``).
+
+    A generation-time stop string, applied after sampling: the tokens after the one that completes
+    the stop string leave ``completion_mask`` (they are neither trained on nor scored), as if
+    sampling had stopped there. The token holding the stop string stays (it was sampled, and its
+    log-prob is part of the completion's). Returns the new mask and ``stopped`` ``[B]`` (bool).
+
+    Per row with a stop string, a binary search over prefix decodes (about log2 T of them).
+    """
+    mask = completion_mask.clone()
+    stopped = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    stops = [s for s in stop_strings if s]
+    if not stops:
+        return mask, stopped
+    lengths = mask.sum(-1).tolist()
+    rows = completion_ids.tolist()
+    for i, (row, n) in enumerate(zip(rows, lengths)):
+
+        def has_stop(j: int, row=row) -> bool:
+            text = tokenizer.decode(row[:j], skip_special_tokens=False)
+            return any(s in text for s in stops)
+
+        if n == 0 or not has_stop(n):
+            continue
+        lo, hi = 1, n  # the smallest prefix length that holds a stop string
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if has_stop(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        mask[i, lo:] = False
+        stopped[i] = True
+    return mask, stopped

@@ -18,24 +18,28 @@ MLflow steps are optimiser steps; every minibatch logs its own clip/filter fract
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+import warnings
 from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDict
 
+from vaco.checkpoint import reopen_finished_epoch
 from vaco.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.llm.advantage import GroupRelative
 from vaco.llm.policy import (
     check_model_dir,
     completion_log_probs,
+    cut_at_stop_strings,
     encode_prompts,
     generate,
     load_causal_lm,
     load_tokenizer,
 )
-from vaco.llm.reward import gsm8k_reward
+from vaco.llm.reward import STOP_STRINGS, gsm8k_reward
 from vaco.objectives import Objective, PPOClip, TVFilter
 from vaco.objectives.objective_math import total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
@@ -81,12 +85,22 @@ class RLVRModule(Learner):
             makes that exact).
         generation_batch_size: sequences generated at once (default: one minibatch, P x G).
         eval_batch_size: prompts decoded at once during evaluation.
-        dtype: weights' dtype (``float32``; ``bfloat16`` on GPUs, as the paper trains).
+        dtype: the compute dtype (``float32``; ``bfloat16`` on GPUs, as the paper trains). The weights
+            and AdamW's state stay float32 (master weights) and the forward passes run under
+            ``torch.autocast`` in this dtype: Lightning's ``bf16-mixed``, owned by the module so that
+            the config's one field sets it. (Weights stored in bfloat16 and updated in place would
+            not move at lr 1e-6: a step is below bfloat16's resolution for nearly every weight.)
+            On a CPU, ``bfloat16`` falls back to float32 with a warning (bfloat16 matmuls there
+            are many times slower). ``float16`` is refused: it needs loss scaling.
         gradient_checkpointing: trade compute for memory in the backward pass.
         rescore_behavior: replace the behaviour log-probs of the KV-cached generation pass by the
             training forward's (no grad), so that pi/beta compares one computation with itself: in
             bfloat16 the two passes differ, which would show up as lag at lag 0.
             ``lag/rescore_tv`` logs the TV between the two.
+        stop_strings: a completion ends at the token that completes the first of these (default
+            :data:`vaco.llm.reward.STOP_STRINGS`: a new ``Question:`` and chat templates' end
+            markers): the tokens after it are neither trained on nor scored, and the answer is read
+            from the text before it (``####``-marked, else the last number). ``[]``: EOS only.
         algorithm_name: the ``algorithm`` MLflow param; default ``grpo`` for PPOClip,
             ``vaco_grpo`` for TVFilter.
     """
@@ -99,6 +113,7 @@ class RLVRModule(Learner):
     #: hyperparameters a resumed run may change: evaluation, and the run's label
     resumable_hparams: ClassVar[tuple[str, ...]] = (
         "algorithm_name",
+        "dtype",  # the compute dtype: the weights are float32 either way
         "eval_batch_size",
         "eval_max_completion_length",
         "micro_batch_size",
@@ -125,6 +140,7 @@ class RLVRModule(Learner):
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
         rescore_behavior: bool = True,
+        stop_strings: list[str] | None = None,
         algorithm_name: str | None = None,
     ) -> None:
         super().__init__(objective, algorithm_name or _algorithm_name(objective))
@@ -156,8 +172,14 @@ class RLVRModule(Learner):
             raise ValueError(
                 f"`model.temperature` must be > 0 (the behaviour policy must be stochastic), got {temperature!r}"
             )
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"`model.dtype` must be float32, bfloat16 or float16, got {dtype!r}")
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(
+                f"`model.dtype` must be float32 or bfloat16 (float16 would need loss scaling), got {dtype!r}"
+            )
+        if stop_strings is not None and not (
+            isinstance(stop_strings, (list, tuple)) and all(isinstance(x, str) and x for x in stop_strings)
+        ):
+            raise ValueError(f"`model.stop_strings` must be a list of non-empty strings, got {stop_strings!r}")
         check_model_dir(model_path, "model.model_path")
         self.save_hyperparameters(ignore=["objective"])
         self.advantage = GroupRelative()
@@ -167,8 +189,14 @@ class RLVRModule(Learner):
         self._generator_state: torch.Tensor | None = None
         self.initial_eval_accuracy = float("nan")
         self.last_eval_accuracy = float("nan")
+        self.compute_dtype: torch.dtype = torch.float32  # resolved for the device in on_fit_start
 
     # ------------------------------------------------------------------ construction
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = self.hparams.stop_strings
+        return STOP_STRINGS if stops is None else tuple(stops)
+
     @property
     def num_minibatches(self) -> int:
         return self.hparams.num_minibatches
@@ -186,10 +214,17 @@ class RLVRModule(Learner):
             return
         path = self.hparams.model_path
         self.tokenizer = load_tokenizer(path)
-        self.policy = load_causal_lm(path, self.hparams.dtype)
+        # float32 master weights whatever the compute dtype (see `dtype`)
+        self.policy = load_causal_lm(path, "float32")
         self.policy.train()
         if self.hparams.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
+
+    def autocast(self):
+        """The forward passes' precision context: ``torch.autocast`` in the compute dtype, or nothing in float32."""
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
     def check_data(self, data) -> None:
         """Cross-field checks between this module and the data module (before any generation)."""
@@ -212,6 +247,7 @@ class RLVRModule(Learner):
         if self.trainer.world_size > 1:
             raise NotImplementedError("the RLVR module runs on one device (`trainer.devices: 1`)")
         data = self.data
+        self.compute_dtype = resolve_compute_dtype(self.hparams.dtype, self.device.type)
         self._generator = torch.Generator(device=self.device)
         if self._generator_state is not None:  # a resumed run continues its sampling stream
             self._generator.set_state(self._generator_state)
@@ -325,23 +361,26 @@ class RLVRModule(Learner):
         prompt_ids = prompt_ids.repeat_interleave(G, 0).to(self.device)
         prompt_mask = prompt_mask.repeat_interleave(G, 0).to(self.device)
         chunk = self.hparams.generation_batch_size or prompt_ids.shape[0]
-        pieces = [
-            generate(
-                self.policy,
-                prompt_ids[i : i + chunk],
-                prompt_mask[i : i + chunk],
-                max_new_tokens=self.hparams.max_completion_length,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id,
-                temperature=self.hparams.temperature,
-                generator=self._generator,
-            )
-            for i in range(0, prompt_ids.shape[0], chunk)
-        ]
-        out = _cat_padded(pieces, self.tokenizer.pad_token_id)
+        with self.autocast():
+            pieces = [
+                generate(
+                    self.policy,
+                    prompt_ids[i : i + chunk],
+                    prompt_mask[i : i + chunk],
+                    max_new_tokens=self.hparams.max_completion_length,
+                    eos_token_id=self.tokenizer.eos_token_id,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    temperature=self.hparams.temperature,
+                    generator=self._generator,
+                )
+                for i in range(0, prompt_ids.shape[0], chunk)
+            ]
+        out = self._cut(_cat_padded(pieces, self.tokenizer.pad_token_id))
         texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
         targets = [t for t in batch["target"] for _ in range(G)]
-        reward = torch.tensor([gsm8k_reward(x, t) for x, t in zip(texts, targets)], device=self.device).view(-1, G)
+        reward = torch.tensor(
+            [gsm8k_reward(x, t, self.stop_strings) for x, t in zip(texts, targets)], device=self.device
+        ).view(-1, G)
         groups = self.advantage(TensorDict({"reward": reward}, batch_size=reward.shape))
         mask = out["completion_mask"]
         behavior_log_prob, rescore_tv = out["behavior_log_prob"], None
@@ -369,6 +408,19 @@ class RLVRModule(Learner):
             "prompt_truncated": n_truncated,
         }
 
+    def _cut(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """End the completions at their first stop string (:func:`vaco.llm.policy.cut_at_stop_strings`)."""
+        mask, stopped = cut_at_stop_strings(
+            self.tokenizer, out["completion_ids"], out["completion_mask"], self.stop_strings
+        )
+        out = dict(out)
+        out["completion_mask"] = mask
+        out["completion_ids"] = out["completion_ids"].masked_fill(~mask, self.tokenizer.pad_token_id)
+        if "behavior_log_prob" in out:
+            out["behavior_log_prob"] = out["behavior_log_prob"].masked_fill(~mask, 0.0)
+        out["truncated"] = out["truncated"] & ~stopped
+        return out
+
     @torch.no_grad()
     def _score(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         """The training forward's log-probs of the completions ``[B, T]``, no grad, micro-batched."""
@@ -382,14 +434,15 @@ class RLVRModule(Learner):
                     for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
                 }
             )
-            log_prob, _ = completion_log_probs(
-                self.policy,
-                part["prompt_ids"],
-                part["prompt_mask"],
-                part["completion_ids"],
-                part["completion_mask"],
-                temperature=self.hparams.temperature,
-            )
+            with self.autocast():
+                log_prob, _ = completion_log_probs(
+                    self.policy,
+                    part["prompt_ids"],
+                    part["prompt_mask"],
+                    part["completion_ids"],
+                    part["completion_mask"],
+                    temperature=self.hparams.temperature,
+                )
             out[i : i + micro, : log_prob.shape[-1]] = log_prob
         return out
 
@@ -408,16 +461,17 @@ class RLVRModule(Learner):
         sums: dict[str, torch.Tensor] = {}
         for i in range(0, B, micro):
             part = _trim({key: mb[key][i : i + micro] for key in _SEQUENCE_KEYS})
-            log_prob, entropy = completion_log_probs(
-                self.policy,
-                part["prompt_ids"],
-                part["prompt_mask"],
-                part["completion_ids"],
-                part["completion_mask"],
-                temperature=self.hparams.temperature,
-                with_entropy=True,
-                entropy_grad=entropy_grad,
-            )
+            with self.autocast():
+                log_prob, entropy = completion_log_probs(
+                    self.policy,
+                    part["prompt_ids"],
+                    part["prompt_mask"],
+                    part["completion_ids"],
+                    part["completion_mask"],
+                    temperature=self.hparams.temperature,
+                    with_entropy=True,
+                    entropy_grad=entropy_grad,
+                )
             inputs = {
                 "log_prob": log_prob,
                 "behavior_log_prob": part["behavior_log_prob"],
@@ -470,17 +524,19 @@ class RLVRModule(Learner):
         size = self.hparams.eval_batch_size
         for i in range(0, len(prompts), size):
             ids, mask, _ = encode_prompts(self.tokenizer, prompts[i : i + size], self.hparams.max_prompt_length)
-            out = generate(
-                self.policy,
-                ids.to(self.device),
-                mask.to(self.device),
-                max_new_tokens=self.hparams.eval_max_completion_length or self.hparams.max_completion_length,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id,
-                temperature=0.0,
-            )
+            with self.autocast():
+                out = generate(
+                    self.policy,
+                    ids.to(self.device),
+                    mask.to(self.device),
+                    max_new_tokens=self.hparams.eval_max_completion_length or self.hparams.max_completion_length,
+                    eos_token_id=self.tokenizer.eos_token_id,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    temperature=0.0,
+                )
+            out = self._cut(out)
             texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
-            rewards += [gsm8k_reward(x, t) for x, t in zip(texts, targets[i : i + size])]
+            rewards += [gsm8k_reward(x, t, self.stop_strings) for x, t in zip(texts, targets[i : i + size])]
             lengths += out["completion_mask"].sum(-1).tolist()
         self.policy.train(was_training)
         self.last_eval_accuracy = sum(rewards) / len(rewards)
@@ -504,17 +560,36 @@ class RLVRModule(Learner):
             "generator": self._generator.get_state() if self._generator is not None else None,
             "initial_eval_accuracy": self.initial_eval_accuracy,
             "last_eval_accuracy": self.last_eval_accuracy,
+            "num_steps": self.data.num_steps if self.data is not None else None,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.configure_model()
         super().on_load_checkpoint(checkpoint)
+        saved = checkpoint.get("vaco", {}).get("num_steps")
+        if self._trainer is not None and self.data is not None and saved is not None and self.data.num_steps > saved:
+            reopen_finished_epoch(checkpoint)  # a larger budget extends a finished run
 
     def restore_state(self, state: dict[str, Any]) -> None:
         super().restore_state(state)
         self._generator_state = state["generator"]
         self.initial_eval_accuracy = state["initial_eval_accuracy"]
         self.last_eval_accuracy = state["last_eval_accuracy"]
+
+
+def resolve_compute_dtype(dtype: str, device_type: str) -> torch.dtype:
+    """The forward passes' dtype for ``model.dtype`` on a device: bfloat16 falls back to float32 on a CPU, with a warning."""
+    if dtype == "float32":
+        return torch.float32
+    if device_type == "cpu":
+        warnings.warn(
+            "`model.dtype: bfloat16` on a CPU: computing in float32 instead (bfloat16 matmuls on a CPU are many "
+            "times slower; one generation batch of a 135M model did not finish in 7.5 min). The weights are "
+            "float32 either way.",
+            stacklevel=2,
+        )
+        return torch.float32
+    return torch.bfloat16
 
 
 _SEQUENCE_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "behavior_log_prob", "advantage")
