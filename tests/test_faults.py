@@ -366,3 +366,44 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, finis
     for key, values in reference.items():
         # iterations after the last checkpoint were logged twice: with the same values
         assert sorted(set(resumed[key])) == values, key
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
+def test_sigterm_mid_run_checkpoints_at_the_stop_and_the_resume_repeats_nothing(tmp_path, sig):
+    """What SLURM sends before preempting (SIGTERM; SIGUSR2 with vaco's --signal=USR2@90): the run stops
+    at the next iteration boundary with a checkpoint there, even with the default interval of 10
+    iterations, is marked KILLED and exits 128 + signal; the resume logs every (metric, step) once."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    args = [*TINY[:-2], "--checkpoint.every_n_iterations", "10", "--data.init_args.total_steps", str(2 * 64 * 12)]
+    assert TINY[-2] == "--trainer.enable_progress_bar"  # dropped: its iteration lines say when to signal
+    fit = subprocess.Popen(
+        [VACO, "fit", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for line in fit.stdout:  # one line per iteration when stdout is not a terminal
+            if line.startswith("iter") and line.split()[1].startswith("2/"):
+                fit.send_signal(sig)
+                break
+        else:
+            pytest.fail("the run ended before iteration 2")
+        fit.stdout.read()
+        err = fit.stderr.read()
+        assert fit.wait(timeout=300) == 128 + sig, err[-3000:]
+    finally:
+        fit.kill()
+    assert f"stopped by {signal.Signals(sig).name} after iteration" in err
+    (ckpt,) = tmp_path.glob("checkpoints/*/last.ckpt")
+    stopped_at = int(load_checkpoint(ckpt)["state_dict"]["version"])
+    assert 2 <= stopped_at < 12
+    (run,) = _runs(uri)
+    assert run.info.status == "KILLED"
+    out = run_cli("fit", *args, "--ckpt_path", str(ckpt), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run,) = _runs(uri)
+    assert run.info.status == "FINISHED"
+    client = mlflow.MlflowClient(uri)
+    for key in ("train/loss_policy", "lag/forward_tv", "time/iteration", "eval/return"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key} logged a step twice"
+    assert sorted(m.value for m in client.get_metric_history(run.info.run_id, "time/iteration")) == list(range(1, 13))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import tempfile
+import threading
 
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
@@ -15,8 +18,18 @@ from vaco.checkpoint import SafeCheckpointIO
 __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfigToMLflow"]
 
 
+#: the signals that stop a run at the next iteration boundary with a checkpoint: what SLURM sends
+#: before preempting or requeueing a job (SIGTERM; ``--signal=USR2@90`` in vaco's sbatch script)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+
 class IterationCheckpoint(ModelCheckpoint):
     """Keeps ``last.ckpt`` up to date every ``every_n_iterations`` rollout batches and at the end.
+
+    SIGTERM or SIGUSR2 (:data:`STOP_SIGNALS`) stops the run at the next iteration boundary: the
+    iteration in progress finishes, ``last.ckpt`` is written (atomically) and training ends;
+    ``vaco fit`` then marks the MLflow run KILLED and exits with ``128 + signal``. A resume from
+    that checkpoint repeats no iteration. (The LLM track's iteration is a generation batch.)
 
     Writes are atomic and reads safe (:class:`vaco.checkpoint.SafeCheckpointIO`, installed on the
     trainer's strategy here). Lightning's own schedule counts optimiser steps, and with manual optimisation an iteration
@@ -35,6 +48,40 @@ class IterationCheckpoint(ModelCheckpoint):
             dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0, save_on_train_epoch_end=True
         )
         self.every_n_iterations = every_n_iterations
+        self.stop_signal: int | None = None  # the signal that asked the run to stop, once it has stopped
+        self._requested: int | None = None
+        self._previous_handlers: dict[int, object] = {}
+
+    # -- stopping at an iteration boundary on SIGTERM / SIGUSR2
+    def _on_signal(self, signum, frame) -> None:
+        if self._requested is None:
+            self._requested = signum
+            print(
+                f"vaco: received {signal.Signals(signum).name}; stopping after this iteration with a checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # after Lightning's own handlers (its SIGTERM notifier only acts at the end of the run's one epoch)
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
+
+    def _stop_requested(self, trainer) -> bool:
+        asked = self._requested is not None
+        if trainer.world_size > 1:  # every rank stops at the same iteration
+            asked = trainer.strategy.reduce_boolean_decision(asked, all=False)
+        return asked
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.stop_signal is None:  # a stopped run's checkpoint is the one at its stop, mid-run
+            super().on_train_epoch_end(trainer, pl_module)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # atomic writes and safe reads (vaco.checkpoint) unless the user chose their own CheckpointIO
@@ -47,11 +94,13 @@ class IterationCheckpoint(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         iteration = int(pl_module.version)  # a vaco.learner.Learner: updates done
-        if self.every_n_iterations < 1 or iteration % self.every_n_iterations:
-            return
-        if self._should_skip_saving_checkpoint(trainer):
-            return
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        stop = self._stop_requested(trainer)
+        due = self.every_n_iterations >= 1 and iteration % self.every_n_iterations == 0
+        if (due or stop) and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if stop:
+            self.stop_signal = self._requested or signal.SIGTERM  # another rank's signal
+            trainer.should_stop = True
 
 
 class IterationLog(Callback):
@@ -66,8 +115,8 @@ class IterationLog(Callback):
         ("lag/forward_tv", "tv"),
         ("train/filter_fraction", "filtered"),
         ("train/clip_fraction", "clipped"),
-        ("train/policy_loss", "pi loss"),
-        ("train/value_loss", "v loss"),
+        ("train/loss_policy", "pi loss"),
+        ("train/loss_value", "v loss"),
         ("train/explained_variance", "expl var"),
         ("lag/policy_age_mean", "age"),
     )

@@ -176,6 +176,11 @@ class VacoCLI(LightningCLI):
             raise ConfigurationError(_config_error(err)) from err
 
     def after_fit(self) -> None:
+        stopped = next(
+            (c.stop_signal for c in self.trainer.callbacks if getattr(c, "stop_signal", None) is not None), None
+        )
+        if stopped is not None:
+            self._after_stop(stopped)
         if self.trainer.global_rank != 0:
             return
         model, logger = self.model, self.trainer.logger
@@ -197,6 +202,29 @@ class VacoCLI(LightningCLI):
         if ckpt and model.evaluable:  # `vaco evaluate` runs MuJoCo policies
             lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {ckpt}")
         print("\n".join(lines), flush=True)
+
+
+    def _after_stop(self, signum: int) -> None:
+        """A run stopped by SIGTERM/SIGUSR2 at an iteration boundary: the MLflow run is marked KILLED
+        (not FINISHED: it has more to do), one line says how to resume, and the exit code is 128 + signal."""
+        import signal
+
+        logger, name = self.trainer.logger, signal.Signals(signum).name
+        ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
+        if self.trainer.global_rank == 0:
+            run_id = getattr(logger, "run_id", None)
+            if isinstance(logger, VacoMLFlowLogger) and run_id:
+                try:
+                    logger.experiment.set_terminated(run_id, "KILLED")
+                except Exception as err:  # noqa: BLE001 - the checkpoint is on disk; say what could not be marked
+                    print(f"vaco: could not mark the MLflow run {run_id} KILLED: {err}", file=sys.stderr, flush=True)
+            print(
+                f"vaco: stopped by {name} after iteration {int(self.model.version)}; checkpoint {ckpt}; "
+                f"resume with: {vaco_command()} fit ... --ckpt_path {ckpt}",
+                file=sys.stderr,
+                flush=True,
+            )
+        sys.exit(128 + int(signum))
 
 
 def _early_checks(config) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "Run",
     "load_runs",
     "log_report",
+    "one_per_step",
     "read_runs",
     "runs_from_frame",
     "runs_to_frame",
@@ -168,7 +169,7 @@ def load_runs(experiment: str, uri: str | None = None, include_unfinished: bool 
         histories = {}
         score_metric = p.get(SCORE_PARAM, "eval/return")
         for key in _keys(score_metric):
-            hist = sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, key))
+            hist = one_per_step(client.get_metric_history(r.info.run_id, key))
             if hist:
                 steps, values = np.array(hist, dtype=np.float64).T
                 histories[key] = (steps, values)
@@ -194,6 +195,20 @@ def load_runs(experiment: str, uri: str | None = None, include_unfinished: bool 
 
 
 # ---------------------------------------------------------------------------------------- data file
+def one_per_step(history) -> list[tuple[int, float]]:
+    """``(step, value)`` pairs of an MLflow metric history, one per step: the value logged last.
+
+    A run resumed after a SIGKILL redoes the iterations after its last checkpoint and logs their
+    steps again; the later value is the one the continuing run built on.
+    """
+    latest: dict[int, tuple[int, float]] = {}
+    for order, m in enumerate(history):
+        key = (m.timestamp, order)
+        if m.step not in latest or key >= latest[m.step][0]:
+            latest[m.step] = (key, m.value)
+    return sorted((step, value) for step, (_, value) in latest.items())
+
+
 def runs_to_frame(runs: list[Run]):
     """One row per logged metric value, with the run's coordinates (a long pandas DataFrame)."""
     import pandas as pd
@@ -235,7 +250,7 @@ def runs_from_frame(frame) -> list[Run]:
         first = rows.iloc[0]
         histories = {}
         for key, part in rows[rows["metric"].isin(_keys(str(first["score_metric"])))].groupby("metric", sort=False):
-            part = part.sort_values("step", kind="stable")
+            part = part.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
             histories[key] = (part["step"].to_numpy(np.float64), part["value"].to_numpy(np.float64))
         runs.append(
             Run(
