@@ -230,3 +230,29 @@ def test_an_unknown_launcher_is_refused(tmp_path):
         env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
     )
     assert out.returncode == 2 and "`launcher` must be one of local, slurm, ray" in out.stderr
+
+
+def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(tmp_path):
+    """MLflow's client accepts http://user:password@host; its own "View run ... at: <URI>" lines,
+    each cell's train.log and submitit's pickles must not carry the password (a real `mlflow server`;
+    it ignores the credentials, which is all this test needs: the client sends and prints them)."""
+    secret = "Sup3rSecretPw"
+    with mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path, tmp_path / "server.log") as base:
+        uri = base.replace("http://", f"http://alice:{secret}@")
+        (tmp_path / "local").mkdir()
+        (tmp_path / "slurm").mkdir()
+        local = _sweep(tmp_path / "local", uri, "--only", FIRST)
+        slurm = _sweep(tmp_path / "slurm", uri, "--only", SECOND, "--launcher", "slurm", "--slurm-executor", "local")
+        for out in (local, slurm):
+            assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        runs = cell_runs(uri)
+        assert all(len(runs[c]) == 1 and runs[c][0].info.status == "FINISHED" for c in (FIRST, SECOND))
+    texts = {"stdout/stderr": local.stdout + local.stderr + slurm.stdout + slurm.stderr}
+    for root in (tmp_path / "local", tmp_path / "slurm"):
+        for path in root.rglob("*"):
+            if path.is_file() and path.suffix != ".ckpt":
+                texts[str(path)] = path.read_bytes().decode("utf-8", "replace")
+    assert any(p.endswith("_submitted.pkl") for p in texts) and any(p.endswith("train.log") for p in texts)
+    assert any("View run" not in t and "iter" in t for p, t in texts.items() if p.endswith("train.log"))
+    leaks = [p for p, t in texts.items() if secret in t]
+    assert not leaks, leaks

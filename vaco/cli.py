@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int | None:
         print(f"vaco: unknown command {command!r}.{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
     _check_gl(command, argv[1:])
+    # MLflow prints "View run ... at: <tracking URI>" when a run ends, user info and password
+    # included: into the terminal and every sweep cell's train.log. vaco prints its own pointer
+    # (`vaco ui`), with the URI redacted. (A user may set the variable to false to have MLflow's.)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     module = importlib.import_module(COMMANDS[command][0])
     return module.main(argv[1:])
 

@@ -29,7 +29,7 @@ import yaml
 from vaco.files import write_text_atomic
 from vaco.sweep.grid import Cell, Sweep, cell_config
 from vaco.sweep.schema import DEFAULT_ARRAY_PARALLELISM
-from vaco.tracking import CELL_TAG, redact_uri
+from vaco.tracking import CELL_TAG, ENV_VAR, has_secrets, redact_uri
 
 __all__ = ["LocalLauncher", "run_cell"]
 
@@ -318,10 +318,18 @@ class CellJob:
     (its ``checkpoint`` hook), after which :func:`run_cell` resumes it from ``last.ckpt``."""
 
     def __init__(self, tracking_uri: str) -> None:
-        self.tracking_uri = tracking_uri
+        # submitit pickles this object into <sweep>/submitit/*_submitted.pkl on shared storage: a URI
+        # with credentials is not kept here but read from the job's environment, which sbatch (and
+        # the local executor) copy from the submitter's (SlurmLauncher.launch puts it there)
+        self.tracking_uri = None if has_secrets(tracking_uri) else tracking_uri
 
     def __call__(self, cell_dir: str) -> int:
-        code = run_cell(cell_dir, self.tracking_uri)
+        uri = self.tracking_uri or os.environ.get(ENV_VAR)
+        if not uri:
+            raise RuntimeError(
+                f"{ENV_VAR} is not set in the job's environment (a tracking URI with credentials travels only there)"
+            )
+        code = run_cell(cell_dir, uri)
         if code != 0:
             raise RuntimeError(f"vaco fit exited with code {code}; see {cell_dir}/train.log")
         return code
@@ -488,6 +496,8 @@ class SlurmLauncher:
         if not cells:
             return 0
         cell_dirs = _cell_dirs(self.sweep, cells, self.uri)
+        if has_secrets(self.uri):  # the jobs read it from their environment, not from a pickle (CellJob)
+            os.environ[ENV_VAR] = self.uri
         executor = submitit.AutoExecutor(folder=self.folder, cluster=None if self.kind == "slurm" else "local")
         record = self.folder / "jobs.yaml"
         jobs, arrays, start = [], [], 0
