@@ -203,7 +203,6 @@ class VacoCLI(LightningCLI):
             lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {ckpt}")
         print("\n".join(lines), flush=True)
 
-
     def _after_stop(self, signum: int) -> None:
         """A run stopped by SIGTERM/SIGUSR2 at an iteration boundary: the MLflow run is marked KILLED
         (not FINISHED: it has more to do), one line says how to resume, and the exit code is 128 + signal."""

@@ -42,10 +42,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from vaco.report.decision import DEFAULT_MARGIN
 from vaco.report.figures import use_file_backend
+from vaco.report.robustness import robustness
 from vaco.report.runs import load_runs, log_report, read_runs, save_runs
 from vaco.report.scores import NORMALIZATIONS, build_report
-from vaco.report.summary import write_report
+from vaco.report.summary import verdict_lines, write_report
 from vaco.tracking import tracking_uri
 
 __all__ = ["main"]
@@ -132,6 +134,14 @@ def _parser() -> argparse.ArgumentParser:
         help="a task's min and max: over the main algorithms' runs at the reference axis values, leaving out "
         "ablation and control variants (main, the paper's), or over every run (all)",
     )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help=f"the smallest difference that matters, in normalised score units (default {DEFAULT_MARGIN}): each "
+        "difference is decided as differs (95%% interval excludes 0), equivalent (90%% interval inside +-margin) "
+        "or undecided (with the seeds per task that would decide it)",
+    )
     parser.add_argument("--include-unfinished", action="store_true", help="also use runs that did not FINISH")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
     return parser
@@ -179,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             min_runs=args.min_runs,
             baseline=args.baseline,
             normalization=args.normalize_over,
+            margin=args.margin,
         )
         if args.baseline is not None and args.baseline not in report.algorithms:
             raise ValueError(
@@ -192,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path("reports") / experiment)
     summary = write_report(report, out)
     print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
+    lag = robustness(report)
+    if lag.drops:
+        print(f"robustness to lag, decided at margin {report.margin:g} (normalised units):")
+        print("\n".join(verdict_lines(lag)))
     if not args.no_mlflow and not args.data:
         run_id = log_report(args.experiment, out, uri)
         import mlflow

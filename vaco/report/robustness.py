@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from vaco.report.decision import Verdict, decide
 from vaco.report.runs import Run
 from vaco.report.scores import Report, improvement_baseline
 
@@ -103,6 +104,7 @@ class Drop:
     ratio_interval: np.ndarray | None
     seeds: int  # seeds per task used (paired)
     tasks: int
+    verdict: Verdict | None = None  # on the drop (vaco.report.decision)
 
 
 @dataclasses.dataclass
@@ -119,6 +121,7 @@ class Interaction:
     p_interval: np.ndarray | None
     seeds: int
     tasks: int
+    verdict: Verdict | None = None  # on the difference of drops (vaco.report.decision)
 
 
 @dataclasses.dataclass
@@ -174,6 +177,9 @@ class Robustness:
                     "p_smaller": i.p_smaller if i else math.nan,
                     "p_low": ends(i.p_interval)[0] if i else math.nan,
                     "p_high": ends(i.p_interval)[1] if i else math.nan,
+                    "drop_verdict": d.verdict.word if d.verdict else "",
+                    "difference_verdict": i.verdict.word if i and i.verdict else "",
+                    "seeds_needed": i.verdict.seeds_needed if i and i.verdict else None,
                     "seeds": d.seeds,
                     "tasks": d.tasks,
                 }
@@ -287,9 +293,11 @@ def _drop(report: Report, main, algo: str, k_ref: int, K: int, seeds, notes, sma
         return np.array([lo - hi, hi / lo if lo > 0 else math.nan])
 
     point = drop_ratio(ref, cur)
-    interval = None
+    interval = samples = None
     if n >= report.min_runs:
-        interval = _interval(paired_bootstrap([ref, cur], drop_ratio, report.reps, report.seed))
+        samples = paired_bootstrap([ref, cur], drop_ratio, report.reps, report.seed)
+        interval = _interval(samples)
+    verdict = decide(float(point[0]), ref - cur, report.margin, None if samples is None else samples[:, 0], report.seed)
     return Drop(
         algo,
         K,
@@ -301,6 +309,7 @@ def _drop(report: Report, main, algo: str, k_ref: int, K: int, seeds, notes, sma
         None if interval is None else interval[:, 1],
         n,
         len(tasks),
+        verdict,
     )
 
 
@@ -319,9 +328,14 @@ def _interaction(report: Report, algo: str, baseline: str, k_ref: int, K: int, s
         return np.array([(_iqm(yr) - _iqm(yk)) - (_iqm(xr) - _iqm(xk)), _p_smaller(xr - xk, yr - yk)])
 
     point = interaction(*mats)
-    interval = None
+    interval = samples = None
     if n >= report.min_runs:
-        interval = _interval(paired_bootstrap(mats, interaction, report.reps, report.seed))
+        samples = paired_bootstrap(mats, interaction, report.reps, report.seed)
+        interval = _interval(samples)
+    xr, xk, yr, yk = mats
+    verdict = decide(
+        float(point[0]), (yr - yk) - (xr - xk), report.margin, None if samples is None else samples[:, 0], report.seed
+    )
     return Interaction(
         algo,
         baseline,
@@ -332,6 +346,7 @@ def _interaction(report: Report, algo: str, baseline: str, k_ref: int, K: int, s
         None if interval is None else interval[:, 1],
         n,
         len(tasks),
+        verdict,
     )
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from vaco.report.decision import DEFAULT_MARGIN
 from vaco.report.runs import Run
 from vaco.tracking import PAPER_AXES
 
@@ -245,6 +246,7 @@ class Report:
     last_evals: int = 1
     baseline: str | None = None  # what probability_of_improvement compares against (None: ppo_clip if present)
     normalization: str = "main"  # "main": min/max over the main algorithms' runs; "all": over every run
+    margin: float = DEFAULT_MARGIN  # the smallest difference that matters (vaco.report.decision)
 
     @property
     def ref_delta(self) -> float | None:
@@ -355,6 +357,7 @@ def build_report(
     min_runs: int = 3,
     baseline: str | None = None,
     normalization: str = "main",
+    margin: float = DEFAULT_MARGIN,
 ) -> Report:
     """Final and normalised scores, AUCs and the reference value of each axis (given, else the
     most used; the paper's delta 0.2 and rho_bar 1 win a tie) of a set of runs.
@@ -363,6 +366,8 @@ def build_report(
     main comparison (every axis at its reference value) of the main algorithms, leaving out
     ablation and control variants (:func:`is_variant`); ``"all"`` over every run in the report.
     """
+    if not (isinstance(margin, (int, float)) and 0 < margin and math.isfinite(margin)):
+        raise ValueError(f"`--margin` must be a positive number (normalised units), got {margin!r}")
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"`--normalize-over` must be one of {', '.join(NORMALIZATIONS)}, got {normalization!r}")
     notes = list(notes or [])
@@ -396,20 +401,21 @@ def build_report(
         if low == high:
             notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")
     report = Report(
-        experiment,
-        usable,
-        notes,
-        bounds,
-        final,
-        {},
-        {},
-        chosen,
-        reps,
-        seed,
-        min_runs,
-        last_evals,
-        baseline,
-        normalization,
+        experiment=experiment,
+        runs=usable,
+        notes=notes,
+        bounds=bounds,
+        final=final,
+        normalized={},
+        auc={},
+        reference=chosen,
+        reps=reps,
+        seed=seed,
+        min_runs=min_runs,
+        last_evals=last_evals,
+        baseline=baseline,
+        normalization=normalization,
+        margin=margin,
     )
     for r in usable:
         report.normalized[r.run_id] = float(normalize(final[r.run_id], bounds[r.env]))

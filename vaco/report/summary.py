@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from vaco.report.ablations import ablation_scores, ablations, fraction_table, tv_table
+from vaco.report.decision import PERMUTATION_BELOW, Verdict
 from vaco.report.figures import (
     _plt,
     figure_ablation,
@@ -112,6 +113,14 @@ def _robustness_section(report: Report, data: Robustness, figure: str | None) ->
         "on the per-seed drops; 0.5: no difference).",
         f"- Runs are paired by seed; 95% intervals from a paired stratified bootstrap ({report.reps} resamples, "
         f"seed {report.seed}): per resample and task, one draw of seeds for every cell compared.",
+        f"- **verdict**, by a rule fixed before the data, at the declared margin M = {report.margin:g} (normalised "
+        "units, `--margin`): **differs** when the 95% interval excludes 0; **equivalent (+-M)** when the 90% "
+        "interval lies inside (-M, M) (two one-sided tests); otherwise **undecided**, with the seeds per task that "
+        "would decide it at 80% power if the true difference were the observed one (normal approximation from the "
+        "per-seed paired spread). With fewer than "
+        f"{PERMUTATION_BELOW} paired seeds per task the tests are exact sign-flip permutation tests on the per-seed "
+        "paired differences (their mean), not the bootstrap; MDD: the minimum difference detectable at 80% power "
+        "with the seeds at hand.",
         "",
     ]
     if figure:
@@ -135,14 +144,45 @@ def _robustness_section(report: Report, data: Robustness, figure: str | None) ->
     return s
 
 
+def _verdict(v: Verdict | None) -> str:
+    if v is None:
+        return "-"
+    how = "" if v.method == "bootstrap" else f"; {v.method} p = {v.p_differs:.3g}"
+    return f"**{v.text()}**" + (f" ({how[2:]})" if how else "")
+
+
+def _mdd(v: Verdict | None) -> str:
+    return "-" if v is None or v.mdd is None else f"{v.mdd:.3f}"
+
+
+def verdict_lines(data: Robustness) -> list[str]:
+    """One line per comparison, as `vaco report` prints them: the difference, its interval and its verdict."""
+    lines = []
+    for (algo, K), x in data.interactions.items():
+        lines.append(
+            f"  {algo} vs {data.baseline}, K={K}: difference of drops {_pair(x.difference, x.difference_interval)}"
+            f" -> {x.verdict.text() if x.verdict else '-'}"
+            + (f" [{x.verdict.method}]" if x.verdict and x.verdict.method != "bootstrap" else "")
+        )
+    for (algo, K), d in data.drops.items():
+        lines.append(
+            f"  {algo}, drop K={data.k_ref}->{K}: {_pair(d.drop, d.drop_interval)}"
+            f" -> {d.verdict.text() if d.verdict else '-'}"
+            + (f" [{d.verdict.method}]" if d.verdict and d.verdict.method != "bootstrap" else "")
+        )
+    return lines
+
+
 def _interaction_table(data: Robustness) -> str:
     return _table(
-        ["algorithm", "K", "difference of drops", "P(drop smaller)", "paired seeds/task", "tasks"],
+        ["algorithm", "K", "difference of drops", "verdict", "MDD", "P(drop smaller)", "paired seeds/task", "tasks"],
         [
             (
                 x.algorithm,
                 K,
                 _pair(x.difference, x.difference_interval),
+                _verdict(x.verdict),
+                _mdd(x.verdict),
                 _pair(x.p_smaller, x.p_interval),
                 x.seeds,
                 x.tasks,
@@ -155,7 +195,7 @@ def _interaction_table(data: Robustness) -> str:
 def _drop_table(data: Robustness) -> str:
     k_ref = data.k_ref
     return _table(
-        ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "ratio", "paired seeds/task", "tasks"],
+        ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "verdict", "ratio", "paired seeds/task", "tasks"],
         [
             (
                 d.algorithm,
@@ -163,6 +203,7 @@ def _drop_table(data: Robustness) -> str:
                 f"{d.level_ref:.3f}",
                 f"{d.level:.3f}",
                 _pair(d.drop, d.drop_interval),
+                _verdict(d.verdict),
                 _pair(d.ratio, d.ratio_interval),
                 d.seeds,
                 d.tasks,
