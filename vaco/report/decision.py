@@ -217,5 +217,10 @@ def decide(
         i95 = tuple(float(v) for v in np.percentile(samples, [2.5, 97.5]))
         i90 = tuple(float(v) for v in np.percentile(samples, [5, 95]))
         word, p_diff, p_eq, method = decide_by_intervals(i95, i90, margin), None, None, "bootstrap"
-    needed = seeds_needed(paired, point, margin) if word == "undecided" else None
+    needed = None
+    if word == "undecided":
+        needed = seeds_needed(paired, point, margin)
+        if needed is not None:
+            # undecided at n: at least one seed more, and enough pairs for a sign-flip test to reach p < 0.05
+            needed = max(needed, n + 1, math.ceil(6 / paired.shape[1]))
     return Verdict(word, margin, method, i95, i90, p_diff, p_eq, needed, mdd)
