@@ -72,6 +72,8 @@ class IterationCheckpoint(ModelCheckpoint):
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self._previous_handlers = {}
+        if self.stop_signal is None:  # Lightning's save_last at the end; a stopped run saved at its stop
+            super().on_train_end(trainer, pl_module)
 
     def _stop_requested(self, trainer) -> bool:
         asked = self._requested is not None
