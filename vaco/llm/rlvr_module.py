@@ -421,6 +421,19 @@ class RLVRModule(Learner):
         out["truncated"] = out["truncated"] & ~stopped
         return out
 
+    def _log_probs(self, part: dict[str, torch.Tensor], **kwargs):
+        """The policy's completion log-probs (and entropy) of a micro-batch, in the compute dtype."""
+        with self.autocast():
+            return completion_log_probs(
+                self.policy,
+                part["prompt_ids"],
+                part["prompt_mask"],
+                part["completion_ids"],
+                part["completion_mask"],
+                temperature=self.hparams.temperature,
+                **kwargs,
+            )
+
     @torch.no_grad()
     def _score(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
         """The training forward's log-probs of the completions ``[B, T]``, no grad, micro-batched."""
@@ -434,15 +447,7 @@ class RLVRModule(Learner):
                     for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
                 }
             )
-            with self.autocast():
-                log_prob, _ = completion_log_probs(
-                    self.policy,
-                    part["prompt_ids"],
-                    part["prompt_mask"],
-                    part["completion_ids"],
-                    part["completion_mask"],
-                    temperature=self.hparams.temperature,
-                )
+            log_prob, _ = self._log_probs(part)
             out[i : i + micro, : log_prob.shape[-1]] = log_prob
         return out
 
@@ -461,17 +466,7 @@ class RLVRModule(Learner):
         sums: dict[str, torch.Tensor] = {}
         for i in range(0, B, micro):
             part = _trim({key: mb[key][i : i + micro] for key in _SEQUENCE_KEYS})
-            with self.autocast():
-                log_prob, entropy = completion_log_probs(
-                    self.policy,
-                    part["prompt_ids"],
-                    part["prompt_mask"],
-                    part["completion_ids"],
-                    part["completion_mask"],
-                    temperature=self.hparams.temperature,
-                    with_entropy=True,
-                    entropy_grad=entropy_grad,
-                )
+            log_prob, entropy = self._log_probs(part, with_entropy=True, entropy_grad=entropy_grad)
             inputs = {
                 "log_prob": log_prob,
                 "behavior_log_prob": part["behavior_log_prob"],
