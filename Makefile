@@ -10,12 +10,13 @@ EXTRAS  ?= test,llm,video,slurm,ray,warp,postgres
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: help venv install test test-fast check constraints demo bench clean
+.PHONY: help venv install test test-fast check constraints demo bench notebook clean
 
 help:
 	@echo "make demo   - create .venv, install, train VACO (K=4) on Hopper-v5 (~1.5 min on 2 CPU cores)"
 	@echo "make test   - create .venv, install, run the test suite"
 	@echo "make check  - ruff format --check and ruff check (what CI runs first)"
+	@echo "make notebook - run notebooks/analysis.ipynb headless (e.g. VACO_DATA=docs/data/five_tasks.csv.gz make notebook)"
 	@echo "make bench  - start-up times, throughput (writes benchmarks/results/throughput.json), the paper-scale update (CPU; and GPU where there is one), the Warp backend (docs/gpu.md)"
 
 $(BIN)/python:
@@ -52,6 +53,14 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/vaco fit --config configs/demo.yaml
+
+# the analysis notebook, headless, as Jupyter runs it (kernel in notebooks/); VACO_EXPERIMENT,
+# MLFLOW_TRACKING_URI or VACO_DATA say what it reads (docs/sweeps.md); writes analysis-run.ipynb
+notebook: $(STAMP)
+	$(BIN)/python -c "import nbformat, nbclient; nb = nbformat.read('notebooks/analysis.ipynb', 4); \
+	  nbclient.NotebookClient(nb, timeout=1800, kernel_name='python3', resources={'metadata': {'path': 'notebooks'}}).execute(); \
+	  nbformat.write(nb, 'analysis-run.ipynb')"
+	@echo "wrote analysis-run.ipynb"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/startup.py

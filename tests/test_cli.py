@@ -156,7 +156,9 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
 def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
     """What a new user sees: the address `vaco ui` prints, opened in headless Chromium with a new,
     empty profile, shows the experiment's runs table in the model-training view (MLflow 3's default
-    for a fresh browser is its GenAI pages: Overview, Traces, Token usage). A screenshot is kept."""
+    for a fresh browser is its GenAI pages: Overview, Traces, Token usage), with the study's columns
+    and their values (MLflow's own first columns are Source, Models and Dataset, no metric). A
+    screenshot is kept."""
     import shutil
 
     import mlflow
@@ -169,7 +171,10 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
     experiment = client.create_experiment("vaco-first-look")
     for name in ("vaco Hopper-v5 K=4 s1", "ppo_clip Hopper-v5 K=4 s1"):
         run = client.create_run(experiment, run_name=name)
-        client.log_metric(run.info.run_id, "eval/return", 100.0, step=4096)
+        for key, value in {"algorithm": name.split()[0], "env": "Hopper-v5", "K": "4", "seed": "1"}.items():
+            client.log_param(run.info.run_id, key, value)
+        client.log_metric(run.info.run_id, "eval/return", 123.5, step=4096)
+        client.log_metric(run.info.run_id, "lag/forward_tv", 0.0987, step=4096)
         client.set_terminated(run.info.run_id)
     port = free_port()
     ui = subprocess.Popen(
@@ -188,7 +193,9 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
             assert ui.poll() is None and time.monotonic() < deadline, line
             line = ui.stdout.readline()
         url = line.split("vaco ui: ", 1)[1].split()[0]
-        assert url == f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?workflowType=machine_learning", line
+        assert url == (
+            f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?workflowType=machine_learning&viewStateShareKey=vaco"
+        ), line
         assert "the runs of 'vaco-first-look'" in line
         flags = [
             "--headless",
@@ -210,6 +217,10 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
         ).stdout
         assert "vaco Hopper-v5 K=4 s1" in dom and "ppo_clip Hopper-v5 K=4 s1" in dom and ">Runs<" in dom
         assert "Token" not in dom  # not the GenAI overview (Traces, Latency, Token usage)
+        # the study's columns, with each run's values, without a click
+        for column, value in (("eval/return", "123.5"), ("lag/forward_tv", "0.0987")):
+            assert f'id="cell-metrics.`{column}`' in dom and f">{value}</span>" in dom, column
+        assert 'id="cell-params.`K`' in dom and ">ppo_clip</span>" in dom
         shot = tmp_path / "vaco_ui.png"
         subprocess.run(
             [chromium, *flags, f"--user-data-dir={tmp_path / 'profile-shot'}", f"--screenshot={shot}", url],

@@ -21,7 +21,6 @@ from helpers.runs import VACO
 from helpers.services import postgres, slurm_cluster
 from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs, parent_run
 
-ITERATIONS = 32  # tiny.yaml: 4096 steps / (2 envs x 64 steps)
 SECRET = "Pg-s3cr3t-7f1c"
 
 
@@ -60,12 +59,22 @@ def _wait_until(check, timeout: float, what: str):
 
 
 def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_run(slurm, tmp_path):
+    """`scontrol requeue` with the default checkpoint interval (10 iterations): the cell stops at the
+    iteration boundary after SLURM's SIGTERM with a checkpoint there, and the requeued job resumes
+    from it, logging every iteration once."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**slurm, "MLFLOW_TRACKING_URI": uri}
+    raw = yaml.safe_load(Path(TINY).read_text())
+    assert raw["overrides"].pop("checkpoint.every_n_iterations") == 1  # the default (10) instead
+    iterations = 64  # long enough for SLURM's SIGTERM to arrive mid-run (a tiny iteration is ~0.1 s)
+    raw["overrides"]["data.init_args.total_steps"] = 2 * 64 * iterations
+    raw["configs_dir"] = str(Path(TINY).parents[1])
+    sweep_file = tmp_path / "tiny-default-checkpoints.yaml"
+    sweep_file.write_text(yaml.safe_dump(raw))
     out = _vaco(
         "sweep",
         "--config",
-        TINY,
+        str(sweep_file),
         "--out",
         str(tmp_path / "out"),
         *ONLY,
@@ -82,14 +91,20 @@ def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_ru
     assert "submitted 2 cells as slurm job array" in out.stdout
     jobs = yaml.safe_load((tmp_path / "out" / "submitit" / "jobs.yaml").read_text())
     assert sorted(jobs) == sorted([FIRST, SECOND])
-    # requeue the first cell once it has a checkpoint (SLURM sends SIGTERM; the cell stops after its
-    # iteration); a requeued job waits for its begin time, which the test moves to now
-    ckpt = tmp_path / "out" / FIRST / "checkpoints" / "last.ckpt"
-    _wait_until(ckpt.is_file, 600, "the first cell's first checkpoint")
+    # requeue the first cell after its third iteration, before its first periodic checkpoint (SLURM
+    # sends SIGTERM; the cell stops after its iteration with a checkpoint); a requeued job waits for
+    # its begin time, which the test moves to now
+    log_file = tmp_path / "out" / FIRST / "train.log"
+    deadline = time.monotonic() + 600
+    while not (log_file.is_file() and re.search(r"^iter +3/", log_file.read_text(), re.M)):
+        assert time.monotonic() < deadline, "the first cell's iteration 3: not within 600 s"
+        time.sleep(0.05)
     job = str(jobs[FIRST])
     subprocess.run(["scontrol", "requeue", job], env=dict(os.environ, **slurm), check=True)
     _wait_until(lambda: any(j == job and s == "PENDING" for j, s in _squeue(slurm)), 120, "the requeued job pending")
-    status = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--status", cwd=tmp_path, env=env)
+    status = _vaco(
+        "sweep", "--config", str(sweep_file), "--out", str(tmp_path / "out"), *ONLY, "--status", cwd=tmp_path, env=env
+    )
     assert "launcher slurm" in status.stdout and re.search(rf"queued\s+{FIRST}", status.stdout), status.stdout
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=dict(os.environ, **slurm), check=True)
     _wait_until(lambda: not _squeue(slurm), 900, "every job of the array ending")
@@ -99,13 +114,27 @@ def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_ru
     for cell, found in runs.items():
         assert len(found) == 1 and found[0].info.status == "FINISHED", cell
         steps = [m.step for m in client.get_metric_history(found[0].info.run_id, "time/iteration")]
-        assert sorted(steps) == sorted(set(steps)) and len(steps) == ITERATIONS, (cell, steps)
-    log = (tmp_path / "out" / FIRST / "train.log").read_text()
+        assert sorted(steps) == sorted(set(steps)) and len(steps) == iterations, (cell, steps)
+    log = log_file.read_text()
     assert log.count("=== ") >= 2 and "--ckpt_path" in log  # it ran again, from its checkpoint
+    stopped = re.search(r"stopped by SIGTERM after iteration (\d+)", log)
+    assert stopped and 3 <= int(stopped.group(1)) < iterations, log[-3000:]
+    # the requeued job resumed from the checkpoint of the stop (not the last periodic one, every 10)
+    resumed = re.search(r"^iter +(\d+)/", log[stopped.end() :], re.M)
+    assert resumed and int(resumed.group(1)) == int(stopped.group(1)) + 1, log[-3000:]
     # the parent run stays RUNNING while the cells run on their own; a rerun closes it
     assert parent_run(uri).info.status == "RUNNING"
     again = _vaco(
-        "sweep", "--config", TINY, "--out", str(tmp_path / "out"), *ONLY, "--launcher", "slurm", cwd=tmp_path, env=env
+        "sweep",
+        "--config",
+        str(sweep_file),
+        "--out",
+        str(tmp_path / "out"),
+        *ONLY,
+        "--launcher",
+        "slurm",
+        cwd=tmp_path,
+        env=env,
     )
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
     assert parent_run(uri).info.status == "FINISHED"

@@ -237,3 +237,21 @@ def test_environment_nan_stops_collection():
     with pytest.raises(FloatingPointError, match="NaN"):
         collector.rollout()
     collector.shutdown()
+
+
+def test_halfcheetah_makes_no_settotalmass_warning_but_other_mujoco_warnings_still_print():
+    """MuJoCo 4.0 warns about gymnasium's half_cheetah.xml once per env made (six lines before a
+    paper-grid dry run said anything); vaco drops that one warning and prints every other."""
+    import subprocess
+    import sys
+
+    code = (
+        "from vaco.data.envs import make_vector_env, env_spec\n"
+        "import mujoco\n"
+        "env_spec('HalfCheetah-v5'); make_vector_env('HalfCheetah-v5', 2).close()\n"
+        "mujoco.get_mju_user_warning()('another warning')\n"  # what MuJoCo calls for any other one
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "settotalmass" not in out.stdout + out.stderr
+    assert out.stderr.strip().splitlines() == ["WARNING: another warning"]

@@ -20,7 +20,7 @@ import torch
 
 from helpers.mlflow_server import free_port, start_server, stop_server
 from helpers.runs import CONFIGS, VACO, metric_histories, run_cli
-from vaco.checkpoint import load_checkpoint, pack_state, save_atomic, unpack_state
+from vaco.checkpoint import CheckpointError, load_checkpoint, pack_state, save_atomic, unpack_state
 
 ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
 ALGO = str(CONFIGS / "algo" / "vaco.yaml")
@@ -197,10 +197,41 @@ def test_write_that_fails_midway_leaves_the_previous_checkpoint_loadable(tmp_pat
         def __reduce__(self):
             raise OSError(28, "No space left on device")  # as a full disk fails a write midway
 
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(
+        CheckpointError, match=f"^cannot write the checkpoint {path} .No space left on device.; the previous"
+    ):
         save_atomic({"weights": torch.zeros(1000), "version": Unpicklable()}, path)
     assert int(load_checkpoint(path)["version"]) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no partial file left behind
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_checkpointing_is_one_line_naming_the_file_and_the_checkpoint_before_survives(
+    tmp_path, finished_run
+):
+    """A real full disk: a tmpfs with room for one checkpoint but not for the next one's temporary file."""
+    small = tmp_path / "small"
+    small.mkdir()
+    size = -(-int(1.5 * finished_run[2].stat().st_size) // 4096) * 4096
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        out = run_cli("fit", *TINY, "--checkpoint.dirpath", str(small), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert "Traceback" not in out.stderr, out.stderr[-3000:]
+        assert _one_line(out.stderr) == (
+            f"vaco fit: error: cannot write the checkpoint {small / 'last.ckpt'} (No space left on device); the "
+            "previous checkpoint there is intact: free space (or choose `checkpoint.dirpath`) and resume from it "
+            "with --ckpt_path"
+        )
+        assert int(load_checkpoint(small / "last.ckpt")["state_dict"]["version"]) == 1
+        assert [p.name for p in small.iterdir()] == ["last.ckpt"]  # no partial file left behind
+        (run,) = _runs(uri)
+        assert run.info.status == "FAILED"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
 
 
 _WRITER = """
@@ -261,20 +292,18 @@ ITERATIONS = 80
 
 @pytest.mark.slow
 def test_tracking_server_restart_mid_run_loses_no_metric(tmp_path):
-    """The server dies after the run's third iteration and comes back on the same port; every
-    metric of the run reaches the store (kept while it was down, sent when it returned)."""
+    """The server dies after the run's first checkpoint and comes back on the same port; with
+    MLflow's HTTP settings left at their defaults, training goes on while it is down (an iteration
+    line between the two messages), and every metric of the run reaches the store (kept while it
+    was down, sent when it returned)."""
     db = f"sqlite:///{tmp_path / 'server.db'}"
     port = free_port()
     server = start_server(db, port, tmp_path, tmp_path / "server.log")
     uri = f"http://127.0.0.1:{port}"
-    env = dict(
-        os.environ,
-        MLFLOW_TRACKING_URI=uri,
-        OMP_NUM_THREADS="1",
-        MLFLOW_HTTP_REQUEST_MAX_RETRIES="0",
-        MLFLOW_HTTP_REQUEST_TIMEOUT="5",
-    )
-    slow = [*TINY, "--data.init_args.total_steps", str(2 * 64 * ITERATIONS)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    assert TINY[-2] == "--trainer.enable_progress_bar"  # dropped: one line per iteration
+    slow = [*TINY[:-2], "--data.init_args.total_steps", str(2 * 64 * ITERATIONS)]
     fit = subprocess.Popen(
         [VACO, "fit", *slow], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -297,6 +326,8 @@ def test_tracking_server_restart_mid_run_loses_no_metric(tmp_path):
         history = metric_histories(uri, run.info.run_id)
         assert [s for s, _ in history["train/tv"]] == [128 * i for i in range(1, ITERATIONS + 1)]
         assert "could not send metrics" in output and "reachable again" in output
+        while_down = output.split("could not send metrics", 1)[1].split("reachable again", 1)[0]
+        assert "\niter " in while_down, output[-3000:]  # training went on while the server was down
         assert run.info.status == "FINISHED"
     finally:
         stop_server(server)

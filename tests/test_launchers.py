@@ -16,7 +16,7 @@ import mlflow
 import pytest
 
 from helpers.mlflow_server import free_port, mlflow_server
-from helpers.runs import VACO, run_cli
+from helpers.runs import CONFIGS, VACO, run_cli
 from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs
 from vaco.checkpoint import CheckpointError, load_checkpoint
 
@@ -110,6 +110,42 @@ def test_slurm_without_submitit_is_refused_before_any_cell(tmp_path):
     )
     assert out.returncode == 2 and "pip install -e '.[slurm]'" in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_slurm_dry_run_without_submitit_is_one_line_too(tmp_path):
+    code = (
+        "import sys; sys.modules['submitit'] = None\n"
+        "from vaco.cli import main\n"
+        f"sys.exit(main(['sweep', '--config', {str(TINY)!r}, '--out', {str(tmp_path / 'out')!r}, '--launcher', 'slurm', '--dry-run']))\n"
+    )
+    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.stderr.strip() == "vaco sweep: `--launcher slurm` needs submitit: pip install -e '.[slurm]'"
+
+
+@pytest.mark.parametrize("damage", ["vaco-a-K1-s1: '123\nvaco-b-K1", "- 1\n- 2\n"], ids=["truncated", "not-a-mapping"])
+def test_a_damaged_jobs_record_is_one_line_naming_it(tmp_path, damage):
+    record = tmp_path / "out" / "submitit" / "jobs.yaml"
+    record.parent.mkdir(parents=True)
+    record.write_text(damage)
+    out = run_cli(
+        "sweep",
+        "--config",
+        str(TINY),
+        "--out",
+        str(tmp_path / "out"),
+        "--status",
+        "--slurm-executor",
+        "local",
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    (line,) = [line for line in out.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"vaco sweep: {record} is damaged (") and "delete it" in line
 
 
 # ---------------------------------------------------------------- Ray
@@ -234,11 +270,32 @@ def test_an_unknown_launcher_is_refused(tmp_path):
 
 def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(tmp_path):
     """MLflow's client accepts http://user:password@host; its own "View run ... at: <URI>" lines,
-    each cell's train.log and submitit's pickles must not carry the password (a real `mlflow server`;
-    it ignores the credentials, which is all this test needs: the client sends and prints them)."""
+    each cell's train.log and submitit's pickles must not carry the password. A real `mlflow server`
+    behind MLflow's basic-auth app: the right password runs both launchers; a wrong one is one line
+    naming MLFLOW_TRACKING_URI before any work (its /health is open to anyone: the check must
+    authenticate)."""
     secret = "Sup3rSecretPw"
-    with mlflow_server(f"sqlite:///{tmp_path / 'server.db'}", tmp_path, tmp_path / "server.log") as base:
-        uri = base.replace("http://", f"http://alice:{secret}@")
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    with mlflow_server(
+        f"sqlite:///{server_dir / 'server.db'}", server_dir, server_dir / "server.log", admin_password=secret
+    ) as base:
+        wrong = run_cli(
+            "fit",
+            "--config",
+            str(CONFIGS / "demo.yaml"),
+            cwd=tmp_path,
+            env={"MLFLOW_TRACKING_URI": base.replace("http://", "http://admin:Wr0ng@")},
+        )
+        assert wrong.returncode == 2, wrong.stderr[-3000:]
+        lines = [line for line in wrong.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Traceback" not in wrong.stderr, wrong.stderr[-3000:]
+        assert (
+            lines[0].startswith("vaco fit: error: `MLFLOW_TRACKING_URI`='http://***@127.0.0.1:")
+            and "HTTP 401" in lines[0]
+        )
+        assert "Wr0ng" not in wrong.stdout + wrong.stderr and not list(tmp_path.glob("checkpoints"))
+        uri = base.replace("http://", f"http://admin:{secret}@")
         (tmp_path / "local").mkdir()
         (tmp_path / "slurm").mkdir()
         local = _sweep(tmp_path / "local", uri, "--only", FIRST)
@@ -248,7 +305,7 @@ def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(t
         runs = cell_runs(uri)
         assert all(len(runs[c]) == 1 and runs[c][0].info.status == "FINISHED" for c in (FIRST, SECOND))
     texts = {"stdout/stderr": local.stdout + local.stderr + slurm.stdout + slurm.stderr}
-    for root in (tmp_path / "local", tmp_path / "slurm"):
+    for root in (tmp_path / "local", tmp_path / "slurm"):  # (the server's own files hold its admin password)
         for path in root.rglob("*"):
             if path.is_file() and path.suffix != ".ckpt":
                 texts[str(path)] = path.read_bytes().decode("utf-8", "replace")

@@ -113,6 +113,8 @@ def _sweep_file(tmp_path: Path, **changes) -> Path:
     raw["configs_dir"] = str(REPO / "configs")
     for key, value in changes.items():
         raw[key] = value
+        if value is None:  # a field left out
+            del raw[key]
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -135,6 +137,31 @@ def test_injection_through_sweep_files_axis_values_cannot_leave_output_dir(tmp_p
     grid = {"main": {"algorithm": "vaco", "model.init_args.lr_schedule_name": [value]}}
     with pytest.raises(SweepError, match=r"^`grid.main.model.init_args.lr_schedule_name`: .* cannot name a cell"):
         load_sweep(_sweep_file(tmp_path, grid=grid))
+
+
+def test_injection_through_sweep_files_a_newline_in_output_dir_or_out_is_refused(tmp_path):
+    with pytest.raises(SweepError, match=r"^`output_dir` holds a control character"):
+        load_sweep(_sweep_file(tmp_path, output_dir="out\n#SBATCH --wrap=evil"))
+    with pytest.raises(SweepError, match=r"^`--out` holds a control character"):
+        load_sweep(_sweep_file(tmp_path), str(tmp_path / "out\nsrun evil"))
+
+
+@pytest.mark.parametrize("name", ["../../x", "../sweeps", "/tmp/x", "."])
+def test_an_experiment_named_like_a_path_cannot_put_its_sweep_outside_sweeps(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SweepError, match=r"^`experiment` = .* would put the sweep outside sweeps/"):
+        load_sweep(_sweep_file(tmp_path, experiment=name, output_dir=None))
+    # with a folder of its own the name is only an MLflow experiment name
+    assert load_sweep(_sweep_file(tmp_path, experiment=name, output_dir="out")).output_dir == tmp_path / "out"
+    assert (
+        load_sweep(_sweep_file(tmp_path, experiment="lag/robustness", output_dir=None)).output_dir
+        == tmp_path / "sweeps/lag/robustness"
+    )
+
+
+def test_an_experiment_name_with_a_comma_is_refused_it_would_match_other_slurm_jobs(tmp_path):
+    with pytest.raises(SweepError, match=r"^`experiment` = 'a,b' holds a comma"):
+        load_sweep(_sweep_file(tmp_path, experiment="a,b"))
 
 
 # ---------------------------------------------------------------------------------------- files

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from pathlib import Path
 
 import lightning as L
@@ -301,9 +302,30 @@ def test_print_config_shows_the_composed_config(mlflow_uri):
 
 
 # ---------------------------------------------------------------- DDP
+def _listening(port: int) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} write them) of sockets listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].rsplit(":", 1)
+            if int(hex_port, 16) == port and fields[3] == "0A":  # TCP_LISTEN
+                found.add(address)
+    return found
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
-    out = run_cli(
+    """Two CPU ranks stay in sync; their rendezvous store listens on the loopback only (PyTorch's own
+    listens on every interface), watched in /proc/net while the run goes."""
+    import concurrent.futures
+
+    from helpers.mlflow_server import free_port
+
+    port = free_port()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    running = pool.submit(
+        run_cli,
         "fit",
         "--config",
         ENV,
@@ -333,8 +355,17 @@ def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
         "ddp",
         cwd=tmp_path,
         timeout=900,
+        env={"MASTER_PORT": str(port)},
     )
+    listening = set()
+    while not running.done():
+        listening |= _listening(port)
+        time.sleep(0.02)
+    out = running.result()
+    pool.shutdown()
     assert out.returncode == 0, out.stderr[-4000:]
+    assert listening == {"0100007F"}, listening  # 127.0.0.1 only, never 0.0.0.0 or [::]
+    assert "deprecated" not in out.stderr, out.stderr[-3000:]  # torch's all_gather notice, once per rank
     client = mlflow.MlflowClient(mlflow_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("ddp").experiment_id])
     assert run.data.params["world_size"] == "2"

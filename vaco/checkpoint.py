@@ -93,17 +93,32 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> None:
     creates 0600, which would hide checkpoints on shared storage from collaborators' accounts."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    writer = None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            writer = _RecordingWriter(f)
+            torch.save(obj, writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.remove(tmp)
+        # torch's zip writer turns a failed write into "RuntimeError: [enforce fail at
+        # inline_container.cc] unexpected pos ..."; the OSError it swallowed says what happened
+        failure = writer.error if writer is not None and writer.error is not None else err
+        if isinstance(failure, OSError):  # a full disk, a quota, a read-only mount: one line naming the file
+            then = (
+                "the previous checkpoint there is intact: free space (or choose `checkpoint.dirpath`) and resume "
+                "from it with --ckpt_path"
+                if path.exists()
+                else "no checkpoint was written there before: free space (or choose `checkpoint.dirpath`) and start again"
+            )
+            raise CheckpointError(
+                f"cannot write the checkpoint {path} ({failure.strerror or failure}); {then}"
+            ) from None
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -115,6 +130,23 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+class _RecordingWriter:
+    """The file object ``torch.save`` writes through, keeping the first ``OSError`` of a write."""
+
+    def __init__(self, file) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as err:
+            self.error = self.error or err
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 class SafeCheckpointIO(TorchCheckpointIO):

@@ -167,6 +167,9 @@ def _record(env_id: str, policy, seed: int, deterministic: bool, max_frames: int
     import numpy as np
     import torch
 
+    from vaco.data.envs import quiet_known_mujoco_warnings
+
+    quiet_known_mujoco_warnings()
     env = gym.make(env_id, render_mode="rgb_array")
     try:
         obs, _ = env.reset(seed=seed)

@@ -5,9 +5,11 @@
     vaco fit --config ... --ckpt_path checkpoints/<run>/last.ckpt   # resume, same MLflow run
 
 Before any env starts or any MLflow run exists, a run is checked in this order: the config parses
-(an unknown field is one line with a did-you-mean); every constructor validates its own fields;
-the cross-field checks (``model.check_data``); the tracking store answers; a checkpoint to resume
-from loads safely and defines the same run. Each failure is one line naming the field, exit 2.
+(an unknown field is one line with a did-you-mean); the seed, the task and the tracking store
+(it answers and accepts the credentials), before Lightning prints "Seed set to"; every
+constructor validates its own fields; the cross-field checks (``model.check_data``); a checkpoint
+to resume from loads safely and defines the same run. Each failure is one line naming the field,
+exit 2.
 """
 
 from __future__ import annotations
@@ -126,9 +128,11 @@ class VacoCLI(LightningCLI):
 
     def _set_seed(self) -> None:
         """The checks that need no object, before Lightning prints "Seed set to" and before any
-        MLflow store is touched: the seed's range and the MuJoCo task (registered, continuous)."""
+        MLflow run exists: the seed's range, the MuJoCo task (registered, continuous) and the
+        tracking store (it answers, it accepts the credentials)."""
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         _early_checks(config)
+        _check_tracking(config)
         super()._set_seed()
 
     def before_instantiate_classes(self) -> None:
@@ -137,7 +141,6 @@ class VacoCLI(LightningCLI):
         if not (isinstance(threads, int) and threads >= 1):
             raise ConfigurationError(f"`torch_threads` must be an integer >= 1, got {threads!r}")
         torch.set_num_threads(threads)
-        _check_tracking(config)
         _continue_mlflow_run(config, self._resume_state)
 
     def before_fit(self) -> None:
@@ -152,6 +155,9 @@ class VacoCLI(LightningCLI):
                 _check_same_run(self.model, self.datamodule, self._resume_state)
         except ValueError as err:
             raise ConfigurationError(str(err)) from err
+        from vaco.rendezvous import host_store_on_loopback
+
+        self._store = host_store_on_loopback(self.trainer)  # single-node DDP: not on every interface
 
     def _instantiate_trainer(self, config, callbacks):
         if config.get("enable_progress_bar") is False:  # e.g. sweeps writing to log files
@@ -373,6 +379,10 @@ def _quiet() -> None:
         ".*does not have many workers which may be a bottleneck.*",
         ".*LightningCLI's args parameter is intended to run from within Python.*",
         ".*The `srun` command is available on your system but is not used.*",
+        # torch's own all_gather (called by Lightning's `LightningModule.all_gather`, which vaco's
+        # DDP ranks use to share normaliser statistics) calls a function torch deprecates
+        ".*`torch.distributed.all_gather_into_tensor` is deprecated.*",
+        ".*torch.distributed.nn.functional.all_gather is deprecated.*",
     ):
         warnings.filterwarnings("ignore", message=message)
 

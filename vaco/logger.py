@@ -2,9 +2,12 @@
 
 Two things Lightning's logger does not do:
 
-* **Outages.** MLflow's client retries a failed request (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
-  exponential backoff), which rides out a server restart. If a request still fails, the batch of
-  metrics is kept and sent with the next one; a run that ends with metrics still unsent retries
+* **Outages.** Metrics are sent with one quick try each (no retries inside MLflow's client, a
+  10 s timeout, unless ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``/``_TIMEOUT`` are set): MLflow's own
+  retries would block training for minutes, silently, while a server restarts. A batch that fails
+  is kept, a message says so, and the kept batches are retried with later ones, at most every
+  5-60 s (doubling) so that a hanging server costs training little; another message says when
+  the server answers again. A run that ends with metrics still unsent retries
   for ~30 s, then writes
   them to ``unsent-metrics-<run id>.jsonl`` in the working directory (else the system's temporary
   directory, else stderr itself) and says so. Training goes on. A batch the server refuses for
@@ -49,6 +52,10 @@ class VacoMLFlowLogger(MLFlowLogger):
     """
 
     FINAL_RETRY_SECONDS = (1, 2, 4, 8, 15)
+    #: seconds between tries while the server does not answer (doubling from the first to the last)
+    RETRY_INTERVAL = (5.0, 60.0)
+    #: MLflow's HTTP settings for a metric batch, where the user has not set them
+    QUICK_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("tags"):
@@ -58,6 +65,8 @@ class VacoMLFlowLogger(MLFlowLogger):
         self._unsent: list[tuple[dict[str, float], int | None]] = []
         self._rejected: list[tuple[dict[str, float], int | None]] = []  # refused for good (HTTP 4xx)
         self.last_error: str | None = None
+        self._next_try = 0.0  # time.monotonic() before which a down server is not asked again
+        self._interval = self.RETRY_INTERVAL[0]
         self.default_run_name: str | None = None  # from the run's coordinates, set by `vaco fit`
         self._prepared = False
 
@@ -111,13 +120,28 @@ class VacoMLFlowLogger(MLFlowLogger):
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         self._unsent.append((dict(metrics), step))
-        self._flush()
+        if time.monotonic() >= self._next_try:
+            self._flush()
+
+    def _send(self, metrics: dict[str, float], step: int | None) -> None:
+        """One quick try (:attr:`QUICK_TRY`): MLflow reads its HTTP settings from the environment
+        at each request."""
+        saved = {key: os.environ.get(key) for key in self.QUICK_TRY}
+        for key, value in self.QUICK_TRY.items():
+            if saved[key] is None:
+                os.environ[key] = value
+        try:
+            super().log_metrics(metrics, step)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
 
     def _flush(self) -> bool:
         while self._unsent:
             metrics, step = self._unsent[0]
             try:
-                super().log_metrics(metrics, step)
+                self._send(metrics, step)
             except Exception as err:  # noqa: BLE001 - MlflowException, ConnectionError, ...
                 if _refused_for_good(err):
                     self._rejected.append(self._unsent.pop(0))
@@ -131,16 +155,19 @@ class VacoMLFlowLogger(MLFlowLogger):
                 if self.last_error is None:
                     print(
                         f"vaco: could not send metrics to MLflow ({type(err).__name__}: {str(err)[:200]}); "
-                        "keeping them and retrying with the next ones",
+                        "keeping them and retrying every few seconds; training goes on",
                         file=sys.stderr,
                         flush=True,
                     )
                 self.last_error = str(err)
+                self._next_try = time.monotonic() + self._interval
+                self._interval = min(2 * self._interval, self.RETRY_INTERVAL[1])
                 return False
             self._unsent.pop(0)
             if self.last_error is not None:
                 print("vaco: MLflow is reachable again; the kept metrics were sent", file=sys.stderr, flush=True)
                 self.last_error = None
+                self._interval = self.RETRY_INTERVAL[0]
         return True
 
     @rank_zero_only

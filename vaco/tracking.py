@@ -152,7 +152,8 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
     """Raise :class:`TrackingStoreError` in at most ~``timeout`` s if ``uri`` cannot be used.
 
     Checks: a known scheme; for SQLite, that the file's directory exists and is writable and the
-    file (if any) is a SQLite database; for an HTTP server, that it answers MLflow's ``/health``;
+    file (if any) is a SQLite database; for an HTTP server, that it answers MLflow's ``/health`` and
+    accepts the credentials (an authenticated API call);
     for a database URL, that a connection opens.
     """
     name = _field(uri, field)
@@ -196,37 +197,63 @@ def _check_sqlite(uri: str, name: str) -> None:
             raise TrackingStoreError(f"`{name}`={uri!r}: cannot open {file}: {err}") from None
 
 
-def _check_http(uri: str, name: str, timeout: float, hint: str) -> None:
-    """MLflow's client sends a URI's user info as HTTP basic auth to the host after the ``@``: so
-    does this check (urllib would try to resolve ``user:password@host`` as a host name)."""
+def _http_auth_header(parts) -> dict[str, str]:
+    """The Authorization header MLflow's client would send: the URI's user info as basic auth, else
+    ``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``, else ``MLFLOW_TRACKING_TOKEN`` as a bearer token."""
     import base64
     from urllib.parse import unquote
 
-    parts = urlparse(uri)
-    request_headers = {}
     if parts.username is not None or parts.password is not None:
-        credentials = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
-        request_headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+        user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    else:
+        user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user is not None or password is not None:
+        return {"Authorization": "Basic " + base64.b64encode(f"{user or ''}:{password or ''}".encode()).decode()}
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        return {"Authorization": "Bearer " + os.environ["MLFLOW_TRACKING_TOKEN"]}
+    return {}
+
+
+#: an API call every MLflow server answers and an authenticating one checks (``/health`` is left open
+#: by MLflow's basic-auth app, so it cannot tell a wrong password from a right one)
+_AUTHENTICATED_PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"
+
+
+def _check_http(uri: str, name: str, timeout: float, hint: str) -> None:
+    """Two requests: ``/health`` (is a server there?) and one authenticated API call (are these
+    credentials accepted?). MLflow's client sends a URI's user info as HTTP basic auth to the host
+    after the ``@``; so do these (urllib would try to resolve ``user:password@host`` as a host)."""
+    parts = urlparse(uri)
+    request_headers = _http_auth_header(parts)
+    in_uri = parts.username is not None or parts.password is not None
+    if "@" in parts.netloc:
         parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
-    url = urlunparse(parts).rstrip("/") + "/health"
+    base = urlunparse(parts).rstrip("/")
     uri = redact_uri(uri)
-    try:
-        request = urllib.request.Request(url, headers=request_headers)
-        with urllib.request.urlopen(request, timeout=timeout):  # noqa: S310 - the user's own server
-            return
-    except urllib.error.HTTPError as err:
-        if err.code in (401, 403):
+    for path in ("/health", _AUTHENTICATED_PROBE):
+        try:
+            request = urllib.request.Request(base + path, headers=request_headers)
+            with urllib.request.urlopen(request, timeout=timeout):  # noqa: S310 - the user's own server
+                continue
+        except urllib.error.HTTPError as err:
+            if err.code in (401, 403):
+                where = (
+                    "the user name and password in it were refused"
+                    if in_uri
+                    else "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+                    if not request_headers
+                    else "the credentials in MLFLOW_TRACKING_USERNAME/_PASSWORD (or _TOKEN) were refused"
+                )
+                raise TrackingStoreError(
+                    f"`{name}`={uri!r}: the server refused access (HTTP {err.code}); {where}"
+                ) from None
+            continue  # it answers: a proxy without /health, a server without this API, is still a server
+        except (urllib.error.URLError, TimeoutError, OSError) as err:
+            reason = getattr(err, "reason", err)
             raise TrackingStoreError(
-                f"`{name}`={uri!r}: the server refused access (HTTP {err.code}); set MLFLOW_TRACKING_USERNAME "
-                "and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+                f"`{name}`={uri!r}: no MLflow server answers there ({reason}); start one (`mlflow server "
+                f"--host 127.0.0.1 --port PORT --backend-store-uri ...`) or {hint}"
             ) from None
-        return  # it answers: a proxy without /health is still a server
-    except (urllib.error.URLError, TimeoutError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise TrackingStoreError(
-            f"`{name}`={uri!r}: no MLflow server answers there ({reason}); start one (`mlflow server "
-            f"--host 127.0.0.1 --port PORT --backend-store-uri ...`) or {hint}"
-        ) from None
 
 
 def _check_database(uri: str, name: str, timeout: float) -> None:

@@ -7,7 +7,10 @@
 
 It prints the address of an experiment's runs table in MLflow's model-training view (MLflow 3
 opens a fresh browser on its GenAI pages; ``?workflowType=machine_learning`` is what it honours):
-the experiment given, else the one with the most recent run.
+the experiment given, else the one with the most recent run. The table opens with the columns a
+lag study is read by (algorithm, env, K, seed, eval/return, the lag and filter metrics), not
+MLflow's defaults (Source, Models, Dataset): a view MLflow's UI loads from an experiment tag
+(``mlflow.sharedViewState.vaco``, what its own "share view" writes), named in the address.
 """
 
 from __future__ import annotations
@@ -119,6 +122,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3's model-training view (not its GenAI pages)
+VIEW_KEY = "vaco"  # the share key of vaco's runs-table view (experiment tag mlflow.sharedViewState.vaco)
+#: the runs table's columns, as MLflow's UI names them (``<type>.`<key>```); a column no run has stays empty
+VIEW_COLUMNS = (
+    *(f"params.`{p}`" for p in ("algorithm", "env", "K", "seed")),
+    *(
+        f"metrics.`{m}`"
+        for m in (
+            "eval/return",
+            "eval/accuracy",
+            "lag/forward_tv",
+            "lag/backward_tv",
+            "lag/policy_age_mean",
+            "train/filter_fraction",
+            "train/clip_fraction",
+        )
+    ),
+    "attributes.`Duration`",
+)
+
+
+def runs_view(client, experiment_id: str) -> str | None:
+    """Write vaco's runs-table view onto the experiment (MLflow's shared-view tag) and return the
+    address's query part that opens it; ``None`` where the store refuses the tag (read-only)."""
+    import json
+
+    state = {"selectedColumns": list(VIEW_COLUMNS), "orderByKey": "attributes.start_time", "orderByAsc": False}
+    try:
+        client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
+    except Exception:  # noqa: BLE001 - any store error: the plain table is still there
+        return None
+    return f"viewStateShareKey={VIEW_KEY}"
 
 
 def runs_page(store: str, experiment: str | None = None) -> tuple[str, str | None]:
@@ -128,16 +162,20 @@ def runs_page(store: str, experiment: str | None = None) -> tuple[str, str | Non
 
     client = mlflow.MlflowClient(store)
     if experiment is not None:
-        found = client.get_experiment_by_name(experiment)
-        return (f"#/experiments/{found.experiment_id}/runs?{TRAINING_VIEW}", found.name) if found else ("", None)
-    best, best_time = None, -1
-    for exp in client.search_experiments():
-        runs = client.search_runs([exp.experiment_id], max_results=1, order_by=["attributes.start_time DESC"])
-        if runs and runs[0].info.start_time > best_time:
-            best, best_time = exp, runs[0].info.start_time
-    if best is None:
-        return f"#/experiments?{TRAINING_VIEW}", None
-    return f"#/experiments/{best.experiment_id}/runs?{TRAINING_VIEW}", best.name
+        best = client.get_experiment_by_name(experiment)
+        if best is None:
+            return "", None
+    else:
+        best, best_time = None, -1
+        for exp in client.search_experiments():
+            runs = client.search_runs([exp.experiment_id], max_results=1, order_by=["attributes.start_time DESC"])
+            if runs and runs[0].info.start_time > best_time:
+                best, best_time = exp, runs[0].info.start_time
+        if best is None:
+            return f"#/experiments?{TRAINING_VIEW}", None
+    view = runs_view(client, best.experiment_id)
+    query = TRAINING_VIEW + (f"&{view}" if view else "")
+    return f"#/experiments/{best.experiment_id}/runs?{query}", best.name
 
 
 def _stop(server: subprocess.Popen) -> None:

@@ -30,9 +30,18 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def start_server(backend_uri: str, port: int, cwd: Path, log_path: Path, timeout: float = 120) -> subprocess.Popen:
-    """Start `mlflow server` and wait (bounded) until /health answers."""
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no background job workers
+def start_server(
+    backend_uri: str,
+    port: int,
+    cwd: Path,
+    log_path: Path,
+    timeout: float = 120,
+    app_name: str | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Start `mlflow server` (``app_name="basic-auth"``: behind MLflow's own basic-auth app) and wait
+    (bounded) until /health answers."""
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", **(env or {}))  # no background job workers
     log = open(log_path, "a")
     server = subprocess.Popen(
         [
@@ -46,6 +55,7 @@ def start_server(backend_uri: str, port: int, cwd: Path, log_path: Path, timeout
             str(port),
             "--workers",
             "1",
+            *(["--app-name", app_name] if app_name else []),
         ],
         cwd=cwd,
         env=env,
@@ -85,10 +95,19 @@ def stop_server(server: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def mlflow_server(backend_uri: str, cwd: Path, log_path: Path):
-    """Yields the server's base URL."""
+def mlflow_server(backend_uri: str, cwd: Path, log_path: Path, admin_password: str | None = None):
+    """Yields the server's base URL. With ``admin_password``: behind MLflow's basic-auth app, whose
+    user ``admin`` has that password (its user store a SQLite file in ``cwd``)."""
     port = free_port()
-    server = start_server(backend_uri, port, cwd, log_path)
+    auth = (
+        {
+            "app_name": "basic-auth",
+            "env": {"MLFLOW_AUTH_ADMIN_PASSWORD": admin_password, "MLFLOW_FLASK_SERVER_SECRET_KEY": "vaco-tests"},
+        }
+        if admin_password
+        else {}
+    )
+    server = start_server(backend_uri, port, cwd, log_path, **auth)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

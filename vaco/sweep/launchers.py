@@ -329,10 +329,7 @@ class CellJob:
             raise RuntimeError(
                 f"{ENV_VAR} is not set in the job's environment (a tracking URI with credentials travels only there)"
             )
-        code = run_cell(cell_dir, uri)
-        if code != 0:
-            raise RuntimeError(f"vaco fit exited with code {code}; see {cell_dir}/train.log")
-        return code
+        return _cell_result(run_cell(cell_dir, uri), cell_dir)
 
     def checkpoint(self, cell_dir: str):
         import submitit
@@ -399,10 +396,9 @@ class SlurmLauncher:
         job from an earlier submission is still queued or running."""
         import submitit
 
-        record = self.folder / "jobs.yaml"
-        if not record.is_file():
+        jobs = self.recorded_jobs()
+        if not jobs:
             return {}
-        jobs = yaml.safe_load(record.read_text()) or {}
         if self.kind == "slurm":
             return self._squeue_states(jobs)
         job_class = submitit.LocalJob
@@ -468,13 +464,31 @@ class SlurmLauncher:
             return []
         if out.returncode != 0:
             return []
-        record = self.folder / "jobs.yaml"
-        recorded = {
-            str(j).split("_")[0]
-            for j in ((yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}).values()
-        }
+        recorded = {str(j).split("_")[0] for j in self.recorded_jobs().values()}
         held = {line.split()[0].split("_")[0] for line in out.stdout.splitlines() if line.strip()}
         return sorted(held - recorded)
+
+    def recorded_jobs(self) -> dict[str, str]:
+        """Cell id -> SLURM job id of every submission so far (``submitit/jobs.yaml``); a damaged
+        record is a one-line error naming the file (it is written atomically, so only a hand edit
+        or a full disk on another writer damages it)."""
+        record = self.folder / "jobs.yaml"
+        if not record.is_file():
+            return {}
+        try:
+            jobs = yaml.safe_load(record.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            first = str(err).strip().splitlines()[0]
+            raise RuntimeError(
+                f"{record} is damaged ({first}): restore it from the submission's logs or, once no job of this "
+                "sweep is queued or running, delete it"
+            ) from None
+        if not isinstance(jobs, dict) or not all(isinstance(k, str) for k in jobs):
+            raise RuntimeError(
+                f"{record} is damaged (expected `cell id: job id` lines, got a {type(jobs).__name__}): restore it "
+                "from the submission's logs or, once no job of this sweep is queued or running, delete it"
+            )
+        return {k: str(v) for k, v in jobs.items()}
 
     def check_unrecorded(self) -> None:
         """Refuse to submit while SLURM holds jobs of this sweep that nothing records (one line)."""
@@ -514,7 +528,7 @@ class SlurmLauncher:
                 **({"slurm_account": params["account"]} if "account" in params else {}),
             )
             chunk = executor.map_array(CellJob(self.uri), cell_dirs[start : start + size])
-            ids = (yaml.safe_load(record.read_text()) or {}) if record.is_file() else {}
+            ids = self.recorded_jobs()
             ids.update({cell.id: job.job_id for cell, job in zip(cells[start : start + size], chunk)})
             write_text_atomic(
                 record, yaml.safe_dump(ids)
@@ -542,10 +556,22 @@ class SlurmLauncher:
 
 def run_cell_task(cell_dir: str, tracking_uri: str) -> int:
     """What a Ray task runs (a module-level function: Ray ships it by reference)."""
-    code = run_cell(cell_dir, tracking_uri)
-    if code != 0:
-        raise RuntimeError(f"vaco fit exited with code {code}; see {cell_dir}/train.log")
-    return code
+    return _cell_result(run_cell(cell_dir, tracking_uri), cell_dir)
+
+
+def _cell_result(code: int, cell_dir: str) -> int:
+    """A cell job's result: 0, else an error that says what the exit code means. 128 + SIGTERM or
+    SIGUSR2 is a stop at an iteration boundary with a checkpoint (preemption, ``scontrol requeue``,
+    ``scancel``): the job has not finished its cell, and a requeue or a rerun of the sweep resumes it."""
+    if code == 0:
+        return code
+    stops = {128 + s: s.name for s in (signal.SIGTERM, signal.SIGUSR2)}
+    if code in stops:
+        raise RuntimeError(
+            f"vaco fit was stopped by {stops[code]} (exit {code}) with a checkpoint at an iteration boundary; "
+            f"the cell is not finished: a requeue or a rerun of the sweep resumes it ({cell_dir}/train.log)"
+        )
+    raise RuntimeError(f"vaco fit exited with code {code}; see {cell_dir}/train.log")
 
 
 class RayLauncher:

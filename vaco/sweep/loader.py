@@ -55,6 +55,21 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     if not (isinstance(experiment, str) and experiment.strip()):
         raise SweepError(f"{path}: `experiment` (the MLflow experiment name) is required")
     check_text("experiment", experiment)
+    if "," in experiment:  # the SLURM job name is vaco-<experiment>: `squeue --name a,b` would match two names
+        raise SweepError(
+            f"`experiment` = {experiment!r} holds a comma (SLURM reads a job name with one as several names)"
+        )
+    if output_dir is not None:
+        check_text("--out", str(output_dir))
+    if raw.get("output_dir") is not None:
+        if not isinstance(raw["output_dir"], str):
+            raise SweepError(f"`output_dir` must be a path (a string), got {raw['output_dir']!r}")
+        check_text("output_dir", raw["output_dir"])
+    elif not output_dir and not _inside(Path("sweeps") / experiment, Path("sweeps")):
+        raise SweepError(
+            f"`experiment` = {experiment!r} would put the sweep outside sweeps/ (its default folder is "
+            "sweeps/<experiment>): rename it or set `output_dir`"
+        )
     jobs = raw.get("jobs", 1)
     if not (isinstance(jobs, int) and not isinstance(jobs, bool) and jobs >= 1):
         raise SweepError(f"`jobs` must be an integer >= 1, got {jobs!r}")
@@ -88,6 +103,12 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
         launcher=_load_launcher(raw.get("launcher", "local")),
         resources=_load_resources(raw.get("resources") or {}),
     )
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` stays within ``folder`` once ``..`` and links are resolved (and is not it)."""
+    path, folder = path.resolve(), folder.resolve()
+    return path != folder and path.is_relative_to(folder)
 
 
 def _load_launcher(value) -> str:

@@ -77,7 +77,7 @@ class _Plan:
     resources: dict
     cells: list[Cell]
     uri: str
-    runner: object | None  # the SLURM or Ray launcher (checked early); None for local, --dry-run, --status
+    runner: object | None  # the SLURM or Ray launcher (checked early); None for local, and Ray's --dry-run/--status
     states: dict[str, str]
 
 
@@ -116,13 +116,17 @@ def _plan(args) -> _Plan:
             raise SweepError(f"`--only {' '.join(args.only)}` matches no cell")
     uri = resolve_tracking_uri()
     _check_store(uri)
-    runner = _launcher(launcher, sweep, uri, resources, args) if not (args.dry_run or args.status) else None
+    # SLURM's launcher is built for --dry-run and --status too (it writes the script, asks the
+    # scheduler): a missing submitit is one line there as well. Ray's connects, so only to run.
+    runner = (
+        _launcher(launcher, sweep, uri, resources, args)
+        if not (args.dry_run or args.status) or launcher == "slurm"
+        else None
+    )
     validate_with_cli(sweep, cells, uri)
     states = plan(sweep, cells, uri, with_running=args.status)
-    if args.status and launcher == "slurm" and runner is None:
-        from vaco.sweep.launchers import SlurmLauncher
-
-        for cell_id, state in SlurmLauncher(sweep, uri, resources, executor=args.slurm_executor).job_states().items():
+    if args.status and launcher == "slurm":
+        for cell_id, state in runner.job_states().items():
             if states.get(cell_id) != "finished":
                 states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
     return _Plan(sweep, launcher, resources, cells, uri, runner, states)
@@ -169,14 +173,13 @@ def _list_cells(p: _Plan, args) -> None:
         f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
     )
     if args.dry_run and p.launcher == "slurm":
-        from vaco.sweep.launchers import SlurmLauncher
-
         todo = sum(1 for c in cells if states[c.id] != "finished")
-        slurm = SlurmLauncher(sweep, p.uri, p.resources)
+        slurm = p.runner
         sizes = slurm.chunks(max(todo, 1))
         print(
             f"  {todo} cells to submit as {len(sizes)} job array(s) of at most {max(sizes)} "
-            f"(the cluster's MaxArraySize), {slurm.parameters(max(sizes))['array_parallelism']} running at once per array"
+            f"(the cluster's MaxArraySize), {slurm.parameters(max(sizes))['array_parallelism']} running at once per array "
+            "(`resources.array_parallelism`; the sweep's `jobs` is the local launcher's)"
         )
         print("  the first job array's sbatch script:\n" + slurm.submission_script(max(todo, 1)))
 

@@ -173,6 +173,9 @@ def record_warp_episode(
     from vaco.data.warp.env import WarpVectorEnv
 
     env = WarpVectorEnv(env_id, 1, device=device, seed=seed)
+    from vaco.data.envs import quiet_known_mujoco_warnings
+
+    quiet_known_mujoco_warnings()
     view = gym.make(env_id, render_mode="rgb_array")
     try:
         view.reset(seed=seed)
