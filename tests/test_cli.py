@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +248,21 @@ def _serving(port: int) -> list[str]:
         if f"--port {port}" in cmd or f"127.0.0.1:{port}" in cmd:
             found.append(cmd)
     return found
+
+
+def test_every_config_path_the_docs_name_exists():
+    """Each `--config configs/...` in README.md and docs/*.md names a file that is there (a
+    `$name` in a loop matches at least one file), and each `configs/...yaml` they mention too."""
+    import glob
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    named = {}
+    for doc in [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]:
+        for path in re.findall(r"(?<![\w/.-])(configs/[\w/$.{}-]+\.yaml)", doc.read_text()):
+            named.setdefault(path, doc.name)
+    assert len(named) > 20  # the search finds the docs' commands
+    missing = [
+        f"{path} ({doc})" for path, doc in named.items() if not glob.glob(str(repo / re.sub(r"\$\{?\w+\}?", "*", path)))
+    ]
+    assert not missing, missing

@@ -221,6 +221,7 @@ def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_
         assert out.returncode == 2
         errors = [line for line in out.stderr.splitlines() if "error" in line]
         assert len(errors) == 1 and field in errors[0], out.stderr[-2000:]
+        assert mlflow.MlflowClient(uri).get_run(run_id).info.status == "FINISHED"  # a refused resume changes nothing
 
     longer = _run([VACO, "fit", *BASE, "--data.init_args.total_steps", "512", "--ckpt_path", ckpt], tmp_path, uri)
     assert longer.returncode == 0, longer.stderr[-3000:]

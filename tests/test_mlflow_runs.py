@@ -4,6 +4,7 @@ named by their coordinates (unique), and params that are the coordinates and hyp
 from __future__ import annotations
 
 import mlflow
+import pytest
 
 from helpers.runs import CONFIGS, run_cli
 
@@ -64,3 +65,31 @@ def test_runs_are_named_by_their_coordinates_in_a_model_training_experiment(tmp_
         "rho_bar": "1.0",
     }.items() <= params.items()
     assert not [k for k in params if k.startswith(("env_spec", "_"))]
+
+
+def test_a_resume_the_logger_refuses_leaves_the_run_as_it_was(tmp_path):
+    """A resumed run is RUNNING while it runs; a resume refused because a logged param changed
+    (the check in `VacoMLFlowLogger.log_hyperparams`) puts back the status it had (it used to be
+    left FAILED, the finished run looking broken)."""
+    import mlflow
+
+    from vaco.logger import VacoMLFlowLogger
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("resume")
+    run = client.create_run(experiment, run_name="done")
+    client.log_param(run.info.run_id, "lr", "0.0003")
+    client.set_terminated(run.info.run_id, "FINISHED")
+
+    resumed = VacoMLFlowLogger(experiment_name="resume", tracking_uri=uri, run_id=run.info.run_id)
+    with pytest.raises(ValueError, match="`lr` cannot change when a run resumes"):
+        resumed.log_hyperparams({"lr": 0.001})
+    assert client.get_run(run.info.run_id).info.status == "RUNNING"  # while it was resuming
+    resumed.finalize("failed")  # what Lightning calls on the exception
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+
+    accepted = VacoMLFlowLogger(experiment_name="resume", tracking_uri=uri, run_id=run.info.run_id)
+    accepted.log_hyperparams({"lr": 0.0003})
+    accepted.finalize("failed")  # a resume that ran and failed is FAILED
+    assert client.get_run(run.info.run_id).info.status == "FAILED"

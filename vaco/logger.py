@@ -69,6 +69,8 @@ class VacoMLFlowLogger(MLFlowLogger):
         self._interval = self.RETRY_INTERVAL[0]
         self.default_run_name: str | None = None  # from the run's coordinates, set by `vaco fit`
         self._prepared = False
+        self._status_before: str | None = None  # a resumed run's status, restored if the resume is refused
+        self._refused = False
 
     # ------------------------------------------------------------------ the experiment and the run
     @property
@@ -91,6 +93,10 @@ class VacoMLFlowLogger(MLFlowLogger):
             client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         if self._run_id is None and self._run_name is None and self.default_run_name:
             self._run_name = unique_run_name(client, experiment_id, self.default_run_name)
+        if self._run_id is not None:  # a resume: the run is RUNNING again (Lightning leaves it FINISHED)
+            self._status_before = client.get_run(self._run_id).info.status
+            if self._status_before != "RUNNING":
+                client.update_run(self._run_id, status="RUNNING")
 
     # ------------------------------------------------------------------ params
     @rank_zero_only
@@ -108,6 +114,7 @@ class VacoMLFlowLogger(MLFlowLogger):
         changed = [k for k, v in params.items() if k in logged and logged[k] != str(v)[:250]]
         if changed:
             key = changed[0]
+            self._refused = True  # finalize puts the run's status back as it was
             raise ValueError(
                 f"`{key}` cannot change when a run resumes (the run logged {logged[key]!r}, this config has "
                 f"{str(params[key])!r}): start a new run instead"
@@ -172,6 +179,10 @@ class VacoMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
+        if self._refused:  # a refused resume changed nothing: the run keeps the status it had
+            if self._status_before is not None and self._status_before != "RUNNING":
+                self.experiment.set_terminated(self.run_id, self._status_before)
+            return
         for wait in self.FINAL_RETRY_SECONDS:  # the run is over: give a restarting server a moment
             if not self._unsent or self._flush():
                 break
