@@ -13,6 +13,8 @@ one that moves it but forgets half the times table stays under 0.5.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import mlflow
@@ -83,6 +85,25 @@ def test_rlvr_raises_eval_accuracy_above_the_supervised_start(tmp_path, monkeypa
     assert accuracy[0] == pytest.approx(summary["test_accuracy"])  # the run starts from the cached SFT policy
     assert accuracy[16] >= accuracy[0] + 0.5, accuracy
     assert run.data.metrics["time/episodes"] == 16 * 16 * 8
+
+    # `vaco evaluate` scores the LLM checkpoint: its greedy accuracy is the run's last eval/accuracy
+    # (the same decoding on the same split), and pass@4 of sampled completions bounds their mean
+    import subprocess
+    import sys
+
+    (ckpt,) = tmp_path.glob("checkpoints/*/last.ckpt")
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("vaco")), "evaluate", "--ckpt", str(ckpt), "--samples", "4"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    greedy = re.search(r"greedy accuracy ([0-9.]+) on 200 prompts", out.stdout)
+    assert greedy and float(greedy.group(1)) == pytest.approx(accuracy[16], abs=5e-4), out.stdout
+    sampled = re.search(r"pass@4 ([0-9.]+), mean accuracy of the 4 samples ([0-9.]+)", out.stdout)
+    assert sampled and 0 < float(sampled.group(2)) <= float(sampled.group(1)) <= 1, out.stdout
 
 
 @pytest.mark.slow

@@ -1,4 +1,7 @@
-"""``vaco evaluate --ckpt PATH``: run a saved policy for E episodes, optionally write a video."""
+"""``vaco evaluate --ckpt PATH``: run a saved policy for E episodes, optionally write a video.
+
+An LLM checkpoint (the ``RLVRModule`` of ``configs/llm/``) is scored on its run's test split
+instead: greedy accuracy (the run's ``eval/accuracy``) and, with ``--samples k``, pass@k."""
 
 from __future__ import annotations
 
@@ -74,7 +77,13 @@ def _parser() -> argparse.ArgumentParser:
         default="gymnasium",
         help="simulate on gymnasium (MuJoCo C) or on MuJoCo Warp (the video is drawn from the Warp state)",
     )
-    parser.add_argument("--device", default="cpu", help="warp: the Warp device (cpu, cuda)")
+    parser.add_argument("--device", default="cpu", help="warp: the Warp device (cpu, cuda); LLM: the torch device")
+    llm = parser.add_argument_group("LLM checkpoints (configs/llm/)")
+    llm.add_argument("--samples", type=int, default=0, help="k: also sample k completions per prompt, report pass@k")
+    llm.add_argument("--temperature", type=float, default=1.0, help="the sampling temperature of --samples")
+    llm.add_argument("--num-eval", type=int, default=None, help="score the first N test prompts (default: the run's)")
+    llm.add_argument("--test-path", default=None, help="another GSM8k-format test file (default: the run's)")
+    llm.add_argument("--batch-size", type=int, default=None, help="prompts decoded at once (default: the run's)")
     return parser
 
 
@@ -83,6 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error("`--episodes` must be >= 1")
+    for name in ("samples", "num_eval", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "samples" else 1):
+            parser.error(f"`--{name.replace('_', '-')}` must be >= {0 if name == 'samples' else 1}")
+    if not args.temperature > 0:
+        parser.error("`--temperature` must be > 0")
+    try:
+        from vaco.checkpoint import load_checkpoint
+        from vaco.llm.evaluation import is_llm_checkpoint
+
+        ckpt = load_checkpoint(args.ckpt, field="--ckpt")  # weights_only: never runs code from the file
+        if is_llm_checkpoint(ckpt):
+            return _evaluate_llm(ckpt, args)
+    except (ValueError, OSError, ImportError) as err:  # CheckpointError is a ValueError
+        print(f"vaco evaluate: error: {err}", file=sys.stderr)
+        return 2
     try:
         if args.video:
             check_video_writer(args.video)
@@ -123,6 +148,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.video:
         _write_video(args, env_id, policy)
+    return 0
+
+
+def _evaluate_llm(ckpt: dict, args) -> int:
+    """Score an LLM checkpoint on its run's test split; one line per figure."""
+    import torch
+
+    from vaco.llm.evaluation import evaluate_checkpoint
+
+    torch.set_num_threads(1)
+    if args.video or args.backend != "gymnasium":
+        raise ValueError("`--video` and `--backend` are for MuJoCo checkpoints; this is an LLM checkpoint")
+    hparams = ckpt["hyper_parameters"]
+    print(f"evaluating {hparams['model_path']} with the checkpoint's weights on its test split ...", flush=True)
+    out = evaluate_checkpoint(
+        ckpt,
+        samples=args.samples,
+        temperature=args.temperature,
+        test_path=args.test_path,
+        num_eval=args.num_eval,
+        batch_size=args.batch_size,
+        device=args.device,
+        seed=args.seed,
+    )
+    n = int(out["prompts"])
+    print(
+        f"greedy accuracy {out['eval/accuracy']:.3f} on {n} prompts (mean length {out['eval/completion_length']:.1f} tokens)"
+    )
+    if args.samples:
+        k = args.samples
+        print(
+            f"pass@{k} {out[f'eval/pass@{k}']:.3f}, mean accuracy of the {k} samples {out['eval/sample_accuracy']:.3f} "
+            f"(temperature {args.temperature:g}, seed {args.seed})"
+        )
     return 0
 
 

@@ -508,34 +508,29 @@ class RLVRModule(Learner):
         every = data.eval_every
         return every > 0 and steps // every > (steps - self.num_minibatches) // every
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Greedy decoding on the test split; ``eval/accuracy`` is the fraction answered correctly."""
-        data = self.data
-        prompts, targets = data.test_set()
-        was_training = self.policy.training
-        self.policy.eval()
-        rewards, lengths = [], []
-        size = self.hparams.eval_batch_size
-        for i in range(0, len(prompts), size):
-            ids, mask, _ = encode_prompts(self.tokenizer, prompts[i : i + size], self.hparams.max_prompt_length)
-            with self.autocast():
-                out = generate(
-                    self.policy,
-                    ids.to(self.device),
-                    mask.to(self.device),
-                    max_new_tokens=self.hparams.eval_max_completion_length or self.hparams.max_completion_length,
-                    eos_token_id=self.tokenizer.eos_token_id,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    temperature=0.0,
-                )
-            out = self._cut(out)
-            texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
-            rewards += [gsm8k_reward(x, t, self.stop_strings) for x, t in zip(texts, targets[i : i + size])]
-            lengths += out["completion_mask"].sum(-1).tolist()
-        self.policy.train(was_training)
-        self.last_eval_accuracy = sum(rewards) / len(rewards)
-        return {"eval/accuracy": self.last_eval_accuracy, "eval/completion_length": sum(lengths) / len(lengths)}
+        """Greedy decoding on the test split; ``eval/accuracy`` is the fraction answered correctly
+        (:func:`vaco.llm.evaluation.answer`, what ``vaco evaluate`` runs on a checkpoint)."""
+        from vaco.llm.evaluation import answer
+
+        prompts, targets = self.data.test_set()
+        greedy = answer(
+            self.policy,
+            self.tokenizer,
+            prompts,
+            targets,
+            max_prompt_length=self.hparams.max_prompt_length,
+            max_new_tokens=self.hparams.eval_max_completion_length or self.hparams.max_completion_length,
+            stop_strings=self.stop_strings,
+            batch_size=self.hparams.eval_batch_size,
+            device=self.device,
+            autocast=self.autocast,
+        )
+        self.last_eval_accuracy = sum(greedy.rewards) / len(greedy.rewards)
+        return {
+            "eval/accuracy": self.last_eval_accuracy,
+            "eval/completion_length": sum(greedy.lengths) / len(greedy.lengths),
+        }
 
     def progress_fields(self, metrics: dict[str, float], step: int) -> dict[str, str]:
         """Optimiser steps done/total, the latest mean reward and eval accuracy."""
