@@ -242,6 +242,37 @@ def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path
     assert (params["algorithm"], params["N"], params["delta"]) == ("vaco_grpo", "2", "0.05")
 
 
+def test_sigterm_inside_a_generation_batch_stops_at_the_minibatch_boundary_and_resumes_exactly(
+    setting, tmp_path, mlflow_env, capsys
+):
+    """N = 4 minibatches per generation batch; SIGTERM arrives during optimiser step 6 (minibatch 2
+    of batch 2): the run stops after that minibatch with a checkpoint holding the batch, is marked
+    KILLED, and the resume trains minibatches 3-4 of that batch and the rest of the run: the final
+    policy equals an uninterrupted run's bit for bit and every step is logged once."""
+    args = ("--model.init_args.num_minibatches", "4", "--data.init_args.num_steps", "12")
+    main(fit_args(setting, tmp_path / "straight", *args, objective="vaco_grpo.yaml"))
+    stop = ("--trainer.callbacks+=helpers.signals.SignalAtStep", "--trainer.callbacks.step=6")
+    with pytest.raises(SystemExit) as stopped:
+        main(fit_args(setting, tmp_path / "stopped", *args, *stop, objective="vaco_grpo.yaml"))
+    assert stopped.value.code == 128 + 15
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    (ckpt,) = list((tmp_path / "stopped").glob("checkpoints/*/last.ckpt"))
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert int(saved["state_dict"]["version"]) == 1 and saved["vaco"]["pending"]["next"] == 2
+    run_id = saved["vaco"]["mlflow_run_id"]
+    client = mlflow.MlflowClient(tracking_uri=mlflow_env)
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/tv")) == [1, 2, 3, 4, 5, 6]
+
+    main(fit_args(setting, tmp_path / "stopped", *args, "--ckpt_path", str(ckpt), objective="vaco_grpo.yaml"))
+    straight, resumed = final_policy_state(tmp_path / "straight"), final_policy_state(tmp_path / "stopped")
+    for key in straight:
+        torch.testing.assert_close(straight[key], resumed[key], atol=0, rtol=0)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    for metric, steps in (("train/tv", list(range(1, 13))), ("time/generation_batch", [4, 8, 12])):
+        assert [m.step for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)] == steps
+
+
 def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env):
     """VACO-GRPO with a lagged second minibatch (N = 2): micro-batching changes nothing, because
     the TV filter tests the whole minibatch's TV, measured before the micro-batched backward."""

@@ -29,7 +29,8 @@ class IterationCheckpoint(ModelCheckpoint):
     SIGTERM or SIGUSR2 (:data:`STOP_SIGNALS`) stops the run at the next iteration boundary: the
     iteration in progress finishes, ``last.ckpt`` is written (atomically) and training ends;
     ``vaco fit`` then marks the MLflow run KILLED and exits with ``128 + signal``. A resume from
-    that checkpoint repeats no iteration. (The LLM track's iteration is a generation batch.)
+    that checkpoint repeats no iteration. (The LLM track's iteration is a generation batch of N
+    minibatches: it stops at the next minibatch boundary, its checkpoint holding the batch.)
 
     Writes are atomic and reads safe (:class:`vaco.checkpoint.SafeCheckpointIO`, installed on the
     trainer's strategy here). Lightning's own schedule counts optimiser steps, and with manual optimisation an iteration
@@ -75,7 +76,9 @@ class IterationCheckpoint(ModelCheckpoint):
         if self.stop_signal is None:  # Lightning's save_last at the end; a stopped run saved at its stop
             super().on_train_end(trainer, pl_module)
 
-    def _stop_requested(self, trainer) -> bool:
+    def stop_requested(self, trainer) -> bool:
+        """Whether a stop signal arrived (on any rank): a learner may stop inside its iteration at a
+        boundary of its own (the LLM track's minibatches), then this callback saves and stops."""
         asked = self._requested is not None
         if trainer.world_size > 1:  # every rank stops at the same iteration
             asked = trainer.strategy.reduce_boolean_decision(asked, all=False)
@@ -96,7 +99,7 @@ class IterationCheckpoint(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         iteration = int(pl_module.version)  # a vaco.learner.Learner: updates done
-        stop = self._stop_requested(trainer)
+        stop = self.stop_requested(trainer)
         due = self.every_n_iterations >= 1 and iteration % self.every_n_iterations == 0
         if (due or stop) and not self._should_skip_saving_checkpoint(trainer):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

@@ -189,6 +189,7 @@ class RLVRModule(Learner):
         self._generator_state: torch.Tensor | None = None
         self.initial_eval_accuracy = float("nan")
         self.last_eval_accuracy = float("nan")
+        self._pending: dict[str, Any] | None = None  # a generation batch stopped between minibatches
         self.compute_dtype: torch.dtype = torch.float32  # resolved for the device in on_fit_start
 
     # ------------------------------------------------------------------ construction
@@ -217,8 +218,9 @@ class RLVRModule(Learner):
         # float32 master weights whatever the compute dtype (see `dtype`)
         self.policy = load_causal_lm(path, "float32")
         self.policy.train()
-        if self.hparams.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
+        if self.hparams.gradient_checkpointing:  # transformers 5.x's name (gradient_checkpointing_enable goes in 6)
+            enable = getattr(self.policy, "activation_checkpointing_enable", None)
+            (enable or self.policy.gradient_checkpointing_enable)()
 
     def autocast(self):
         """The forward passes' precision context: ``torch.autocast`` in the compute dtype, or nothing in float32."""
@@ -301,25 +303,42 @@ class RLVRModule(Learner):
 
     # ------------------------------------------------------------------ the generation batch
     def training_step(self, dataloader_iter) -> None:
-        # pulled here, not prefetched: generation uses the policy as it is after the last update
-        prompt_batches, _, _ = next(dataloader_iter)
         data = self.data
-        start = time.perf_counter()
-        self.policy.eval()
-        minibatches = [self._rollout(batch) for batch in prompt_batches]
-        generate_seconds = time.perf_counter() - start
+        if self._pending is not None:  # resumed inside a generation batch: its remaining minibatches first
+            pending, self._pending = self._pending, None
+            minibatches = [_to_device(m, self.device) for m in pending["minibatches"]]
+            first, tvs = pending["next"], list(pending["tvs"])
+            generate_seconds, update_seconds = pending["generate_seconds"], pending["update_seconds"]
+        else:
+            # pulled here, not prefetched: generation uses the policy as it is after the last update
+            prompt_batches, _, _ = next(dataloader_iter)
+            start = time.perf_counter()
+            self.policy.eval()
+            minibatches = [self._rollout(batch) for batch in prompt_batches]
+            generate_seconds, update_seconds, first, tvs = time.perf_counter() - start, 0.0, 0, []
 
         # -- N optimiser steps, minibatch k trained k-1 steps after beta
         start = time.perf_counter()
         self.policy.train()
         steps_before = int(self.version) * self.num_minibatches
-        tvs = []
-        for k, minibatch in enumerate(minibatches):
-            metrics = self._train_minibatch(minibatch, k)
+        for k in range(first, len(minibatches)):
+            metrics = self._train_minibatch(minibatches[k], k)
             metrics["lag/steps_behind"] = k
             tvs.append(metrics["train/tv"])
             self.log_metrics(metrics, step=steps_before + k + 1)
-        update_seconds = time.perf_counter() - start
+            if k + 1 < len(minibatches) and self._stop_requested():
+                # SIGTERM/SIGUSR2 mid-batch: stop at this minibatch boundary; the checkpoint written
+                # now (IterationCheckpoint) holds the batch's minibatches, and a resume trains the rest
+                self._pending = {
+                    "minibatches": [_to_device(m, "cpu") for m in minibatches],
+                    "next": k + 1,
+                    "tvs": tvs,
+                    "generate_seconds": generate_seconds,
+                    "update_seconds": update_seconds + time.perf_counter() - start,
+                }
+                _uncount_this_batch(self.trainer)
+                return
+        update_seconds += time.perf_counter() - start
         self.version += 1
 
         # -- per generation batch
@@ -551,7 +570,15 @@ class RLVRModule(Learner):
             "initial_eval_accuracy": self.initial_eval_accuracy,
             "last_eval_accuracy": self.last_eval_accuracy,
             "num_steps": self.data.num_steps if self.data is not None else None,
+            # a run stopped inside a generation batch: the batch and how far its minibatches got
+            "pending": self._pending,
         }
+
+    def _stop_requested(self) -> bool:
+        """Whether SIGTERM/SIGUSR2 asked the run to stop (:class:`vaco.callbacks.IterationCheckpoint`)."""
+        callback = self._trainer.checkpoint_callback if self._trainer is not None else None
+        stop = getattr(callback, "stop_requested", None)
+        return bool(stop(self.trainer)) if stop is not None else False
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.configure_model()
@@ -565,6 +592,7 @@ class RLVRModule(Learner):
         self._generator_state = state["generator"]
         self.initial_eval_accuracy = state["initial_eval_accuracy"]
         self.last_eval_accuracy = state["last_eval_accuracy"]
+        self._pending = state.get("pending")
 
 
 def resolve_compute_dtype(dtype: str, device_type: str) -> torch.dtype:
@@ -580,6 +608,22 @@ def resolve_compute_dtype(dtype: str, device_type: str) -> torch.dtype:
         )
         return torch.float32
     return torch.bfloat16
+
+
+def _uncount_this_batch(trainer) -> None:
+    """Lightning counts a training-step call as one batch of its epoch (the epoch ends after
+    ``len(stream)`` calls). A generation batch stopped between its minibatches is finished by the
+    first call after the resume, which pulls nothing: so the stopped call does not count, and the
+    checkpoint's loop state is that of the batch before it."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    for tracker in (progress.current, progress.total):
+        tracker.ready -= 1
+        tracker.started -= 1
+
+
+def _to_device(minibatch: dict[str, Any], device) -> dict[str, Any]:
+    """A minibatch's tensors on ``device`` (its plain values as they are)."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in minibatch.items()}
 
 
 _SEQUENCE_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "behavior_log_prob", "advantage")

@@ -1,0 +1,21 @@
+"""A Lightning callback that sends this process a signal before a given optimiser step: a
+preemption at a chosen point, for tests (``--trainer.callbacks+=helpers.signals.SignalAtStep``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from lightning.pytorch.callbacks import Callback
+
+
+class SignalAtStep(Callback):
+    """Send ``signum`` (default SIGTERM) to this process just before optimiser step ``step`` (1-based)."""
+
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM)) -> None:
+        self.step, self.signum, self.seen = step, signum, 0
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.seen += 1
+        if self.seen == self.step:
+            os.kill(os.getpid(), self.signum)
