@@ -65,6 +65,7 @@ notebook: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/study_cell.py
 	$(BIN)/python benchmarks/profile_update.py --algorithm vaco --num-envs 500 --num-steps 1000 --iterations 2 --no-profile --device cpu
 	@if $(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
 		$(BIN)/python benchmarks/profile_update.py --algorithm vaco --num-envs 500 --num-steps 1000 --iterations 2 --no-profile --device cuda; \

@@ -285,3 +285,43 @@ def test_an_interrupted_sweep_resumes_its_cell_and_skips_the_finished_one(tmp_pa
     sweep = S.load_sweep(TINY, str(s.out))
     cells = [c for c in S.expand(sweep) if c.id in (FIRST, SECOND)]
     assert set(S.plan(sweep, cells, s.uri).values()) == {"finished"}
+
+
+def test_cells_forked_by_the_zygote_compute_exactly_what_subprocesses_do(tmp_path):
+    """A local sweep forks its cells from a preloaded zygote (vaco.sweep.zygote) instead of
+    starting an interpreter per cell: the same cell gives the same metrics, bit for bit, as with
+    VACO_SWEEP_ZYGOTE=0, and no zygote or cell process outlives the sweep."""
+    import os
+    import subprocess
+
+    import mlflow
+
+    from helpers.runs import VACO, metric_histories
+
+    histories = {}
+    for mode in ("1", "0"):
+        root = tmp_path / f"zygote{mode}"
+        root.mkdir()
+        uri = f"sqlite:///{root / 'mlflow.db'}"
+        out = subprocess.run(
+            [VACO, "sweep", "--config", str(TINY), "--out", str(root / "out"), "--only", FIRST],
+            cwd=root,
+            env=dict(os.environ, MLFLOW_TRACKING_URI=uri, VACO_SWEEP_ZYGOTE=mode, OMP_NUM_THREADS="1"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "cells start as subprocesses" not in out.stdout  # the zygote did start where asked
+        client = mlflow.MlflowClient(uri)
+        experiment = client.get_experiment_by_name("vaco-tiny").experiment_id
+        (run,) = client.search_runs([experiment], filter_string=f"tags.`vaco.sweep.cell` = '{FIRST}'")
+        histories[mode] = {
+            key: values
+            for key, values in metric_histories(uri, run.info.run_id).items()
+            if not key.startswith(("perf/", "time/"))
+        }
+        assert run.info.status == "FINISHED" and "train/tv" in histories[mode]
+    assert histories["1"] == histories["0"]
+    leftovers = subprocess.run(["pgrep", "-f", "vaco.sweep.zygote"], capture_output=True, text=True).stdout.split()
+    assert not leftovers, leftovers

@@ -130,7 +130,9 @@ def _hms(seconds: float) -> str:
 class LocalLauncher:
     """Runs cells as subprocesses, ``jobs`` at a time; SIGINT/SIGTERM stop it cleanly."""
 
-    def __init__(self, sweep: Sweep, tracking_uri: str, jobs: int, grace: float, status_every: float):
+    def __init__(
+        self, sweep: Sweep, tracking_uri: str, jobs: int, grace: float, status_every: float, zygote=None
+    ) -> None:
         import mlflow
 
         self.sweep, self.uri, self.jobs, self.grace = sweep, tracking_uri, jobs, grace
@@ -141,6 +143,7 @@ class LocalLauncher:
         self.failed: list[Cell] = []
         self.stop_requested = 0
         self.total = 0
+        self.zygote = zygote  # the preloaded process that forks the cells (vaco.sweep.zygote)
 
     def _on_signal(self, signum, _frame) -> None:
         self.stop_requested += 1
@@ -155,6 +158,7 @@ class LocalLauncher:
         self.total = len(cells)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         last_status = time.monotonic()
+        self.zygote = self._start_zygote()
         try:
             while (pending or self.running) and not self.stop_requested:
                 while pending and len(self.running) < self.jobs and not self.stop_requested:
@@ -169,6 +173,9 @@ class LocalLauncher:
         finally:
             if self.running:
                 self._stop_all()
+            if self.zygote is not None:
+                self.zygote.close()
+                self.zygote = None
             for s, handler in old.items():
                 signal.signal(s, handler)
         if self.stop_requested:
@@ -189,6 +196,12 @@ class LocalLauncher:
         log = cell_dir / "train.log"
         with open(log, "a") as fh:
             _log_header(fh, command)
+        if self.zygote is not None and self.zygote.alive():  # `vaco fit` without its imports
+            proc = self.zygote.start(command[3:], os.getcwd(), cell_env(self.uri), str(log))
+            self.running[cell.id] = _Job(cell, proc, log, time.monotonic(), resumed)
+            say(f"start  {cell.id}{' (resume from checkpoint)' if resumed else ''}   [{self._status(None)}]")
+            return
+        with open(log, "a") as fh:
             proc = subprocess.Popen(
                 command,
                 stdout=fh,
@@ -200,6 +213,27 @@ class LocalLauncher:
             )
         self.running[cell.id] = _Job(cell, proc, log, time.monotonic(), resumed)
         say(f"start  {cell.id}{' (resume from checkpoint)' if resumed else ''}   [{self._status(None)}]")
+
+    def _start_zygote(self):
+        """The sweep's zygote (:mod:`vaco.sweep.zygote`; the one started early if given), unless
+        ``VACO_SWEEP_ZYGOTE=0`` or it cannot start (then every cell is a plain subprocess: it
+        computes the same)."""
+        zygote, self.zygote = self.zygote, None
+        if os.environ.get("VACO_SWEEP_ZYGOTE", "1") == "0" or sys.platform != "linux":
+            if zygote is not None:
+                zygote.close()
+            return None
+        from vaco.sweep.zygote import Zygote
+
+        try:
+            zygote = zygote or Zygote(cell_env(self.uri), wait=False)
+            zygote.wait_ready()
+            return zygote
+        except (RuntimeError, OSError) as err:
+            if zygote is not None:
+                zygote.close()
+            say(f"cells start as subprocesses ({err})")
+            return None
 
     def _close_stale_runs(self, cell: Cell) -> None:
         """A cell that starts afresh marks its earlier runs that never ended (killed before their

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import os
 import sys
 
 from vaco.sweep.grid import Cell, Sweep, expand
@@ -79,20 +80,47 @@ class _Plan:
     uri: str
     runner: object | None  # the SLURM or Ray launcher (checked early); None for local, and Ray's --dry-run/--status
     states: dict[str, str]
+    zygote: object | None = None  # the local launcher's zygote, started before the plan
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # a local sweep's zygote imports torch & co. on the other core while this process checks the plan
+    zygote = _early_zygote(args)
     try:
-        p = _plan(args)
-    except (SweepError, RuntimeError) as err:
-        print(f"vaco sweep: {err}", file=sys.stderr)
-        return 2
-    _say_plan(p, args)
-    if args.dry_run or args.status:
-        _list_cells(p, args)
-        return 0
-    return _run(p, args)
+        try:
+            p = _plan(args)
+        except (SweepError, RuntimeError) as err:
+            print(f"vaco sweep: {err}", file=sys.stderr)
+            return 2
+        _say_plan(p, args)
+        if args.dry_run or args.status:
+            _list_cells(p, args)
+            return 0
+        if p.launcher != "local" and zygote is not None:
+            zygote.close()
+            zygote = None
+        p.zygote, zygote = zygote, None  # the launcher closes it
+        return _run(p, args)
+    finally:
+        if zygote is not None:
+            zygote.close()
+
+
+def _early_zygote(args):
+    """Start the local launcher's zygote (:mod:`vaco.sweep.zygote`) now, if this is a local run."""
+    if args.dry_run or args.status or args.launcher not in (None, "local"):
+        return None
+    if os.environ.get("VACO_SWEEP_ZYGOTE", "1") == "0" or sys.platform != "linux":
+        return None
+    from vaco.sweep.launchers import cell_env
+    from vaco.sweep.zygote import Zygote
+    from vaco.tracking import tracking_uri
+
+    try:
+        return Zygote(cell_env(tracking_uri()), wait=False)
+    except OSError:
+        return None
 
 
 def _plan(args) -> _Plan:
@@ -216,7 +244,9 @@ def _run(p: _Plan, args) -> int:
         if launcher == "local":
             from vaco.sweep.launchers import LocalLauncher
 
-            rc = LocalLauncher(sweep, uri, args.jobs or sweep.jobs, args.grace, args.status_every).run(todo)
+            rc = LocalLauncher(sweep, uri, args.jobs or sweep.jobs, args.grace, args.status_every, zygote=p.zygote).run(
+                todo
+            )
         elif launcher == "slurm":
             rc = runner.launch(todo, wait=args.wait or args.slurm_executor == "local")
             if rc == 0 and not (args.wait or args.slurm_executor == "local"):
