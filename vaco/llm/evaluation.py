@@ -103,9 +103,8 @@ def evaluate_checkpoint(
     at ``temperature``. The base model's files (tokenizer, config) come from the run's
     ``model_path``; the weights from the checkpoint. Raises ``ValueError`` naming the field."""
     from vaco.llm.data import GSM8kDataModule
-    from vaco.llm.policy import check_model_dir, load_causal_lm, load_tokenizer
+    from vaco.llm.policy import check_model_dir, load_causal_lm, load_tokenizer, resolve_compute_dtype
     from vaco.llm.reward import STOP_STRINGS
-    from vaco.llm.rlvr_module import resolve_compute_dtype
 
     hparams = ckpt["hyper_parameters"]
     data_hparams = {k: v for k, v in ckpt.get("datamodule_hyper_parameters", {}).items() if not k.startswith("_")}

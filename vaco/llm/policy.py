@@ -10,6 +10,7 @@ sampled from, so the learner's ``log_prob`` and the stored ``behavior_log_prob``
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -23,6 +24,7 @@ __all__ = [
     "generate",
     "completion_log_probs",
     "cut_at_stop_strings",
+    "resolve_compute_dtype",
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -40,6 +42,21 @@ def check_model_dir(path: str, field: str) -> None:
         )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"`{field}`: {path!r} has no config.json, so it is not a saved transformers model")
+
+
+def resolve_compute_dtype(dtype: str, device_type: str) -> torch.dtype:
+    """The forward passes' dtype for ``model.dtype`` on a device: bfloat16 falls back to float32 on a CPU, with a warning."""
+    if dtype == "float32":
+        return torch.float32
+    if device_type == "cpu":
+        warnings.warn(
+            "`model.dtype: bfloat16` on a CPU: computing in float32 instead (bfloat16 matmuls on a CPU are many "
+            "times slower; one generation batch of a 135M model did not finish in 7.5 min). The weights are "
+            "float32 either way.",
+            stacklevel=2,
+        )
+        return torch.float32
+    return torch.bfloat16
 
 
 def load_tokenizer(path: str):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import warnings
 from typing import Any, ClassVar
 
 import torch
@@ -38,6 +37,7 @@ from vaco.llm.policy import (
     generate,
     load_causal_lm,
     load_tokenizer,
+    resolve_compute_dtype,
 )
 from vaco.llm.reward import STOP_STRINGS, gsm8k_reward
 from vaco.objectives import Objective, PPOClip, TVFilter
@@ -593,21 +593,6 @@ class RLVRModule(Learner):
         self.initial_eval_accuracy = state["initial_eval_accuracy"]
         self.last_eval_accuracy = state["last_eval_accuracy"]
         self._pending = state.get("pending")
-
-
-def resolve_compute_dtype(dtype: str, device_type: str) -> torch.dtype:
-    """The forward passes' dtype for ``model.dtype`` on a device: bfloat16 falls back to float32 on a CPU, with a warning."""
-    if dtype == "float32":
-        return torch.float32
-    if device_type == "cpu":
-        warnings.warn(
-            "`model.dtype: bfloat16` on a CPU: computing in float32 instead (bfloat16 matmuls on a CPU are many "
-            "times slower; one generation batch of a 135M model did not finish in 7.5 min). The weights are "
-            "float32 either way.",
-            stacklevel=2,
-        )
-        return torch.float32
-    return torch.bfloat16
 
 
 def _uncount_this_batch(trainer) -> None:
