@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.temperature > 0:
         parser.error("`--temperature` must be > 0")
     try:
+        if args.video:  # before anything is loaded: a missing writer costs nothing
+            check_video_writer(args.video)
         from vaco.checkpoint import load_checkpoint
         from vaco.llm.evaluation import is_llm_checkpoint
 
@@ -109,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vaco evaluate: error: {err}", file=sys.stderr)
         return 2
     try:
-        if args.video:
-            check_video_writer(args.video)
         import torch
 
         torch.set_num_threads(1)
