@@ -93,9 +93,20 @@ def test_the_doc_objective_and_advantage_train_from_the_users_directory(project)
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
     params = {r.data.params["algorithm"]: r.data.params for r in runs}
+    # named by the class's own `names` (the doc's YAML sets no algorithm_name)
+    assert "algorithm_name" not in (root / "clipped_is.yaml").read_text()
     assert params["clipped_is"]["objective"] == "ClippedIS" and params["clipped_is"]["objective.truncation"] == "2.0"
+    assert params["clipped_is"]["realigned"] == "False" and params["clipped_is"]["variant_of"] == "None"
     assert params["ppo_td0"]["advantage_estimator"] == "TD0"
     assert all(r.info.status == "FINISHED" for r in runs)
+    # ... and the report lists it (alphabetically after the paper's algorithms) as a main algorithm:
+    # it is on the scale (0 or 1 with one run per task) and not among the variants
+    out = _run([VACO, "report", "--experiment", "vaco", "--out", str(root / "report")], root, uri)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = (root / "report" / "summary.md").read_text()
+    assert "| clipped_is | 1 | ClippedIS |" in summary and "| ppo_td0 | 1 | PPOClip |" in summary
+    assert summary.index("| clipped_is | 1 | ClippedIS |") < summary.index("| ppo_td0 | 1 | PPOClip |")
+    assert "ablation and control variants (none here)" in summary
 
 
 def test_the_doc_objective_validates_its_field(project):

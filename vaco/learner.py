@@ -30,6 +30,7 @@ import torch
 
 from vaco._moved import current_path
 from vaco.objectives import Objective
+from vaco.tracking import VARIANT_PARAM
 
 __all__ = ["Learner", "NonFiniteLossError", "plain_fields", "same_run_problem"]
 
@@ -38,13 +39,19 @@ class NonFiniteLossError(FloatingPointError):
     """A loss became NaN or inf; the run stops before the optimiser applies it."""
 
 
-def plain_fields(module: torch.nn.Module) -> dict[str, Any]:
-    """A module's public scalar settings (an objective's ``delta``, an advantage's ``gamma``, ...)."""
-    return {
+def plain_fields(module: torch.nn.Module, buffers: bool = False) -> dict[str, Any]:
+    """A module's public scalar settings (an objective's ``delta``, an advantage's ``gamma``, ...)
+    and, with ``buffers``, its public scalar buffers as floats (PPO-KL's adaptive ``kl_coef``, logged
+    as its value at the start: state, not part of a run's definition)."""
+    out = {
         key: value
         for key, value in vars(module).items()
         if not key.startswith("_") and key != "training" and isinstance(value, (int, float, str, bool))
     }
+    for key, value in module.named_buffers(recurse=False) if buffers else ():
+        if not key.startswith("_") and value.numel() == 1 and value.is_floating_point():
+            out[key] = float(value)
+    return out
 
 
 def class_path(obj: object) -> str:
@@ -72,17 +79,21 @@ class Learner(L.LightningModule, ABC):
     #: how the score is printed at the end of ``vaco fit``
     score_format: ClassVar[str] = ".1f"
     #: hyperparameters a resumed run may change (every other one defines the run)
-    resumable_hparams: ClassVar[tuple[str, ...]] = ("algorithm_name",)
+    resumable_hparams: ClassVar[tuple[str, ...]] = ("algorithm_name", "variant_of")
     #: ``vaco evaluate`` can run this learner's checkpoints (MuJoCo policies)
     evaluable: ClassVar[bool] = False
 
-    def __init__(self, objective: Objective, algorithm: str) -> None:
+    def __init__(self, objective: Objective, algorithm: str, variant_of: str | None = None) -> None:
         super().__init__()
         if not isinstance(objective, Objective):
             raise TypeError(f"`model.objective` must be a vaco.objectives.Objective, got {type(objective).__name__}")
+        if variant_of is not None and not (isinstance(variant_of, str) and variant_of.strip()):
+            raise ValueError(f"`model.variant_of` must be an algorithm name or null, got {variant_of!r}")
         self.automatic_optimization = False  # epochs x minibatches (or N minibatches) inside one step
         self.objective = objective
         self.algorithm = algorithm
+        # an ablation or control of another algorithm (the report keeps it out of a task's min and max)
+        self.variant_of = variant_of or objective.variants.get(algorithm)
         self.register_buffer("version", torch.zeros((), dtype=torch.long))
         self.data = None
         self.progress: dict[str, str] = {}
@@ -157,9 +168,18 @@ class Learner(L.LightningModule, ABC):
         data.bind(self)
         self.data = data
 
+    @property
+    def hparams_initial(self):
+        """The init args Lightning logs as params, with ``variant_of`` as resolved (the objective's
+        declaration where the config gives none), so the run has one value for it."""
+        hparams = super().hparams_initial
+        if "variant_of" in hparams:
+            hparams["variant_of"] = self.variant_of
+        return hparams
+
     def log_run_params(self) -> None:
         if self.logger is not None and self.global_rank == 0:
-            self.logger.log_hyperparams(self.run_params())
+            self.logger.log_hyperparams({**self.run_params(), VARIANT_PARAM: self.variant_of})
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Log ``metrics`` at ``step`` (rank 0) and update the progress shown beside the bar."""

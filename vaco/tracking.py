@@ -57,6 +57,8 @@ _DB_SCHEMES = ("postgresql", "mysql", "mssql")
 AXES_PARAM = "axes"  # the comma-separated names of the swept arguments the run's modules declare
 FRACTION_PARAM = "fraction_metric"  # the metric that says how much the surrogate intervened
 SCORE_PARAM = "score_metric"  # the metric a run is scored by (eval/return; the LLM track's eval/accuracy)
+VARIANT_PARAM = "variant_of"  # the algorithm a run ablates or controls for (``model.variant_of``), or None
+REALIGNED_PARAM = "realigned"  # True where the advantage module realigns (estimates pi_T's advantage)
 PAPER_AXES = ("delta", "rho_bar")  # what a run logged before AXES_PARAM existed
 
 

@@ -26,15 +26,15 @@ import torch
 from tensordict import TensorDictBase
 
 from vaco._checks import NonFiniteInputError
-from vaco.advantages import AdvantageModule, VTrace
+from vaco.advantages import AdvantageModule
 from vaco.checkpoint import reopen_finished_epoch
 from vaco.data.episodes import learner_policy
 from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
-from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
-from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, SCORE_PARAM, declared_axes
+from vaco.objectives import Objective
+from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, REALIGNED_PARAM, SCORE_PARAM, declared_axes
 
 __all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name", "plain_fields"]
 
@@ -43,17 +43,8 @@ _CHUNK = 65_536
 
 
 def default_algorithm_name(objective: Objective, advantage: AdvantageModule) -> str:
-    """The paper's name for an (objective, advantage) pair, or ``Objective+Advantage``."""
-    realigned = isinstance(advantage, VTrace)
-    known = {
-        (PPOClip, False): "ppo_clip",
-        (PPOKL, False): "ppo_kl",
-        (SPO, False): "spo",
-        (IMPALA, True): "impala",
-        (TVFilter, True): "vaco",
-        (TVFilter, False): "vaco_no_realign",
-    }
-    return known.get((type(objective), realigned), f"{type(objective).__name__}+{type(advantage).__name__}")
+    """The pair's name as the objective declares it (``Objective.names``), or ``Objective+Advantage``."""
+    return objective.algorithm_name(advantage.family, type(advantage).__name__)
 
 
 class VacoModule(Learner):
@@ -70,8 +61,12 @@ class VacoModule(Learner):
         max_grad_norm: global gradient-norm clip (CleanRL: 0.5).
         hidden_sizes: widths of the actor's and critic's tanh MLPs (CleanRL: 64, 64).
         normalize_observation: normalise observations with running statistics (CleanRL: true).
-        algorithm_name: the ``algorithm`` param recorded in MLflow; by default derived from the
-            modules (``vaco``, ``vaco_no_realign``, ``ppo_clip``, ``ppo_kl``, ``spo``, ``impala``).
+        algorithm_name: the ``algorithm`` param recorded in MLflow; by default the name the objective
+            declares for its advantage's family (``Objective.names``: ``vaco``, ``vaco_no_realign``,
+            ``ppo_clip``, ``ppo_kl``, ``spo``, ``impala``), else ``Objective+Advantage``.
+        variant_of: the algorithm this run is an ablation or control of (``ppo_clip_tv_matched``:
+            ``ppo_clip``); the report keeps variants out of a task's min and max. By default what
+            the objective declares (``Objective.variants``: ``vaco_no_realign`` is one of ``vaco``).
         env_spec: filled in from the data module on the first fit and kept in checkpoints.
     """
 
@@ -80,7 +75,7 @@ class VacoModule(Learner):
     #: the metric a run is scored by (the report's final score)
     score_metric: ClassVar[str] = "eval/return"
     #: filled in from the data module (env_spec) or derived (algorithm_name): not the run's definition
-    resumable_hparams: ClassVar[tuple[str, ...]] = ("env_spec", "algorithm_name")
+    resumable_hparams: ClassVar[tuple[str, ...]] = ("env_spec", "algorithm_name", "variant_of")
     evaluable: ClassVar[bool] = True
 
     def __init__(
@@ -96,9 +91,10 @@ class VacoModule(Learner):
         hidden_sizes: Sequence[int] = (64, 64),
         normalize_observation: bool = True,
         algorithm_name: str | None = None,
+        variant_of: str | None = None,
         env_spec: dict | None = None,
     ) -> None:
-        super().__init__(objective, algorithm_name or default_algorithm_name(objective, advantage))
+        super().__init__(objective, algorithm_name or default_algorithm_name(objective, advantage), variant_of)
         if not isinstance(advantage, AdvantageModule):
             raise TypeError(
                 f"`model.advantage` must be a vaco.advantages.AdvantageModule, got {type(advantage).__name__}"
@@ -110,16 +106,17 @@ class VacoModule(Learner):
             raise ValueError(f"`model.lr` must be > 0, got {lr!r}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"`model.max_grad_norm` must be > 0 or null, got {max_grad_norm!r}")
-        if objective.reestimate_advantage and not isinstance(advantage, VTrace):
+        if objective.reestimate_advantage and not advantage.realigns:
             raise ValueError(
-                f"`model.advantage`: {type(objective).__name__} re-estimates V-trace every step and needs "
-                f"vaco.advantages.VTrace, got {type(advantage).__name__}"
+                f"`model.advantage`: {type(objective).__name__} re-estimates the realigned advantage every step "
+                f"and needs a realigning module such as vaco.advantages.VTrace, got {type(advantage).__name__}"
             )
-        if isinstance(objective, IMPALA) and objective.rho_bar != advantage.rho_bar:
-            raise ValueError(
-                f"`model.objective.init_args.rho_bar` ({objective.rho_bar}) must equal "
-                f"`model.advantage.init_args.rho_bar` ({advantage.rho_bar})"
-            )
+        for axis in objective.sweep_axes.keys() & advantage.sweep_axes.keys():  # one value, two modules
+            if getattr(objective, axis) != getattr(advantage, axis):
+                raise ValueError(
+                    f"`model.objective.init_args.{axis}` ({getattr(objective, axis)}) must equal "
+                    f"`model.advantage.init_args.{axis}` ({getattr(advantage, axis)})"
+                )
         self.save_hyperparameters(ignore=["objective", "advantage"])
         self.advantage = advantage
         self.actor: GaussianActor | None = None
@@ -215,6 +212,7 @@ class VacoModule(Learner):
             "algorithm": self.algorithm,
             "objective": type(self.objective).__name__,
             "advantage_estimator": type(self.advantage).__name__,
+            REALIGNED_PARAM: self.advantage.realigns,
             "env": data.env_id,
             "K": data.policy_buffer_size,
             "seed": data.seed,
@@ -228,10 +226,8 @@ class VacoModule(Learner):
             "lambda": getattr(self.advantage, "lmbda", None),
         }
         for prefix, module in (("objective", self.objective), ("advantage_module", self.advantage)):
-            for key, value in plain_fields(module).items():
+            for key, value in plain_fields(module, buffers=True).items():
                 params[f"{prefix}.{key}"] = value
-        if isinstance(self.objective, PPOKL):
-            params["objective.kl_coef"] = float(self.objective.kl_coef)
         return params
 
     # ------------------------------------------------------------------ the iteration

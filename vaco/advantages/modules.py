@@ -40,11 +40,19 @@ def _get(td: TensorDictBase, key) -> torch.Tensor:
 class AdvantageModule(nn.Module):
     """Base of the advantage modules. Subclasses implement :meth:`estimate`.
 
-    ``needs_log_prob`` tells the training loop to evaluate the learner's ``log_prob`` on the
-    stored actions before calling the module (V-trace needs pi/beta, GAE does not).
+    A module describes itself to the learner, the sweep and the report with class attributes, so
+    that none of them names a concrete module:
     """
 
-    needs_log_prob: bool = False
+    #: the family that names the algorithm an objective makes with this module (see
+    #: :attr:`vaco.objectives.Objective.names`): ``"gae"`` (behaviour-policy advantage), ``"vtrace"``
+    #: (realigned to the learner). A subclass inherits its parent's family.
+    family: ClassVar[str] = ""
+    #: it estimates the advantage of the learner pi_T from behaviour data (advantage realignment)
+    realigns: ClassVar[bool] = False
+    #: the class path a sweep's ``realign`` axis swaps this module for (the same estimator with
+    #: realignment switched), or ``None`` where there is none
+    realign_twin: ClassVar[str | None] = None
     #: the arguments a sweep may vary, with their short labels in run ids (see
     #: :attr:`vaco.objectives.Objective.sweep_axes`)
     sweep_axes: ClassVar[dict[str, str]] = {}
@@ -80,6 +88,9 @@ class GAE(AdvantageModule):
         lmbda: GAE lambda (CleanRL: 0.95).
     """
 
+    family = "gae"
+    realign_twin = "vaco.advantages.VTrace"
+
     def __init__(self, gamma: float = 0.99, lmbda: float = 0.95) -> None:
         super().__init__(gamma)
         _checks.in_closed_interval(0.0, 1.0, lmbda=lmbda)
@@ -105,7 +116,9 @@ class VTrace(AdvantageModule):
         c_bar: truncation of the trace coefficients.
     """
 
-    needs_log_prob = True
+    family = "vtrace"
+    realigns = True
+    realign_twin = "vaco.advantages.GAE"
     sweep_axes = {"rho_bar": "rho"}
 
     def __init__(self, gamma: float = 0.99, lmbda: float = 0.95, rho_bar: float = 1.0, c_bar: float = 1.0) -> None:

@@ -40,7 +40,7 @@ from vaco.llm.policy import (
     resolve_compute_dtype,
 )
 from vaco.llm.reward import STOP_STRINGS, gsm8k_reward
-from vaco.objectives import Objective, PPOClip, TVFilter
+from vaco.objectives import Objective
 from vaco.objectives.objective_math import total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
 
@@ -48,7 +48,8 @@ __all__ = ["RLVRModule"]
 
 
 def _algorithm_name(objective: Objective) -> str:
-    return {PPOClip: "grpo", TVFilter: "vaco_grpo"}.get(type(objective), type(objective).__name__)
+    """The objective's name with the group-relative advantage (``grpo``, ``vaco_grpo``)."""
+    return objective.algorithm_name("group")
 
 
 def _positive_int(name: str, value: Any, low: int = 1) -> None:
@@ -101,8 +102,9 @@ class RLVRModule(Learner):
             :data:`vaco.llm.reward.STOP_STRINGS`: a new ``Question:`` and chat templates' end
             markers): the tokens after it are neither trained on nor scored, and the answer is read
             from the text before it (``####``-marked, else the last number). ``[]``: EOS only.
-        algorithm_name: the ``algorithm`` MLflow param; default ``grpo`` for PPOClip,
-            ``vaco_grpo`` for TVFilter.
+        algorithm_name: the ``algorithm`` MLflow param; by default the name the objective declares
+            for the group-relative advantage (``grpo`` for PPOClip, ``vaco_grpo`` for TVFilter).
+        variant_of: the algorithm this run is an ablation or control of (see ``VacoModule``).
     """
 
     #: the config key a sweep's ``K`` axis sets: N minibatches per generation batch (the lag)
@@ -113,6 +115,7 @@ class RLVRModule(Learner):
     #: hyperparameters a resumed run may change: evaluation, and the run's label
     resumable_hparams: ClassVar[tuple[str, ...]] = (
         "algorithm_name",
+        "variant_of",
         "dtype",  # the compute dtype: the weights are float32 either way
         "eval_batch_size",
         "eval_max_completion_length",
@@ -142,8 +145,9 @@ class RLVRModule(Learner):
         rescore_behavior: bool = True,
         stop_strings: list[str] | None = None,
         algorithm_name: str | None = None,
+        variant_of: str | None = None,
     ) -> None:
-        super().__init__(objective, algorithm_name or _algorithm_name(objective))
+        super().__init__(objective, algorithm_name or _algorithm_name(objective), variant_of)
         if objective.reestimate_advantage:
             raise ValueError(
                 f"`model.objective`: {type(objective).__name__} re-estimates V-trace with a critic; RLVR has none"
@@ -284,7 +288,7 @@ class RLVRModule(Learner):
             FRACTION_PARAM: f"train/{self.objective.fraction_metric}",
             SCORE_PARAM: self.score_metric,
         }
-        for key, value in plain_fields(self.objective).items():
+        for key, value in plain_fields(self.objective, buffers=True).items():
             params[f"objective.{key}"] = value
         return params
 
@@ -479,7 +483,7 @@ class RLVRModule(Learner):
         total_tokens = mb["completion_mask"].sum().clamp(min=1)
         entropy_grad = self.objective.entropy_coef > 0 and not self.objective.entropy_in_surrogate
         minibatch_tv = None
-        if micro < B and isinstance(self.objective, TVFilter):
+        if micro < B and self.objective.needs_minibatch_tv:
             # the filter's test is on the minibatch's TV (one optimiser step), not each micro-batch's
             minibatch_tv = total_variation(self._score(mb) - mb["behavior_log_prob"], mb["completion_mask"])
         sums: dict[str, torch.Tensor] = {}

@@ -64,6 +64,31 @@ class Objective(nn.Module):
     #: the per-batch fraction that says how much this surrogate intervened, as the report
     #: shows it: ``clip_fraction`` (a clip) or ``filter_fraction`` (the TV filter)
     fraction_metric: ClassVar[str] = "clip_fraction"
+    #: the algorithm's name with each advantage family it is used with (the advantage module's
+    #: ``family``: ``"gae"``, ``"vtrace"``, the LLM track's ``"group"``), e.g. TV filter + V-trace is
+    #: ``"vaco"``. It is the run's ``algorithm`` param, its label in sweeps and its name in the report.
+    #: Not inherited: a subclass is another algorithm until it names itself; an unnamed pair is
+    #: ``"<Objective>+<Advantage>"``.
+    names: ClassVar[dict[str, str]] = {}
+    #: names in :attr:`names` that are ablations of another algorithm (name -> that algorithm's
+    #: name): the run logs it as ``variant_of`` and the report keeps it out of a task's min and max
+    variants: ClassVar[dict[str, str]] = {}
+    #: the surrogate's test uses the whole minibatch's TV (the TV filter): a learner that splits a
+    #: minibatch into micro-batches must compute that TV over the minibatch and pass it as ``minibatch_tv``
+    needs_minibatch_tv: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for attribute in ("names", "variants"):  # a subclass names itself or goes by its class name
+            if attribute not in vars(cls):
+                setattr(cls, attribute, {})
+
+    @classmethod
+    def algorithm_name(cls, family: str, advantage_name: str | None = None) -> str:
+        """The run's algorithm name with an advantage of ``family`` (class ``advantage_name``, left
+        out of the fallback where the learner has one advantage only)."""
+        fallback = f"{cls.__name__}+{advantage_name}" if advantage_name else cls.__name__
+        return cls.names.get(family) or fallback
 
     def __init__(
         self,

@@ -22,6 +22,8 @@ class PPOClip(Objective):
     strictly the minimum), the quantity comparable with the TV filter's ``filter_fraction``.
     """
 
+    names = {"gae": "ppo_clip", "group": "grpo"}  # GRPO: with the group-relative advantage
+
     def __init__(self, clip_epsilon: float = 0.2, clip_epsilon_high: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         clip_epsilon_high = clip_epsilon if clip_epsilon_high is None else clip_epsilon_high

@@ -21,6 +21,7 @@ class IMPALA(Objective):
     """
 
     reestimate_advantage = True
+    names = {"vtrace": "impala"}
     sweep_axes = {"rho_bar": "rho"}  # varied with the V-trace module's: a sweep sets both
 
     def __init__(self, rho_bar: float = 1.0, **kwargs) -> None:

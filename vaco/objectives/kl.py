@@ -25,6 +25,8 @@ class PPOKL(PPOClip):
     Reports ``kl``, the per-minibatch mean of the analytic KL.
     """
 
+    names = {"gae": "ppo_kl"}
+
     def __init__(self, kl_coef: float = 1.0, target_kl: float | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         if not (kl_coef >= 0):

@@ -17,6 +17,8 @@ class SPO(Objective):
         epsilon: SPO's trust-region size (0.2).
     """
 
+    names = {"gae": "spo"}
+
     def __init__(self, epsilon: float = 0.2, **kwargs) -> None:
         super().__init__(**kwargs)
         _checks.positive(epsilon=epsilon)

@@ -39,6 +39,9 @@ class TVFilter(Objective):
     entropy_in_surrogate = True
     sweep_axes = {"delta": "delta"}
     fraction_metric = "filter_fraction"
+    names = {"vtrace": "vaco", "gae": "vaco_no_realign", "group": "vaco_grpo"}
+    variants = {"vaco_no_realign": "vaco"}  # the realignment ablation
+    needs_minibatch_tv = True
 
     def __init__(self, delta: float = 0.2, sign_test: Literal["exact", "paper"] = "exact", **kwargs) -> None:
         super().__init__(**kwargs)

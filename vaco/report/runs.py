@@ -28,8 +28,10 @@ import numpy as np
 from vaco.tracking import (
     FRACTION_PARAM,
     PARENT_TAG,
+    REALIGNED_PARAM,
     REPORT_TAG,
     SCORE_PARAM,
+    VARIANT_PARAM,
     redact_uri,
     run_axes,
     search_all_runs,
@@ -63,10 +65,12 @@ _COLUMNS = (
     "fraction_metric",
     "score_metric",
     "axes",
+    "variant_of",
     "metric",
     "step",
     "value",
 )
+_OPTIONAL = ("variant_of",)  # columns a file saved by an older vaco lacks
 
 
 @dataclasses.dataclass
@@ -87,6 +91,7 @@ class Run:
     start_time: int = 0
     fraction_metric: str = ""  # the objective's intervention fraction, e.g. "train/filter_fraction"
     score_metric: str = "eval/return"  # what the run is scored by (the LLM track: eval/accuracy)
+    variant_of: str | None = None  # the algorithm this run ablates or controls for (its `variant_of` param)
 
     @property
     def delta(self) -> float | None:
@@ -183,15 +188,25 @@ def load_runs(experiment: str, uri: str | None = None, include_unfinished: bool 
                 K=int(p["K"]),
                 seed=int(p["seed"]),
                 axes={a: _number(p.get(a)) for a in run_axes(p)},
-                realign=p.get("advantage_estimator") == "VTrace",
+                realign=p.get(REALIGNED_PARAM) == "True",
                 objective=p.get("objective", ""),
                 histories=histories,
                 start_time=r.info.start_time or 0,
                 fraction_metric=_fraction_metric(p),
                 score_metric=score_metric,
+                variant_of=_name(p.get(VARIANT_PARAM)),
             )
         )
     return runs, notes
+
+
+def _name(value) -> str | None:
+    """A logged name, or None for a missing, empty or ``None`` one (MLflow logs None as ``"None"``)."""
+    return (
+        None
+        if value is None or (isinstance(value, float) and np.isnan(value)) or str(value) in ("", "None")
+        else str(value)
+    )
 
 
 # ---------------------------------------------------------------------------------------- data file
@@ -229,6 +244,7 @@ def runs_to_frame(runs: list[Run]):
             r.fraction_metric,
             r.score_metric,
             json.dumps(r.axes, sort_keys=True),
+            r.variant_of or "",
         )
         for key in _keys(r.score_metric):
             for step, value in zip(*r.history(key)):
@@ -240,7 +256,7 @@ def runs_to_frame(runs: list[Run]):
 
 def runs_from_frame(frame) -> list[Run]:
     """The runs of a frame made by :func:`runs_to_frame` (or read from a data file)."""
-    missing = [c for c in _COLUMNS if c not in frame.columns]
+    missing = [c for c in _COLUMNS if c not in frame.columns and c not in _OPTIONAL]
     if missing:
         raise ValueError(
             f"`--data`: the file has no column {', '.join(missing)} (a `vaco report --save-data` file has)"
@@ -268,6 +284,7 @@ def runs_from_frame(frame) -> list[Run]:
                 start_time=int(first["start_time"]),
                 fraction_metric=str(first["fraction_metric"]),
                 score_metric=str(first["score_metric"]),
+                variant_of=_name(first.get("variant_of")),  # files saved before the column have none
             )
         )
     return runs

@@ -46,6 +46,8 @@ __all__ = [
     "improvement_baseline",
 ]
 
+#: The paper's algorithm names in the order of its figures (names as runs log them, not classes):
+#: the report lists these first and any other algorithm after them, alphabetically.
 _PAPER_ORDER = (
     "vaco",
     "ppo_clip",
@@ -56,10 +58,11 @@ _PAPER_ORDER = (
     "ppo_clip_tv_matched",
     "vaco_tv_matched",
 )
-#: Algorithm configs that are variants of another (an ablation or a control), not main algorithms:
-#: the paper's normalisation leaves them out of a task's min and max. A run whose label carries a
-#: dotted-key value (``vaco[normalize_advantage=false]``) or a realignment switch
-#: (``ppo_clip+realign``) is a variant too.
+#: Algorithm names that are variants of another (an ablation or a control), not main algorithms:
+#: the paper's normalisation leaves them out of a task's min and max. Runs now say so themselves
+#: (the ``variant_of`` param, see :func:`is_variant`); this list serves data logged before they did
+#: (the committed docs/data files). A run whose label carries a dotted-key value
+#: (``vaco[normalize_advantage=false]``) or a realignment switch (``ppo_clip+realign``) is a variant too.
 VARIANTS = ("vaco_no_realign", "ppo_clip_tv_matched", "vaco_tv_matched")
 NORMALIZATIONS = ("main", "all")
 _PAPER_REFERENCE = {"delta": 0.2, "rho_bar": 1.0}  # the paper's values win a tie for "most used"
@@ -83,9 +86,17 @@ def _aggregates() -> dict[str, Callable[[np.ndarray], float]]:
     }
 
 
-def is_variant(algorithm: str) -> bool:
-    """An ablation or control variant (see :data:`VARIANTS`), not one of the main algorithms."""
-    return algorithm in VARIANTS or "[" in algorithm or algorithm.endswith(("+realign", "-realign"))
+def is_variant(algorithm: str, variant_of: str | None = None) -> bool:
+    """An ablation or control variant, not one of the main algorithms: a run that says so (its
+    ``variant_of`` param, which an objective's ``variants`` or ``model.variant_of`` sets), a sweep
+    label with a dotted-key value or a realignment switch, or (data logged before runs said so)
+    a name in :data:`VARIANTS`."""
+    return (
+        variant_of is not None
+        or algorithm in VARIANTS
+        or "[" in algorithm
+        or algorithm.endswith(("+realign", "-realign"))
+    )
 
 
 # ---------------------------------------------------------------------------------------- math
@@ -334,7 +345,7 @@ def _normalizing_scores(runs, final, chosen, normalization: str, notes: list[str
     for r in runs:
         everything[r.env].append(final[r.run_id])
         reference_run = all(r.axes.get(axis) in (None, value) for axis, value in chosen.items())
-        if normalization == "all" or (reference_run and not is_variant(r.algorithm)):
+        if normalization == "all" or (reference_run and not is_variant(r.algorithm, r.variant_of)):
             by_task[r.env].append(final[r.run_id])
     for task in everything:
         if not by_task.get(task):

@@ -334,7 +334,10 @@ def _normalisation_section(report: Report, save: _Figures) -> list[str]:
         + (
             "min and max over the runs of the main algorithms at the main comparison's axis values, as the paper "
             "defines it: ablation and control variants ("
-            + (", ".join(sorted({r.algorithm for r in report.runs if is_variant(r.algorithm)})) or "none here")
+            + (
+                ", ".join(sorted({r.algorithm for r in report.runs if is_variant(r.algorithm, r.variant_of)}))
+                or "none here"
+            )
             + ") and runs at other axis values are scored on that scale but do not set it "
             "(`--normalize-over all` takes every run)."
             if report.normalization == "main"

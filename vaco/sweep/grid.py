@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vaco.sweep.schema import _GAE, _LOGGER, _VTRACE, import_class
+from vaco.sweep.schema import _LOGGER, import_class
 from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, SETTINGS_TAG
 
 __all__ = ["Algorithm", "Block", "Cell", "Sweep", "expand", "cell_config"]
@@ -33,15 +33,17 @@ class Algorithm:
 
     @property
     def realigned(self) -> bool:
-        return self.advantage == _VTRACE
+        """The advantage module says it realigns (V-trace and its subclasses)."""
+        return self.advantage is not None and import_class(self.advantage).realigns
 
     def class_path(self, part: str, realigned: bool) -> str | None:
-        """The objective's, or the advantage's with realignment on or off."""
+        """The objective's, or the advantage's with realignment on or off (the module's
+        ``realign_twin`` where the realignment differs from the config's)."""
         if part == "objective":
             return self.objective
         if realigned == self.realigned or self.advantage is None:
             return self.advantage
-        return _VTRACE if realigned else _GAE
+        return import_class(self.advantage).realign_twin
 
     def axes(self, realigned: bool) -> dict[str, tuple[str, list[str]]]:
         """Axis -> (run-id label, the parts that take it): the ``sweep_axes`` the objective and
@@ -211,13 +213,27 @@ def _with_extra(cell: Cell, extra: tuple[tuple[str, Any], ...]) -> Cell:
 
 def _twin(algorithms: dict[str, Algorithm], algo: Algorithm, realigned: bool) -> Algorithm | None:
     """The configs/algo entry that is ``algo`` with the other advantage (vaco <-> vaco_no_realign)."""
-    want = _VTRACE if realigned else _GAE
+    want = algo.class_path("advantage", realigned)
     init = algo.config["model"]["init_args"]["objective"].get("init_args") or {}
     for other in algorithms.values():
         other_init = other.config["model"]["init_args"]["objective"].get("init_args") or {}
         if other.objective == algo.objective and other.advantage == want and other_init == init:
             return other
     return None
+
+
+def _twin_advantage(block: dict, twin: str) -> dict:
+    """The advantage block with the twin module: the arguments both accept carried over (gamma,
+    lmbda), the twin's own at their defaults, written out (rho_bar, c_bar)."""
+    old = block.get("init_args") or {}
+    old_params = inspect.signature(import_class(block["class_path"])).parameters
+    kept = {}
+    for name, parameter in inspect.signature(import_class(twin)).parameters.items():
+        if name in old:
+            kept[name] = old[name]
+        elif name not in old_params and parameter.default is not inspect.Parameter.empty:
+            kept[name] = parameter.default
+    return {"class_path": twin, "init_args": kept}
 
 
 def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str | None = None) -> dict:
@@ -229,11 +245,7 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str | None = None) -> di
     _merge(config, copy.deepcopy({k: v for k, v in algo.config.items() if k != "data"}))
     model = config["model"]["init_args"]
     if cell.realign != algo.realigned:  # realign axis on an algorithm without a twin config
-        old = model["advantage"].get("init_args") or {}
-        kept = {k: old[k] for k in ("gamma", "lmbda") if k in old}
-        model["advantage"] = {"class_path": _VTRACE if cell.realign else _GAE, "init_args": kept}
-        if cell.realign:
-            model["advantage"]["init_args"].update(rho_bar=1.0, c_bar=1.0)
+        model["advantage"] = _twin_advantage(model["advantage"], algo.class_path("advantage", cell.realign))
     axes = algo.axes(cell.realign)
     for axis, value in cell.settings:  # every part that takes the axis (IMPALA: both modules agree)
         for part in axes[axis][1]:

@@ -18,11 +18,9 @@ import yaml
 from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, _fmt, cell_config
 from vaco.sweep.schema import (
     _AXIS_DEFAULTS,
-    _GAE,
     _RESERVED,
     _SAFE_ID,
     _TOP_FIELDS,
-    _VTRACE,
     AXES,
     LAUNCHERS,
     RESOURCE_FIELDS,
@@ -166,7 +164,9 @@ def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
             objective=objective,
             advantage=advantage,
             lag_key=module.lag_key,
-            realign_optional=not objective_class.reestimate_advantage and advantage in (_VTRACE, _GAE),
+            realign_optional=not objective_class.reestimate_advantage
+            and advantage is not None
+            and import_class(advantage).realign_twin is not None,
         )
     return out
 

@@ -32,8 +32,6 @@ _TOP_FIELDS = (
 )
 _AXIS_DEFAULTS = {"K": [1], "seed": [1]}
 _LOGGER = "vaco.logger.VacoMLFlowLogger"
-_VTRACE = "vaco.advantages.VTrace"
-_GAE = "vaco.advantages.GAE"
 # fields a cell's coordinates or the sweep itself set; an override of them is an error
 _RESERVED = (
     "seed_everything",
