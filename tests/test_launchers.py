@@ -255,7 +255,7 @@ def test_an_unreachable_tracking_server_is_refused_before_any_cell(tmp_path):
 
 def test_an_unknown_launcher_is_refused(tmp_path):
     out = _sweep(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "--launcher", "kubernetes")
-    assert out.returncode == 2 and "invalid choice: 'kubernetes'" in out.stderr
+    assert out.returncode == 2 and "`--launcher` must be one of local, ray, slurm or a class path" in out.stderr
     body = Path(TINY).read_text() + "launcher: kubernetes\n"
     (tmp_path / "s.yaml").write_text(body.replace("output_dir: sweeps/vaco-tiny", f"output_dir: {tmp_path / 'out'}"))
     out = run_cli(
@@ -265,7 +265,52 @@ def test_an_unknown_launcher_is_refused(tmp_path):
         cwd=tmp_path,
         env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
     )
-    assert out.returncode == 2 and "`launcher` must be one of local, slurm, ray" in out.stderr
+    assert out.returncode == 2 and "`launcher` must be one of local, ray, slurm or a class path" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    (tmp_path / "s.yaml").write_text(body.replace("launcher: kubernetes", "launcher: vaco.sweep.grid.Cell"))
+    out = run_cli(
+        "sweep", "--config", str(tmp_path / "s.yaml"), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": "sqlite:///x.db"}
+    )
+    assert out.returncode == 2 and "'vaco.sweep.grid.Cell' is not a vaco.sweep.launcher.Launcher" in out.stderr
+
+
+# ---------------------------------------------------------------- the launcher seam
+USER_LAUNCHER = """
+from vaco.sweep.cells import prepare_cell, run_cell, say
+from vaco.sweep.launcher import Launcher
+
+
+class Serial(Launcher):
+    \"\"\"One cell after the other, in this process's host: the smallest launcher.\"\"\"
+
+    name = "serial"
+
+    def launch(self, cells):
+        failed = 0
+        for cell in cells:
+            code = run_cell(str(prepare_cell(self.sweep, cell, self.uri)), self.uri)
+            say(f"serial: {cell.id} exited {code}")
+            failed += code != 0
+        return 1 if failed else 0
+"""
+
+
+def test_every_launcher_inherits_one_base_and_a_users_launcher_runs_a_sweep_unedited(tmp_path):
+    from vaco.sweep.launcher import Launcher, launcher_class, launcher_names
+
+    assert launcher_names() == ["local", "ray", "slurm"]
+    assert all(issubclass(launcher_class(name), Launcher) for name in launcher_names())
+    (tmp_path / "my_launchers.py").write_text(USER_LAUNCHER)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = _sweep(tmp_path, uri, "--only", FIRST, "--launcher", "my_launchers.Serial")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"serial: {FIRST} exited 0" in out.stdout and "launcher my_launchers.Serial" in out.stdout
+    runs = cell_runs(uri)
+    assert list(runs) == [FIRST] and runs[FIRST][0].info.status == "FINISHED"
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("vaco-tiny")
+    (parent,) = client.search_runs([exp.experiment_id], filter_string="tags.`vaco.sweep.parent` = 'true'")
+    assert parent.info.status == "FINISHED"  # the base flow closed the sweep's parent run
 
 
 def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(tmp_path):

@@ -22,7 +22,6 @@ from vaco.sweep.schema import (
     _SAFE_ID,
     _TOP_FIELDS,
     AXES,
-    LAUNCHERS,
     RESOURCE_FIELDS,
     SweepError,
     check_resources,
@@ -110,8 +109,10 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def _load_launcher(value) -> str:
-    if value not in LAUNCHERS:
-        raise SweepError(f"`launcher` must be one of {', '.join(LAUNCHERS)}, got {value!r}")
+    """A registered launcher name or a Launcher class path (checked by importing it)."""
+    from vaco.sweep.launcher import launcher_class
+
+    launcher_class(value)
     return value
 
 

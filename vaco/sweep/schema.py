@@ -9,7 +9,6 @@ import re
 
 __all__ = [
     "AXES",
-    "LAUNCHERS",
     "RESOURCE_FIELDS",
     "SweepError",
     "check_resources",
@@ -84,7 +83,6 @@ def check_resources(resources: dict) -> dict:
     return resources
 
 
-LAUNCHERS = ("local", "slurm", "ray")
 DEFAULT_ARRAY_PARALLELISM = 64  # a sweep of thousands of cells must not take a whole partition at once
 
 RESOURCE_FIELDS = {

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-import os
 import sys
 
+from vaco.sweep.cells import say
 from vaco.sweep.grid import Cell, Sweep, expand
-from vaco.sweep.launchers import say
+from vaco.sweep.launcher import BUILTIN, Launcher, launcher_class
 from vaco.sweep.loader import load_sweep, validate_with_cli
-from vaco.sweep.schema import LAUNCHERS, RESOURCE_FIELDS, SweepError, check_resources
+from vaco.sweep.schema import RESOURCE_FIELDS, SweepError, check_resources
 from vaco.sweep.state import lock, parent_run, plan, resolve_tracking_uri
 from vaco.tracking import redact_uri
 
@@ -41,29 +41,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--all-cells", action="store_true", help="--dry-run/--status: list every cell, even in a large sweep"
     )
-    parser.add_argument(
-        "--grace", type=float, default=15.0, help="local: seconds a stopped cell gets to exit before SIGKILL"
-    )
-    parser.add_argument("--status-every", type=float, default=60.0, help="local: seconds between progress lines")
     launch = parser.add_argument_group("launchers (the sweep file's `launcher` and `resources`, overridden here)")
-    launch.add_argument("--launcher", choices=LAUNCHERS, default=None, help="local (default), slurm (submitit), ray")
     launch.add_argument(
-        "--ray-address",
+        "--launcher",
         default=None,
-        help="ray: a running cluster (host:port or ray://host:port); default: start a local one",
+        help=f"{', '.join(BUILTIN)} (default local), or a vaco.sweep.launcher.Launcher class path",
     )
-    launch.add_argument(
-        "--ray-cpus", type=int, default=None, help="ray: CPUs of the local cluster it starts (default: all)"
-    )
-    launch.add_argument(
-        "--slurm-executor",
-        choices=("slurm", "local"),
-        default="slurm",
-        help="slurm: `local` runs the job array through submitit's local executor (try a sweep, test)",
-    )
-    launch.add_argument(
-        "--wait", action="store_true", help="slurm: wait for the jobs instead of returning once submitted"
-    )
+    for name in BUILTIN:  # each launcher adds its own flags
+        launcher_class(name).add_arguments(launch)
     for name, (kind, text) in RESOURCE_FIELDS.items():
         launch.add_argument(f"--{name.replace('_', '-')}", dest=f"resource_{name}", type=kind, default=None, help=text)
     return parser
@@ -78,49 +63,46 @@ class _Plan:
     resources: dict
     cells: list[Cell]
     uri: str
-    runner: object | None  # the SLURM or Ray launcher (checked early); None for local, and Ray's --dry-run/--status
+    runner: Launcher | None  # built (and so checked) before anything runs; for --dry-run/--status only if it answers
     states: dict[str, str]
-    zygote: object | None = None  # the local launcher's zygote, started before the plan
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # a local sweep's zygote imports torch & co. on the other core while this process checks the plan
-    zygote = _early_zygote(args)
+    # the launcher the command line names (local if none) may start something slow now, while
+    # this process checks the plan: the local launcher's zygote imports torch & co. on the other core
+    guess = _guess(args)
+    args.prestarted = guess.prestart(args) if guess is not None and not (args.dry_run or args.status) else None
+    runner = None
     try:
         try:
             p = _plan(args)
+            if p.runner is None and not (args.dry_run or args.status):
+                p.runner = launcher_class(p.launcher).from_args(p.sweep, p.uri, p.resources, args)
         except (SweepError, RuntimeError) as err:
             print(f"vaco sweep: {err}", file=sys.stderr)
             return 2
+        runner = p.runner
+        if args.prestarted is not None:  # not taken by the launcher: the file names another one
+            args.prestarted.close()
+            args.prestarted = None
         _say_plan(p, args)
         if args.dry_run or args.status:
             _list_cells(p, args)
             return 0
-        if p.launcher != "local" and zygote is not None:
-            zygote.close()
-            zygote = None
-        p.zygote, zygote = zygote, None  # the launcher closes it
         return _run(p, args)
     finally:
-        if zygote is not None:
-            zygote.close()
+        if args.prestarted is not None:
+            args.prestarted.close()
+        if runner is not None:
+            runner.close()
 
 
-def _early_zygote(args):
-    """Start the local launcher's zygote (:mod:`vaco.sweep.zygote`) now, if this is a local run."""
-    if args.dry_run or args.status or args.launcher not in (None, "local"):
-        return None
-    if os.environ.get("VACO_SWEEP_ZYGOTE", "1") == "0" or sys.platform != "linux":
-        return None
-    from vaco.sweep.launchers import cell_env
-    from vaco.sweep.zygote import Zygote
-    from vaco.tracking import tracking_uri
-
+def _guess(args) -> type[Launcher] | None:
     try:
-        return Zygote(cell_env(tracking_uri()), wait=False)
-    except OSError:
-        return None
+        return launcher_class(args.launcher or "local", "--launcher")
+    except SweepError:
+        return None  # reported by the plan
 
 
 def _plan(args) -> _Plan:
@@ -144,16 +126,14 @@ def _plan(args) -> _Plan:
             raise SweepError(f"`--only {' '.join(args.only)}` matches no cell")
     uri = resolve_tracking_uri()
     _check_store(uri)
-    # SLURM's launcher is built for --dry-run and --status too (it writes the script, asks the
-    # scheduler): a missing submitit is one line there as well. Ray's connects, so only to run.
-    runner = (
-        _launcher(launcher, sweep, uri, resources, args)
-        if not (args.dry_run or args.status) or launcher == "slurm"
-        else None
-    )
+    # a launcher that answers --status (SLURM asks the scheduler, writes the script) is built for
+    # --dry-run and --status too: a missing submitit is one line there as well. Others (Ray
+    # connects to its cluster) are built to run only, after the plan is checked.
+    kind = launcher_class(launcher, "--launcher" if args.launcher else "launcher")
+    runner = kind.from_args(sweep, uri, resources, args) if kind.answers_status else None
     validate_with_cli(sweep, cells, uri)
     states = plan(sweep, cells, uri, with_running=args.status)
-    if args.status and launcher == "slurm":
+    if args.status and runner is not None:
         for cell_id, state in runner.job_states().items():
             if states.get(cell_id) != "finished":
                 states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
@@ -200,21 +180,14 @@ def _list_cells(p: _Plan, args) -> None:
     print(
         f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
     )
-    if args.dry_run and p.launcher == "slurm":
-        todo = sum(1 for c in cells if states[c.id] != "finished")
-        slurm = p.runner
-        sizes = slurm.chunks(max(todo, 1))
-        print(
-            f"  {todo} cells to submit as {len(sizes)} job array(s) of at most {max(sizes)} "
-            f"(the cluster's MaxArraySize), {slurm.parameters(max(sizes))['array_parallelism']} running at once per array "
-            "(`resources.array_parallelism`; the sweep's `jobs` is the local launcher's)"
-        )
-        print("  the first job array's sbatch script:\n" + slurm.submission_script(max(todo, 1)))
+    extra = p.runner.describe(cells, states) if args.dry_run and p.runner is not None else None
+    if extra:
+        print(extra)
 
 
 def _run(p: _Plan, args) -> int:
     """Run (or submit) the cells that have not finished, under the sweep's lock and parent run."""
-    sweep, cells, states, uri, launcher, runner = p.sweep, p.cells, p.states, p.uri, p.launcher, p.runner
+    sweep, cells, states, uri, runner = p.sweep, p.cells, p.states, p.uri, p.runner
     for cell in cells:
         if states[cell.id] == "finished":
             say(f"skip   {cell.id} (finished)")
@@ -225,9 +198,7 @@ def _run(p: _Plan, args) -> int:
         return 0
     try:
         lock_file = lock(sweep.output_dir)
-        if launcher == "slurm":
-            runner.check_unrecorded()
-            runner.active_cells()  # the scheduler answers (else one line here, not a traceback later)
+        runner.check_ready()
     except (SweepError, RuntimeError) as err:
         print(f"vaco sweep: {err}", file=sys.stderr)
         return 2
@@ -241,19 +212,11 @@ def _run(p: _Plan, args) -> int:
     sweep.parent_run_id = parent_run(client, sweep, cells)
     status = "FAILED"
     try:
-        if launcher == "local":
-            from vaco.sweep.launchers import LocalLauncher
-
-            rc = LocalLauncher(sweep, uri, args.jobs or sweep.jobs, args.grace, args.status_every, zygote=p.zygote).run(
-                todo
-            )
-        elif launcher == "slurm":
-            rc = runner.launch(todo, wait=args.wait or args.slurm_executor == "local")
-            if rc == 0 and not (args.wait or args.slurm_executor == "local"):
-                status = "RUNNING"  # submitted: the cells report to MLflow themselves
+        rc = runner.launch(todo)
+        if rc == 0 and runner.detached:
+            status = "RUNNING"  # submitted: the cells report to MLflow themselves
         else:
-            rc = runner.launch(todo)
-        status = status if status == "RUNNING" else {0: "FINISHED", 130: "KILLED"}.get(rc, "FAILED")
+            status = {0: "FINISHED", 130: "KILLED"}.get(rc, "FAILED")
         return rc
     finally:
         if status != "RUNNING":
@@ -286,15 +249,3 @@ def _check_store(uri: str) -> None:
         check_tracking_store(uri)
     except TrackingStoreError as err:
         raise SweepError(str(err)) from None
-
-
-def _launcher(name: str, sweep, uri: str, resources: dict, args):
-    """The cluster launchers are built before anything starts: a missing package or an
-    unreachable Ray address is an error before any cell runs."""
-    from vaco.sweep.launchers import RayLauncher, SlurmLauncher
-
-    if name == "slurm":
-        return SlurmLauncher(sweep, uri, resources, executor=args.slurm_executor)
-    if name == "ray":
-        return RayLauncher(sweep, uri, resources, address=args.ray_address, num_cpus=args.ray_cpus)
-    return None
