@@ -173,6 +173,20 @@ def test_the_learners_keep_the_contract():
         Incomplete(PPOClip(), "x")
 
 
+def test_the_deprecated_spellings_are_gone_by_the_release_they_name():
+    """Fails once the package reaches REMOVED_IN with the shims still there: remove them then."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    from vaco._moved import REMOVED_IN
+
+    assert Version(version("vaco")) < Version(REMOVED_IN), (
+        f"vaco {version('vaco')} still ships the shims due for removal in {REMOVED_IN}: delete vaco/_moved.py's "
+        "MOVED entries and vaco/data/parallel/legacy.py"
+    )
+
+
 def test_old_module_paths_still_import_and_old_checkpoints_define_the_same_run():
     """Configs, user code and checkpoints written before the renames keep working."""
     import importlib
@@ -183,7 +197,7 @@ def test_old_module_paths_still_import_and_old_checkpoints_define_the_same_run()
 
     for old, new in MOVED.items():
         sys.modules.pop(old, None)
-        with pytest.warns(FutureWarning, match=f"`{old}` is now `{new}`"):
+        with pytest.warns(FutureWarning, match=f"`{old}` is now `{new}`; the old path will be removed in vaco 0.3.0"):
             module = importlib.import_module(old)
         assert module is importlib.import_module(new)
     from vaco.data.module import RolloutDataModule  # the old spelling of a class path in a YAML

@@ -19,7 +19,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from helpers.actors import alive, descendants, parallel_run
+from helpers.actors import alive, descendants, parallel_run, still_alive_after
 from helpers.runs import CONFIGS, REPO, VACO, metric_histories
 
 
@@ -179,8 +179,8 @@ def test_killed_actor_stops_cleanly_then_resume_continues_and_ctrl_c_stops(tmp_p
     err = _communicate(proc)
     assert proc.returncode != 0
     assert "an actor process stopped" in err and "resume with `--ckpt_path" in err, err[-3000:]
-    time.sleep(1.0)
-    assert not [p for p in children if alive(p)], "orphan processes left behind"
+    assert children
+    assert not still_alive_after(children), "orphan processes left behind"
     stopped_at = _version(ckpt)  # the checkpoint loads, and holds the last completed iteration(s)
     assert stopped_at >= reached
 
@@ -195,8 +195,8 @@ def test_killed_actor_stops_cleanly_then_resume_continues_and_ctrl_c_stops(tmp_p
     err = _communicate(proc)
     assert proc.returncode == 1, err[-3000:]
     assert "Detected KeyboardInterrupt" in err
-    time.sleep(1.0)
-    assert not [p for p in children if alive(p)], "orphan processes left behind"
+    assert children
+    assert not still_alive_after(children), "orphan processes left behind"
     assert _version(ckpt) > stopped_at
 
     client = mlflow.MlflowClient(tracking_uri=mlflow_uri)

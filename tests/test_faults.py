@@ -248,14 +248,28 @@ while True:
 def test_checkpoint_writer_killed_midway_leaves_a_whole_checkpoint(tmp_path):
     path = tmp_path / "last.ckpt"
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    partial_size = None
     try:
-        for _ in range(3):  # three whole writes, then kill it in the middle of the next ones
+        for _ in range(3):  # three whole writes
             assert writer.stdout.readline()
-        time.sleep(0.05)
-        writer.send_signal(signal.SIGKILL)
+        whole = path.stat().st_size
+        deadline = time.monotonic() + 120
+        while partial_size is None:  # then kill it while a later write is visibly half done
+            assert writer.poll() is None and time.monotonic() < deadline, "no write seen in progress"
+            for part in tmp_path.glob(".last.ckpt.*.partial"):
+                try:
+                    size = part.stat().st_size
+                except FileNotFoundError:
+                    continue  # renamed into place meanwhile
+                if 0 < size < whole // 2:
+                    writer.send_signal(signal.SIGKILL)
+                    partial_size = size
+                    break
     finally:
         writer.kill()
         writer.wait()
+    assert partial_size is not None and writer.returncode == -signal.SIGKILL
+    assert list(tmp_path.glob(".last.ckpt.*.partial")), "the torn write should be left beside the checkpoint"
     state = load_checkpoint(path)
     version = int(state["version"])
     assert version >= 3 and bool((state["weights"] == version).all())

@@ -98,9 +98,18 @@ def test_rescoring_has_gradient_and_ignores_padding(model, tokenizer):
     log_prob, _ = completion_log_probs(model, ids, mask, completion, out["completion_mask"])
     reference, _ = completion_log_probs(model, ids, mask, out["completion_ids"], out["completion_mask"])
     torch.testing.assert_close(log_prob, reference)
+    assert log_prob.requires_grad
+    model.zero_grad(set_to_none=True)
     log_prob.sum().backward()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    model.zero_grad()
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    try:
+        assert grads, "no parameter received a gradient"
+        assert all(torch.isfinite(g).all() for g in grads.values())
+        nonzero = [name for name, g in grads.items() if g.abs().sum() > 0]
+        # the last layer and the embeddings both move: the gradient flows through the whole model
+        assert any("embed" in name for name in nonzero) and any("layers" in name for name in nonzero), sorted(grads)
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 def test_model_dir_check_names_the_field(tmp_path):

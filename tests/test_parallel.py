@@ -161,7 +161,10 @@ def test_parallel_data_module_is_the_actors_backend_under_its_old_name():
         ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=3)
     with pytest.raises(ValueError, match=r"`data.staleness_limit` only applies to `data.mode: async`"):
         ParallelRolloutDataModule(env_id=ENV, num_envs=4, staleness_limit=1)
-    with pytest.warns(FutureWarning, match=r"ParallelRolloutDataModule is deprecated.*vaco\.data\.parallel\.Actors"):
+    with pytest.warns(
+        FutureWarning,
+        match=r"ParallelRolloutDataModule is deprecated.*vaco\.data\.parallel\.Actors.*removed in vaco 0\.3\.0",
+    ):
         old = ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=2, mode="async")
     new = RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=2, mode="async"))
     assert isinstance(old.collection, Actors) and (old.num_workers, old.mode) == (2, "async")

@@ -13,6 +13,9 @@ import importlib.util
 import sys
 import warnings
 
+#: the release that drops these old paths and the other deprecated spellings (ParallelRolloutDataModule)
+REMOVED_IN = "0.3.0"
+
 #: old dotted path -> new dotted path
 MOVED = {
     "vaco.module": "vaco.vaco_module",
@@ -42,7 +45,11 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         new = MOVED[spec.name]
-        warnings.warn(f"`{spec.name}` is now `{new}`; the old path will be removed", FutureWarning, stacklevel=2)
+        warnings.warn(
+            f"`{spec.name}` is now `{new}`; the old path will be removed in vaco {REMOVED_IN}",
+            FutureWarning,
+            stacklevel=2,
+        )
         return importlib.import_module(new)
 
     def exec_module(self, module) -> None:

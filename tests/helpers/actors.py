@@ -4,6 +4,7 @@ and the processes a PID has started (read from /proc, Linux)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import lightning as L
@@ -97,3 +98,14 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return "State:\tZ" not in status and os.path.exists(f"/proc/{pid}")
+
+
+def still_alive_after(pids, seconds: float = 30.0) -> list[int]:
+    """The ``pids`` still running once ``seconds`` have passed, polled every 50 ms (returns as soon
+    as all are gone): an orphan check that neither races a busy machine nor waits longer than it must."""
+    deadline = time.monotonic() + seconds
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    return left

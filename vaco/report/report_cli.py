@@ -158,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             print(f"vaco report: `--reference` takes AXIS=NUMBER, got {item!r}", file=sys.stderr)
             return 2
+    # the paper's two axes have flags of their own; they win over --reference for the same axis
+    for axis in ("delta", "rho_bar"):
+        if getattr(args, f"reference_{axis}") is not None:
+            reference[axis] = getattr(args, f"reference_{axis}")
     for name in ("reps", "min_runs", "last_evals"):
         if getattr(args, name) < 1:
             print(f"vaco report: `--{name.replace('_', '-')}` must be >= 1", file=sys.stderr)
@@ -182,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
             notes,
             last_evals=args.last_evals,
             reference=reference,
-            reference_delta=args.reference_delta,
-            reference_rho_bar=args.reference_rho_bar,
             reps=args.reps,
             seed=args.seed,
             min_runs=args.min_runs,

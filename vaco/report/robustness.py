@@ -35,7 +35,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from vaco.report.decision import Verdict, decide
-from vaco.report.runs import Run
 from vaco.report.scores import Report, improvement_baseline
 
 __all__ = [
@@ -348,11 +347,3 @@ def _interaction(report: Report, algo: str, baseline: str, k_ref: int, K: int, s
         len(tasks),
         verdict,
     )
-
-
-def cell_seeds(runs: Sequence[Run]) -> dict[tuple[str, int], list[int]]:
-    """(algorithm, K) -> the sorted distinct seed counts over tasks: what the summary states."""
-    out: dict[tuple[str, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for r in runs:
-        out[(r.algorithm, r.K)][r.env] += 1
-    return {key: sorted(set(v.values())) for key, v in out.items()}

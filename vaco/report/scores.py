@@ -361,8 +361,6 @@ def build_report(
     *,
     last_evals: int = 1,
     reference: Mapping[str, float] | None = None,
-    reference_delta: float | None = None,
-    reference_rho_bar: float | None = None,
     reps: int = 2000,
     seed: int = 0,
     min_runs: int = 3,
@@ -401,12 +399,7 @@ def build_report(
     for task, steps in ends.items():
         if len(steps) > 1:
             notes.append(f"{task}: runs end at different env steps {sorted(steps)}; their scores are not comparable")
-    given = dict(reference or {})
-    if reference_delta is not None:
-        given["delta"] = reference_delta
-    if reference_rho_bar is not None:
-        given["rho_bar"] = reference_rho_bar
-    chosen = _reference_values(usable, given)
+    chosen = _reference_values(usable, dict(reference or {}))
     bounds = normalization_bounds(_normalizing_scores(usable, final, chosen, normalization, notes))
     for task, (low, high) in bounds.items():
         if low == high:

@@ -315,7 +315,7 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
                     cls(**{**init, axis: v})
                 except ValueError as err:
                     raise SweepError(f"`grid.{name}.{axis}`: {v!r} is refused by {cls.__name__}: {err}") from None
-                except Exception:  # the class needs more than its config gives; `vaco fit` checks it
+                except TypeError:  # a required argument the config leaves to `vaco fit`: it checks the value
                     break
     return block
 

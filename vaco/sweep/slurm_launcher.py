@@ -173,7 +173,7 @@ class SlurmLauncher(Launcher):
         for cell_id, job_id in jobs.items():
             try:
                 state = job_class(folder=self.folder, job_id=str(job_id)).state.upper()
-            except Exception:  # noqa: BLE001 - a job the scheduler no longer knows is not active
+            except (ValueError, OSError):  # a job id submitit cannot parse, a vanished folder: not active
                 continue
             if state.split()[0] in self._ACTIVE:
                 active[cell_id] = state.split()[0]

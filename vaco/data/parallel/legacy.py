@@ -8,6 +8,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal
 
+from vaco._moved import REMOVED_IN
 from vaco.data.datamodule import RolloutDataModule
 from vaco.data.parallel.backend import Actors
 
@@ -15,7 +16,8 @@ __all__ = ["ParallelRolloutDataModule", "Actors"]
 
 DEPRECATION = (
     "vaco.data.parallel.ParallelRolloutDataModule is deprecated: use data.class_path vaco.data.RolloutDataModule "
-    "with data.init_args.collection.class_path vaco.data.parallel.Actors (the same run; docs/async.md)"
+    "with data.init_args.collection.class_path vaco.data.parallel.Actors (the same run; docs/async.md); "
+    f"it will be removed in vaco {REMOVED_IN}"
 )
 
 
