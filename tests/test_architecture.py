@@ -215,3 +215,28 @@ def test_old_module_paths_still_import_and_old_checkpoints_define_the_same_run()
     assert same_run_problem(saved, now) is None
     changed = {**now, "data.init_args.collection": {**now["data.init_args.collection"], "num_workers": 4}}
     assert "`data.init_args.collection` cannot change" in same_run_problem(saved, changed)
+
+
+def test_the_iteration_walk_in_the_architecture_doc_names_functions_that_exist():
+    """docs/architecture.md walks one VACO iteration file by file: every (file, function) row
+    must name a function or method defined in that file (by its AST, nothing imported)."""
+    import ast
+    import re
+
+    from helpers.runs import REPO
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## One VACO iteration, file by file", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| `([^`]+)` \| `([^`]+)` \|", section, flags=re.M)
+    assert len(rows) >= 20 and [int(n) for n, _, _ in rows] == list(range(1, len(rows) + 1))
+    for _, file, name in rows:
+        tree = ast.parse((REPO / file).read_text())
+        owner, _, member = name.rpartition(".")
+        if owner:
+            classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner]
+            assert classes, f"{file}: no class {owner}"
+            body = classes[0].body
+        else:
+            body = tree.body
+        defined = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        assert (member or name) in defined, f"{file}: no function {name}"
