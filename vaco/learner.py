@@ -224,7 +224,7 @@ class Learner(L.LightningModule, ABC):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("vaco", {})
-        if state.get("generator") is not None:  # a saved run's state (every learner saves its generator)
+        if "torch_rng" in state:  # written by on_save_checkpoint above: a learner's saved run
             self.restore_state(state)
 
 

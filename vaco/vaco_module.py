@@ -324,7 +324,7 @@ class VacoModule(Learner):
                         optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
                     )
                 if skips_on_device:
-                    optimizer.optimizer.found_inf = (~finite).float()
+                    skip_step_on_device(optimizer.optimizer, ~finite)
                 elif not bool(finite):
                     raise self._diagnose(steps, orders, size, train)
                 optimizer.step()
@@ -332,7 +332,7 @@ class VacoModule(Learner):
                     sums[key] = sums.get(key, 0.0) + value.detach()
                 steps += 1
         if skips_on_device:
-            optimizer.optimizer.found_inf = None
+            skip_step_on_device(optimizer.optimizer, None)
         if int(first_bad) >= 0:  # the iteration's one sync for the check
             raise self._diagnose(int(first_bad), orders, size, train)
         scheduler = self.lr_schedulers()
@@ -552,6 +552,14 @@ class VacoModule(Learner):
         _set_numpy_rng_state(state["numpy_rng"])
         random.setstate((3, tuple(state["python_rng"]), None))
         self._saved_budget = state.get("total_steps")
+
+
+def skip_step_on_device(optimizer: torch.optim.Optimizer, skip: torch.Tensor | None) -> None:
+    """Make the next ``optimizer.step()`` of a fused torch optimizer a no-op on the device when
+    ``skip`` (a bool tensor) is true, without a host sync; ``None`` clears it. This is the protocol
+    torch's AMP ``GradScaler`` uses with ``fused=True`` Adam/AdamW/SGD (they read the optimizer's
+    ``found_inf`` in ``step``); vaco uses it to skip a non-finite minibatch's step."""
+    optimizer.found_inf = None if skip is None else skip.float()
 
 
 def axis_labels(*modules) -> list[str]:
