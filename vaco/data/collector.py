@@ -34,14 +34,12 @@ with batch dims ``[num_envs, num_steps]`` (time last, the advantage functions' c
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Iterator
 
 import numpy as np
 import torch
 from tensordict import TensorDict
-from torchrl.collectors import BaseCollector
 
+from vaco.data.collector_base import CollectorBase
 from vaco.data.envs import capture_envs, make_vector_env, restore_envs
 from vaco.data.normalization import RewardScaler
 from vaco.data.policy_buffer import PolicyVersionBuffer
@@ -51,7 +49,7 @@ __all__ = ["RolloutCollector"]
 _LOG_SQRT_2PI = 0.5 * float(np.log(2 * np.pi))
 
 
-class RolloutCollector(BaseCollector):
+class RolloutCollector(CollectorBase):
     """Collects ``num_iterations`` batches of ``num_envs x num_steps`` transitions.
 
     Args:
@@ -80,70 +78,34 @@ class RolloutCollector(BaseCollector):
         seed: int = 0,
         env_kwargs: dict | None = None,
     ) -> None:
-        super().__init__()
-        self.trajs_per_batch = None  # BaseCollector: fixed-size batches, not whole trajectories
-        self.env = make_vector_env(env_id, num_envs, env_kwargs)
-        self.num_envs, self.num_steps = num_envs, num_steps
-        self.frames_per_batch = num_envs * num_steps
-        self.policy_buffer = policy_buffer
-        self.num_iterations = num_iterations
+        super().__init__(
+            env=make_vector_env(env_id, num_envs, env_kwargs),
+            num_envs=num_envs,
+            num_steps=num_steps,
+            policy_buffer=policy_buffer,
+            num_iterations=num_iterations,
+            reward_scaler=RewardScaler(num_envs, gamma) if scale_reward else None,
+            generator=torch.Generator(),
+            seed=seed,
+        )
         space = self.env.single_action_space
         self._low = space.low.astype(np.float32)
         self._high = space.high.astype(np.float32)
-        self.reward_scaler = RewardScaler(num_envs, gamma) if scale_reward else None
-        self.generator = torch.Generator()
-        self.set_seed(seed)
-        self.iteration = 0
-        self._obs: np.ndarray | None = None
-        self._ep_return = np.zeros(num_envs, dtype=np.float64)
-        self._ep_length = np.zeros(num_envs, dtype=np.int64)
-        self.last_collect_seconds = 0.0
 
-    # ------------------------------------------------------------------ BaseCollector API
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        self.seed = int(seed)
-        self.generator.manual_seed(self.seed)
-        self._obs = None  # the next batch starts from a seeded reset
-        return self.seed
+    # ------------------------------------------------------------------ state (CollectorBase's hooks)
+    def _save_array(self, x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x.copy())
 
-    def __len__(self) -> int:
-        return self.num_iterations
+    def _load_array(self, saved, dtype: torch.dtype | None) -> np.ndarray:
+        numpy_dtype = {torch.float64: np.float64, torch.int64: np.int64, None: None}[dtype]
+        return np.asarray(saved, dtype=numpy_dtype).copy()
 
-    def iterator(self) -> Iterator[TensorDict]:
-        while self.iteration < self.num_iterations:
-            yield self.rollout()
+    def _save_envs(self):
+        return capture_envs(self.env)
 
-    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
-        if close_env:
-            self.env.close()
-
-    def state_dict(self) -> OrderedDict:
-        # tensors and plain values only: checkpoints load with torch.load(weights_only=True)
-        return OrderedDict(
-            iteration=self.iteration,
-            seed=self.seed,
-            generator=self.generator.get_state(),
-            obs=None if self._obs is None else torch.from_numpy(self._obs.copy()),
-            ep_return=torch.from_numpy(self._ep_return.copy()),
-            ep_length=torch.from_numpy(self._ep_length.copy()),
-            reward_scaler=None if self.reward_scaler is None else self.reward_scaler.state_dict(),
-            envs=None if self._obs is None else capture_envs(self.env),
-        )
-
-    def load_state_dict(self, state_dict: OrderedDict) -> None:
-        self.iteration = int(state_dict["iteration"])
-        self.seed = int(state_dict["seed"])
-        self.generator.set_state(state_dict["generator"])
-        self._ep_return = np.asarray(state_dict["ep_return"], dtype=np.float64).copy()
-        self._ep_length = np.asarray(state_dict["ep_length"], dtype=np.int64).copy()
-        if self.reward_scaler is not None and state_dict["reward_scaler"] is not None:
-            self.reward_scaler.load_state_dict(state_dict["reward_scaler"])
-        if state_dict["obs"] is None:
-            self._obs = None
-        else:
-            self.env.reset()  # gymnasium requires a reset before stepping; then overwrite the state
-            restore_envs(self.env, state_dict["envs"])
-            self._obs = np.asarray(state_dict["obs"]).copy()
+    def _restore_envs(self, state) -> None:
+        self.env.reset()  # gymnasium requires a reset before stepping; then overwrite the state
+        restore_envs(self.env, state)
 
     # ------------------------------------------------------------------ collection
     @torch.no_grad()

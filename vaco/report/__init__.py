@@ -8,130 +8,33 @@ docstring, printed by ``vaco report --help``, states the protocol). Everything i
 ``vaco.report`` too (``from vaco import report as R``).
 """
 
-from vaco.report.ablations import Ablation, ablation_scores, ablations, fraction_table, tv_table
-from vaco.report.figures import (
-    figure_ablation,
-    figure_aggregates,
-    figure_fractions,
-    figure_iqm_vs_k,
-    figure_performance_profiles,
-    figure_returns,
-    figure_robustness,
-    figure_sample_efficiency,
-    figure_tv,
-)
-from vaco.report.report_cli import main
-from vaco.report.robustness import (
-    Drop,
-    Interaction,
-    Robustness,
-    TaskDrop,
-    distinct_resamples,
-    paired_bootstrap,
-    paired_cells,
-    robustness,
-)
-from vaco.report.runs import (
-    METRIC_KEYS,
-    Run,
-    load_runs,
-    log_report,
-    read_runs,
-    runs_from_frame,
-    runs_to_frame,
-    save_runs,
-)
-from vaco.report.scores import (
-    AGGREGATES,
-    Estimate,
-    Profiles,
-    Report,
-    SampleEfficiency,
-    Scores,
-    aggregate_estimates,
-    aggregate_scores,
-    area_under_curve,
-    build_report,
-    common_grid,
-    curve_iqm,
-    final_score,
-    improvement_baseline,
-    iqm_against_k,
-    iqm_estimates,
-    iqm_of,
-    is_variant,
-    normalization_bounds,
-    normalize,
-    performance_profiles,
-    probability_of_improvement,
-    profiles,
-    resample,
-    runs_frame,
-    sample_efficiency,
-    score_matrix,
-)
-from vaco.report.summary import FIGURES, SECTIONS, write_report
+# every module's public names, as listed in its own __all__ (one list to keep, not two)
+import vaco.report.ablations as _ablations
+import vaco.report.decision as _decision
+import vaco.report.figures as _figures
+import vaco.report.report_cli as _report_cli
+import vaco.report.robustness as _robustness
+import vaco.report.runs as _runs
+import vaco.report.scores as _scores
+import vaco.report.summary as _summary
+from vaco.report.ablations import *  # noqa: F403
+from vaco.report.decision import *  # noqa: F403
+from vaco.report.figures import *  # noqa: F403
+from vaco.report.report_cli import *  # noqa: F403
+from vaco.report.robustness import *  # noqa: F403
+from vaco.report.runs import *  # noqa: F403
+from vaco.report.scores import *  # noqa: F403
+from vaco.report.summary import *  # noqa: F403
 
-__all__ = [
-    "AGGREGATES",
-    "FIGURES",
-    "METRIC_KEYS",
-    "SECTIONS",
-    "Ablation",
-    "Drop",
-    "Interaction",
-    "Robustness",
-    "TaskDrop",
-    "Estimate",
-    "Profiles",
-    "Report",
-    "Run",
-    "SampleEfficiency",
-    "Scores",
-    "ablation_scores",
-    "ablations",
-    "aggregate_estimates",
-    "aggregate_scores",
-    "area_under_curve",
-    "build_report",
-    "common_grid",
-    "curve_iqm",
-    "figure_ablation",
-    "figure_aggregates",
-    "figure_fractions",
-    "figure_iqm_vs_k",
-    "figure_performance_profiles",
-    "figure_returns",
-    "figure_robustness",
-    "figure_sample_efficiency",
-    "figure_tv",
-    "final_score",
-    "fraction_table",
-    "iqm_against_k",
-    "iqm_estimates",
-    "iqm_of",
-    "is_variant",
-    "distinct_resamples",
-    "paired_bootstrap",
-    "paired_cells",
-    "robustness",
-    "load_runs",
-    "log_report",
-    "main",
-    "normalization_bounds",
-    "normalize",
-    "performance_profiles",
-    "profiles",
-    "improvement_baseline",
-    "probability_of_improvement",
-    "read_runs",
-    "resample",
-    "runs_frame",
-    "runs_from_frame",
-    "runs_to_frame",
-    "sample_efficiency",
-    "save_runs",
-    "score_matrix",
-    "tv_table",
-    "write_report",
-]
+__all__ = sorted(
+    {
+        *_ablations.__all__,
+        *_decision.__all__,
+        *_figures.__all__,
+        *_report_cli.__all__,
+        *_robustness.__all__,
+        *_runs.__all__,
+        *_scores.__all__,
+        *_summary.__all__,
+    }
+)

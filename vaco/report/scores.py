@@ -19,6 +19,8 @@ from vaco.report.runs import Run
 from vaco.tracking import PAPER_AXES
 
 __all__ = [
+    "Profiles",
+    "SampleEfficiency",
     "AGGREGATES",
     "Estimate",
     "Report",

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
-from collections.abc import Iterator
 
 import torch
 from tensordict import TensorDict
-from torchrl.collectors import BaseCollector
 
+from vaco.data.collector_base import CollectorBase
 from vaco.data.normalization import DeviceRewardScaler
 from vaco.data.policy_buffer import PolicyVersionBuffer
 from vaco.data.warp.env import WarpVectorEnv
@@ -29,7 +27,7 @@ __all__ = ["WarpCollector"]
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-class WarpCollector(BaseCollector):
+class WarpCollector(CollectorBase):
     """Collects ``num_iterations`` batches of ``num_envs x num_steps`` transitions on MuJoCo Warp.
 
     Args:
@@ -53,22 +51,18 @@ class WarpCollector(BaseCollector):
         scale_reward: bool = True,
         seed: int = 0,
     ) -> None:
-        super().__init__()
-        self.trajs_per_batch = None
-        self.env, self.device = env, env.device
-        self.num_envs, self.num_steps = env.num_worlds, num_steps
-        self.frames_per_batch = self.num_envs * num_steps
+        self.device = env.device  # before the base sets policy_buffer (moved to this device)
         self._policy_buffer = None
-        self.policy_buffer = policy_buffer
-        self.num_iterations = num_iterations
-        self.reward_scaler = DeviceRewardScaler(self.num_envs, gamma, self.device) if scale_reward else None
-        self.generator = torch.Generator(device=self.device)
-        self.set_seed(seed)
-        self.iteration = 0
-        self._obs: torch.Tensor | None = None
-        self._ep_return = torch.zeros(self.num_envs, dtype=torch.float64, device=self.device)
-        self._ep_length = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
-        self.last_collect_seconds = 0.0
+        super().__init__(
+            env=env,
+            num_envs=env.num_worlds,
+            num_steps=num_steps,
+            policy_buffer=policy_buffer,
+            num_iterations=num_iterations,
+            reward_scaler=DeviceRewardScaler(env.num_worlds, gamma, env.device) if scale_reward else None,
+            generator=torch.Generator(device=env.device),
+            seed=seed,
+        )
 
     @property
     def policy_buffer(self) -> PolicyVersionBuffer | None:
@@ -78,49 +72,18 @@ class WarpCollector(BaseCollector):
     def policy_buffer(self, buffer: PolicyVersionBuffer | None) -> None:
         self._policy_buffer = None if buffer is None else buffer.to(self.device)
 
-    # ------------------------------------------------------------------ BaseCollector API
-    def set_seed(self, seed: int, static_seed: bool = False) -> int:
-        self.seed = int(seed)
-        self.generator.manual_seed(self.seed)
-        self._obs = None
-        return self.seed
+    # ------------------------------------------------------------------ state (CollectorBase's hooks)
+    def _save_array(self, x: torch.Tensor) -> torch.Tensor:
+        return x.cpu().clone()
 
-    def __len__(self) -> int:
-        return self.num_iterations
+    def _load_array(self, saved: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+        return saved.to(self.device, dtype).clone() if dtype is not None else saved.to(self.device).clone()
 
-    def iterator(self) -> Iterator[TensorDict]:
-        while self.iteration < self.num_iterations:
-            yield self.rollout()
+    def _save_envs(self):
+        return self.env.state_dict()
 
-    def shutdown(self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True) -> None:
-        if close_env:
-            self.env.close()
-
-    def state_dict(self) -> OrderedDict:
-        return OrderedDict(
-            iteration=self.iteration,
-            seed=self.seed,
-            generator=self.generator.get_state(),
-            obs=None if self._obs is None else self._obs.cpu().clone(),
-            ep_return=self._ep_return.cpu().clone(),
-            ep_length=self._ep_length.cpu().clone(),
-            reward_scaler=None if self.reward_scaler is None else self.reward_scaler.state_dict(),
-            envs=None if self._obs is None else self.env.state_dict(),
-        )
-
-    def load_state_dict(self, state_dict: OrderedDict) -> None:
-        self.iteration = int(state_dict["iteration"])
-        self.seed = int(state_dict["seed"])
-        self.generator.set_state(state_dict["generator"])
-        self._ep_return = state_dict["ep_return"].to(self.device, torch.float64).clone()
-        self._ep_length = state_dict["ep_length"].to(self.device, torch.long).clone()
-        if self.reward_scaler is not None and state_dict["reward_scaler"] is not None:
-            self.reward_scaler.load_state_dict(state_dict["reward_scaler"])
-        if state_dict["obs"] is None:
-            self._obs = None
-        else:
-            self.env.load_state_dict(state_dict["envs"])
-            self._obs = state_dict["obs"].to(self.device).clone()
+    def _restore_envs(self, state) -> None:
+        self.env.load_state_dict(state)
 
     # ------------------------------------------------------------------ collection
     @torch.no_grad()
