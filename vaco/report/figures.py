@@ -86,6 +86,18 @@ def _k_series(groups: Mapping[str, Sequence[Run]], name: Callable[[Run], str]) -
     return series
 
 
+def _legend_above(fig, handles, labels, columns: int, height: float) -> None:
+    """One legend for the whole figure, centred above it, at most ``columns`` entries a row."""
+    fig.legend(
+        handles,
+        labels,
+        loc="upper center",
+        ncol=min(len(labels), columns),
+        bbox_to_anchor=(0.5, height),
+        fontsize="small",
+    )
+
+
 def figure_aggregates(report: Report, scores: Scores | None = None):
     """Median, IQM, Mean, Optimality Gap per (algorithm, K) with rliable's interval plot; returns
     the figure, the estimates and the notes (``scores`` from :func:`aggregate_scores`, else computed)."""
@@ -205,14 +217,7 @@ def figure_returns(report: Report):
             if j == 0:
                 ax.set_ylabel(report.score_metric)
     handles, labels = _legend_entries(axes)
-    fig.legend(
-        handles,
-        labels,
-        loc="upper center",
-        ncol=min(len(labels), 6),
-        bbox_to_anchor=(0.5, 1.0 + 0.12 / len(tasks)),
-        fontsize="small",
-    )
+    _legend_above(fig, handles, labels, columns=6, height=1.0 + 0.12 / len(tasks))
     fig.tight_layout()
     return fig
 
@@ -255,14 +260,7 @@ def figure_sample_efficiency(report: Report, efficiency: SampleEfficiency | None
     series = _k_series(main_groups(report), lambda r: r.algorithm)
     _vs_k_axis(axes[0, -1], auc, series, colors, "IQM of normalised AUC", "Area under the curve")
     handles, labels = axes[0, -1].get_legend_handles_labels()
-    fig.legend(
-        handles,
-        labels,
-        loc="upper center",
-        ncol=min(len(labels), 6),
-        bbox_to_anchor=(0.5, 1.08),
-        fontsize="small",
-    )
+    _legend_above(fig, handles, labels, columns=6, height=1.08)
     note = _no_interval_note(
         {**auc, **{f"{k}{a}": e for k, (_, est) in curve_estimates.items() for a, e in est.items()}},
         report.min_runs,
@@ -347,14 +345,7 @@ def figure_tv(report: Report):
                 ax.set_ylabel(label)
             ax.grid(alpha=0.25)
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(
-        handles,
-        labels,
-        loc="upper center",
-        ncol=min(len(labels), 7),
-        bbox_to_anchor=(0.5, 1.05),
-        fontsize="small",
-    )
+    _legend_above(fig, handles, labels, columns=7, height=1.05)
     fig.tight_layout()
     return fig
 
@@ -386,14 +377,7 @@ def figure_fractions(report: Report):
     for ax in axes.ravel():
         ax.grid(alpha=0.25)
     handles, labels = _legend_entries(axes)
-    fig.legend(
-        handles,
-        labels,
-        loc="upper center",
-        ncol=min(len(labels), 6),
-        bbox_to_anchor=(0.5, 1.05),
-        fontsize="small",
-    )
+    _legend_above(fig, handles, labels, columns=6, height=1.05)
     fig.tight_layout()
     return fig
 
