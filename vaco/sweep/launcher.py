@@ -10,10 +10,10 @@ then, under the sweep's lock and parent run, :meth:`~Launcher.check_ready` and
 it runs is :func:`vaco.sweep.cells.run_cell` on some host, which resumes the cell from its
 checkpoint, so a requeue or a retry continues the same MLflow run.
 
-A new launcher is one class: subclass :class:`Launcher`, give it a ``name``, implement
-:meth:`~Launcher.launch` (and whatever of the rest it needs); defining the class registers it. The
-sweep file's ``launcher`` takes a registered name or a class path (``my_launchers.DaskLauncher``),
-so a launcher in a user's own module needs no edit of vaco.
+A new launcher is one class: subclass :class:`Launcher` and implement :meth:`~Launcher.launch`
+(and whatever of the rest it needs). The sweep file's ``launcher`` (and ``--launcher``) takes a
+built-in's name (:data:`BUILTIN`, the registry) or a class path (``my_launchers.DaskLauncher``), so
+a launcher in a user's own module needs no edit of vaco.
 """
 
 from __future__ import annotations
@@ -27,9 +27,13 @@ from vaco.sweep.schema import SweepError, import_class
 
 __all__ = ["BUILTIN", "Launcher", "launcher_class", "launcher_names"]
 
-#: name -> class of every launcher defined so far (the built-ins register when vaco.sweep.launchers loads)
-_REGISTRY: dict[str, type[Launcher]] = {}
-BUILTIN = ("local", "slurm", "ray")  # what `vaco sweep --help` lists; each is a Launcher subclass
+#: the registry: name -> class path of the built-in launchers (imported when chosen, so that
+#: submitit and Ray load only for a sweep that uses them); any other Launcher is named by class path
+BUILTIN = {
+    "local": "vaco.sweep.local_launcher.LocalLauncher",
+    "slurm": "vaco.sweep.slurm_launcher.SlurmLauncher",
+    "ray": "vaco.sweep.ray_launcher.RayLauncher",
+}
 
 
 class Launcher(ABC):
@@ -42,16 +46,11 @@ class Launcher(ABC):
         resources: the sweep file's ``resources`` merged with the command line's.
     """
 
-    #: the sweep file's ``launcher`` value that picks this class
+    #: a short name for messages (the built-ins: their key in :data:`BUILTIN`)
     name: ClassVar[str] = ""
     #: built for ``--dry-run`` and ``--status`` too: it answers about jobs it submitted earlier
     #: (SLURM asks the scheduler); others are built only to run
     answers_status: ClassVar[bool] = False
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.name:
-            _REGISTRY[cls.name] = cls
 
     def __init__(self, sweep: Sweep, tracking_uri: str, resources: dict) -> None:
         self.sweep, self.uri, self.resources = sweep, tracking_uri, resources
@@ -105,18 +104,15 @@ class Launcher(ABC):
 
 
 def launcher_names() -> list[str]:
-    """The registered names (the built-ins and any launcher module imported so far)."""
-    import vaco.sweep.launchers  # noqa: F401 - registers the built-ins
-
-    return sorted(_REGISTRY)
+    """The built-in launchers' names."""
+    return sorted(BUILTIN)
 
 
 def launcher_class(value: str, where: str = "launcher") -> type[Launcher]:
-    """The class a sweep file's ``launcher`` names: a registered name or a class path."""
+    """The class a sweep file's ``launcher`` names: a built-in's name or a class path."""
     if not isinstance(value, str) or not value:
         raise SweepError(f"`{where}` must be a launcher name ({', '.join(launcher_names())}) or a class path")
-    if value in launcher_names():
-        return _REGISTRY[value]
+    value = BUILTIN.get(value, value)
     if "." not in value:
         raise SweepError(f"`{where}` must be one of {', '.join(launcher_names())} or a class path, got {value!r}")
     found = import_class(value, where)
