@@ -232,8 +232,8 @@ def test_collector_snapshot_resumes_bit_exactly_mid_episode():
 
 def test_environment_nan_stops_collection():
     collector, _ = _collector(N=1, T=10)
-    collector.env.reset(seed=0)
-    collector._obs = np.full((1, 11), np.nan)
+    collector._obs = collector.env.reset(seed=0)
+    collector._obs[0, 3] = float("nan")
     with pytest.raises(FloatingPointError, match="NaN"):
         collector.rollout()
     collector.shutdown()

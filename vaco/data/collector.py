@@ -2,7 +2,8 @@
 
 :class:`RolloutCollector` is a TorchRL collector (a :class:`torchrl.collectors.BaseCollector`:
 an iterable of TensorDict batches with ``state_dict``, ``set_seed`` and ``shutdown``) whose
-inner loop steps a gymnasium vector env directly. Written here, not with TorchRL's
+inner loop (:meth:`vaco.data.collector_base.CollectorBase.rollout`, shared with the Warp backend)
+steps a gymnasium vector env directly, through :class:`GymnasiumEnvs`. Written here, not with TorchRL's
 ``Collector`` + ``GymWrapper``, because TorchRL does not do three things this setup needs:
 
 * per-env behaviour policies: each sub-environment acts with its own version from the policy
@@ -33,20 +34,51 @@ with batch dims ``[num_envs, num_steps]`` (time last, the advantage functions' c
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
-from tensordict import TensorDict
 
 from vaco.data.collector_base import CollectorBase
 from vaco.data.envs import capture_envs, make_vector_env, restore_envs
 from vaco.data.normalization import RewardScaler
 from vaco.data.policy_buffer import PolicyVersionBuffer
 
-__all__ = ["RolloutCollector"]
+__all__ = ["GymnasiumEnvs", "RolloutCollector"]
 
-_LOG_SQRT_2PI = 0.5 * float(np.log(2 * np.pi))
+
+class GymnasiumEnvs:
+    """gymnasium's vector env (``SyncVectorEnv``, SAME_STEP autoreset) as the rollout loop's
+    :class:`~vaco.data.collector_base.VectorEnv`: numpy in, CPU tensors out, float32
+    observations (MuJoCo's float64 ones are rounded once, as the batch always stored them)."""
+
+    def __init__(self, env_id: str, num_envs: int, env_kwargs: dict | None = None) -> None:
+        self.vector = make_vector_env(env_id, num_envs, env_kwargs)
+        self.num_envs = num_envs
+        space = self.vector.single_action_space
+        self.act_dim = int(space.shape[0])
+        self.action_low = torch.from_numpy(space.low.astype(np.float32))
+        self.action_high = torch.from_numpy(space.high.astype(np.float32))
+
+    def reset(self, seed: int) -> torch.Tensor:
+        """Env ``i`` gets ``seed * 10_000 + i``."""
+        obs, _ = self.vector.reset(seed=[seed * 10_000 + i for i in range(self.num_envs)])
+        return torch.from_numpy(obs.astype(np.float32))
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        new_obs, reward, term, trunc, info = self.vector.step(action.numpy())
+        done = term | trunc
+        final_obs = new_obs.astype(np.float32)
+        if done.any():  # SAME_STEP autoreset: the final observation is in the info
+            final_obs[done] = np.stack(info["final_obs"][done])
+        return (
+            torch.from_numpy(new_obs.astype(np.float32)),
+            torch.tensor(reward, dtype=torch.float64),
+            torch.tensor(term, dtype=torch.bool),
+            torch.tensor(trunc, dtype=torch.bool),
+            torch.from_numpy(final_obs),
+        )
+
+    def close(self) -> None:
+        self.vector.close()
 
 
 class RolloutCollector(CollectorBase):
@@ -79,7 +111,7 @@ class RolloutCollector(CollectorBase):
         env_kwargs: dict | None = None,
     ) -> None:
         super().__init__(
-            env=make_vector_env(env_id, num_envs, env_kwargs),
+            env=GymnasiumEnvs(env_id, num_envs, env_kwargs),
             num_envs=num_envs,
             num_steps=num_steps,
             policy_buffer=policy_buffer,
@@ -88,131 +120,14 @@ class RolloutCollector(CollectorBase):
             generator=torch.Generator(),
             seed=seed,
         )
-        space = self.env.single_action_space
-        self._low = space.low.astype(np.float32)
-        self._high = space.high.astype(np.float32)
 
-    # ------------------------------------------------------------------ state (CollectorBase's hooks)
-    def _save_array(self, x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(x.copy())
-
-    def _load_array(self, saved, dtype: torch.dtype | None) -> np.ndarray:
-        numpy_dtype = {torch.float64: np.float64, torch.int64: np.int64, None: None}[dtype]
-        return np.asarray(saved, dtype=numpy_dtype).copy()
+    # ------------------------------------------------------------------ CollectorBase's hooks
+    def _assign_slots(self) -> torch.Tensor:
+        return self.policy_buffer.assign(self.num_envs, self.generator)
 
     def _save_envs(self):
-        return capture_envs(self.env)
+        return capture_envs(self.env.vector)
 
     def _restore_envs(self, state) -> None:
-        self.env.reset()  # gymnasium requires a reset before stepping; then overwrite the state
-        restore_envs(self.env, state)
-
-    # ------------------------------------------------------------------ collection
-    @torch.no_grad()
-    def rollout(self) -> TensorDict:
-        start = time.perf_counter()
-        N, T = self.num_envs, self.num_steps
-        if self._obs is None:
-            self._obs, _ = self.env.reset(seed=[self.seed * 10_000 + i for i in range(N)])
-            self._ep_return[:] = 0.0
-            self._ep_length[:] = 0
-        slots = self.policy_buffer.assign(N, self.generator)
-        policy = self.policy_buffer.mixture(slots)
-        obs_dim = self._obs.shape[-1]
-        act_dim = self._low.shape[0]
-
-        # time-major numpy buffers: each step writes contiguous rows; one transpose at the end
-        obs = np.empty((T, N, obs_dim), dtype=np.float32)
-        next_obs = np.empty((T, N, obs_dim), dtype=np.float32)
-        actions = np.empty((T, N, act_dim), dtype=np.float32)
-        locs = np.empty((T, N, act_dim), dtype=np.float32)
-        scales = np.empty((T, N, act_dim), dtype=np.float32)
-        log_probs = np.empty((T, N), dtype=np.float32)
-        rewards = np.empty((T, N), dtype=np.float32)
-        terminated = np.empty((T, N), dtype=bool)
-        truncated = np.empty((T, N), dtype=bool)
-        ep_returns = np.empty((T, N), dtype=np.float32)
-        ep_lengths = np.empty((T, N), dtype=np.int64)
-        noise_buf = torch.empty(N, act_dim)
-
-        for t in range(T):
-            obs[t] = self._obs
-            loc, scale = policy(torch.from_numpy(obs[t]))
-            noise = torch.randn(noise_buf.shape, generator=self.generator, out=noise_buf)
-            action = torch.addcmul(loc, scale, noise)
-            # log N(a; loc, scale) with a = loc + scale * noise
-            log_probs[t] = ((-0.5 * noise.square() - scale.log()).sum(-1) - act_dim * _LOG_SQRT_2PI).numpy()
-            actions[t] = action.numpy()
-            locs[t] = loc.numpy()
-            scales[t] = scale.numpy()
-            new_obs, reward, term, trunc, info = self.env.step(np.clip(actions[t], self._low, self._high))
-            done = term | trunc
-            next_obs[t] = new_obs
-            if done.any():  # SAME_STEP autoreset: the final observation is in the info
-                next_obs[t, done] = np.stack(info["final_obs"][done])
-            self._ep_return += reward
-            self._ep_length += 1
-            ep_returns[t] = self._ep_return
-            ep_lengths[t] = self._ep_length
-            self._ep_return[done] = 0.0
-            self._ep_length[done] = 0
-            rewards[t] = self.reward_scaler(reward, term, done) if self.reward_scaler else reward
-            terminated[t] = term
-            truncated[t] = trunc
-            self._obs = new_obs
-
-        if not (np.isfinite(rewards).all() and np.isfinite(next_obs).all() and np.isfinite(obs).all()):
-            raise FloatingPointError(
-                f"the environment returned NaN/inf observations or rewards at iteration {self.iteration}"
-            )
-        versions = policy.versions.unsqueeze(-1).expand(N, T).clone()
-        batch = _env_major_batch(
-            obs,
-            next_obs,
-            actions,
-            locs,
-            scales,
-            log_probs,
-            versions,
-            rewards,
-            terminated,
-            truncated,
-            ep_returns,
-            ep_lengths,
-        )
-        self.iteration += 1
-        self.last_collect_seconds = time.perf_counter() - start
-        return batch
-
-
-def _env_major_batch(
-    obs, next_obs, actions, locs, scales, log_probs, versions, rewards, terminated, truncated, ep_returns, ep_lengths
-) -> TensorDict:
-    """The time-major ``[T, N, ...]`` step buffers as the ``[N, T]`` batch (one transpose each);
-    ``versions`` is already ``[N, T]``."""
-
-    def env_major(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(x.swapaxes(0, 1)))
-
-    terminated, truncated = env_major(terminated), env_major(truncated)
-    N, T = terminated.shape
-    return TensorDict(
-        {
-            "observation": env_major(obs),
-            "action": env_major(actions),
-            "behavior_log_prob": env_major(log_probs),
-            "behavior_loc": env_major(locs),
-            "behavior_scale": env_major(scales),
-            "policy_version": versions,
-            "next": {
-                "observation": env_major(next_obs),
-                "reward": env_major(rewards),
-                "done": terminated | truncated,
-                "terminated": terminated,
-                "truncated": truncated,
-                "episode_return": env_major(ep_returns),
-                "episode_length": env_major(ep_lengths),
-            },
-        },
-        batch_size=[N, T],
-    )
+        self.env.vector.reset()  # gymnasium requires a reset before stepping; then overwrite the state
+        restore_envs(self.env.vector, state)

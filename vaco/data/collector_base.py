@@ -1,28 +1,131 @@
-"""What vaco's rollout collectors share (the gymnasium one, :class:`~vaco.data.collector.RolloutCollector`,
-and the MuJoCo Warp one, :class:`~vaco.data.warp.warp_collector.WarpCollector`): TorchRL's
-``BaseCollector`` API over one ``rollout()`` per iteration, and the resumable state (the iteration,
-the seed and generator, the envs' own state and observation, the episode counters, the reward
-scaler). A backend fills in how its arrays and envs are saved and restored; the state's keys and
-their meaning are the same for both, so a checkpoint reads the same way whichever wrote it."""
+"""The one rollout loop of vaco's collectors, over a small vector-env protocol.
+
+Both backends, gymnasium's (:class:`~vaco.data.collector.RolloutCollector`, through
+:class:`~vaco.data.collector.GymnasiumEnvs`) and MuJoCo Warp's
+(:class:`~vaco.data.warp.warp_collector.WarpCollector`, whose env speaks the protocol natively), run
+:meth:`CollectorBase.rollout`: each env draws one of the last K policy versions, steps T times with
+it, and the time-major step buffers become the ``[N, T]`` batch (:class:`StepBuffers`). A new
+simulator (a batched CPU one) is a :class:`VectorEnv` and a small collector subclass. The class is
+also TorchRL's ``BaseCollector`` API over ``rollout()`` and the resumable state (iteration, seed and
+generator, the envs' state and observation, episode counters, reward scaler), with the same keys
+whichever backend wrote it."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tensordict import TensorDict
 from torchrl.collectors import BaseCollector
 
-__all__ = ["CollectorBase"]
+__all__ = ["CollectorBase", "StepBuffers", "VectorEnv"]
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class VectorEnv(Protocol):
+    """A batch of ``num_envs`` envs as the rollout loop steps them: tensors in and out, on the
+    collector's device, observations float32, episodes reset in the same step they end."""
+
+    act_dim: int
+    action_low: torch.Tensor  # [act_dim], float32
+    action_high: torch.Tensor
+
+    def reset(self, seed: int) -> torch.Tensor:
+        """Seeded reset of every env; the observations ``[N, obs_dim]``."""
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One step with ``action`` ``[N, act_dim]`` (inside the bounds). Returns ``(obs, reward,
+        terminated, truncated, final_obs)``: ``obs`` is the reset observation where an episode
+        ended and ``final_obs`` the one it ended on (``obs`` elsewhere)."""
+
+    def close(self) -> None: ...
+
+
+@dataclasses.dataclass
+class StepBuffers:
+    """One rollout's time-major ``[T, N, ...]`` buffers: each step writes contiguous rows, and
+    :meth:`batch` transposes each once into the ``[N, T]`` batch."""
+
+    obs: torch.Tensor
+    next_obs: torch.Tensor
+    actions: torch.Tensor
+    locs: torch.Tensor
+    scales: torch.Tensor
+    log_probs: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    ep_returns: torch.Tensor
+    ep_lengths: torch.Tensor
+
+    @classmethod
+    def empty(cls, T: int, N: int, obs_dim: int, act_dim: int, device) -> StepBuffers:
+        f32 = dict(dtype=torch.float32, device=device)
+        flags = dict(dtype=torch.bool, device=device)
+        return cls(
+            obs=torch.empty(T, N, obs_dim, **f32),
+            next_obs=torch.empty(T, N, obs_dim, **f32),
+            actions=torch.empty(T, N, act_dim, **f32),
+            locs=torch.empty(T, N, act_dim, **f32),
+            scales=torch.empty(T, N, act_dim, **f32),
+            log_probs=torch.empty(T, N, **f32),
+            rewards=torch.empty(T, N, **f32),
+            terminated=torch.empty(T, N, **flags),
+            truncated=torch.empty(T, N, **flags),
+            ep_returns=torch.empty(T, N, **f32),
+            ep_lengths=torch.empty(T, N, dtype=torch.long, device=device),
+        )
+
+    def all_finite(self) -> bool:
+        return bool(
+            torch.isfinite(self.rewards).all() & torch.isfinite(self.next_obs).all() & torch.isfinite(self.obs).all()
+        )
+
+    def batch(self, versions: torch.Tensor, device=None) -> TensorDict:
+        """The ``[N, T]`` batch (TorchRL's layout, see :mod:`vaco.data.collector`); ``versions``
+        is the version each env acted with, ``[N]``."""
+
+        def env_major(x: torch.Tensor) -> torch.Tensor:
+            return x.transpose(0, 1).contiguous()
+
+        terminated, truncated = env_major(self.terminated), env_major(self.truncated)
+        N, T = terminated.shape
+        return TensorDict(
+            {
+                "observation": env_major(self.obs),
+                "action": env_major(self.actions),
+                "behavior_log_prob": env_major(self.log_probs),
+                "behavior_loc": env_major(self.locs),
+                "behavior_scale": env_major(self.scales),
+                "policy_version": versions.unsqueeze(-1).expand(N, T).clone(),
+                "next": {
+                    "observation": env_major(self.next_obs),
+                    "reward": env_major(self.rewards),
+                    "done": terminated | truncated,
+                    "terminated": terminated,
+                    "truncated": truncated,
+                    "episode_return": env_major(self.ep_returns),
+                    "episode_length": env_major(self.ep_lengths),
+                },
+            },
+            batch_size=[N, T],
+            device=device,
+        )
 
 
 class CollectorBase(BaseCollector):
-    """A subclass sets ``num_iterations``, ``iteration``, ``seed``, ``generator``, ``env``,
-    ``reward_scaler`` (or None), ``_obs`` (None until the first reset), ``_ep_return`` (float64)
-    and ``_ep_length`` (int64), and implements :meth:`rollout` and the four state hooks."""
+    """The rollout loop and the collector's state. A subclass passes its :class:`VectorEnv`,
+    reward scaler and generator, and implements :meth:`_assign_slots` and the envs' two state
+    hooks. ``batch_device``: the device the batch is marked with (None: left unmarked, CPU)."""
+
+    batch_device = None
 
     def __init__(
         self,
@@ -37,6 +140,7 @@ class CollectorBase(BaseCollector):
         seed: int,
     ) -> None:
         super().__init__()
+        self.device = getattr(self, "device", None) or torch.device("cpu")
         self.trajs_per_batch = None  # BaseCollector: fixed-size batches, not whole trajectories
         self.env = env
         self.num_envs, self.num_steps = num_envs, num_steps
@@ -48,23 +152,14 @@ class CollectorBase(BaseCollector):
         self.set_seed(seed)
         self.iteration = 0
         self._obs = None
-        # the episode counters in the backend's own kind (numpy, or tensors on its device)
-        self._ep_return = self._load_array(torch.zeros(num_envs, dtype=torch.float64), torch.float64)
-        self._ep_length = self._load_array(torch.zeros(num_envs, dtype=torch.int64), torch.int64)
+        self._ep_return = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
+        self._ep_length = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self.last_collect_seconds = 0.0
 
     # ------------------------------------------------------------------ what a backend provides
     @abstractmethod
-    def rollout(self) -> TensorDict:
-        """One iteration's batch ``[num_envs, num_steps]``; advances ``iteration``."""
-
-    @abstractmethod
-    def _save_array(self, x) -> torch.Tensor:
-        """A copy of one of the collector's arrays as a CPU tensor (checkpoints hold tensors only)."""
-
-    @abstractmethod
-    def _load_array(self, saved: torch.Tensor, dtype: torch.dtype | None):
-        """The saved array back in the collector's own kind (numpy, or a tensor on its device)."""
+    def _assign_slots(self) -> torch.Tensor:
+        """Each env's slot in the policy buffer for this rollout, ``[N]`` on the collector's device."""
 
     @abstractmethod
     def _save_envs(self) -> Any:
@@ -98,9 +193,9 @@ class CollectorBase(BaseCollector):
             iteration=self.iteration,
             seed=self.seed,
             generator=self.generator.get_state(),
-            obs=None if self._obs is None else self._save_array(self._obs),
-            ep_return=self._save_array(self._ep_return),
-            ep_length=self._save_array(self._ep_length),
+            obs=None if self._obs is None else self._obs.cpu().clone(),
+            ep_return=self._ep_return.cpu().clone(),
+            ep_length=self._ep_length.cpu().clone(),
             reward_scaler=None if self.reward_scaler is None else self.reward_scaler.state_dict(),
             envs=None if self._obs is None else self._save_envs(),
         )
@@ -109,12 +204,58 @@ class CollectorBase(BaseCollector):
         self.iteration = int(state_dict["iteration"])
         self.seed = int(state_dict["seed"])
         self.generator.set_state(state_dict["generator"])
-        self._ep_return = self._load_array(state_dict["ep_return"], torch.float64)
-        self._ep_length = self._load_array(state_dict["ep_length"], torch.int64)
+        self._ep_return = torch.as_tensor(state_dict["ep_return"]).to(self.device, torch.float64).clone()
+        self._ep_length = torch.as_tensor(state_dict["ep_length"]).to(self.device, torch.long).clone()
         if self.reward_scaler is not None and state_dict["reward_scaler"] is not None:
             self.reward_scaler.load_state_dict(state_dict["reward_scaler"])
         if state_dict["obs"] is None:
             self._obs = None
         else:
             self._restore_envs(state_dict["envs"])
-            self._obs = self._load_array(state_dict["obs"], None)
+            # float32 as the loop keeps it (a checkpoint from before the one loop saved float64)
+            self._obs = torch.as_tensor(state_dict["obs"]).to(self.device, torch.float32).clone()
+
+    # ------------------------------------------------------------------ the loop
+    @torch.no_grad()
+    def rollout(self) -> TensorDict:
+        """One iteration's batch ``[num_envs, num_steps]``: each env acts with the version in its
+        slot for the whole segment; episodes that end reset in the same step (the final
+        observation is kept as ``("next", "observation")``)."""
+        start = time.perf_counter()
+        N, T, env = self.num_envs, self.num_steps, self.env
+        if self._obs is None:
+            self._obs = env.reset(self.seed)
+            self._ep_return.zero_()
+            self._ep_length.zero_()
+        policy = self.policy_buffer.mixture(self._assign_slots())
+        act_dim = env.act_dim
+        buffers = StepBuffers.empty(T, N, self._obs.shape[-1], act_dim, self.device)
+        for t in range(T):
+            buffers.obs[t] = self._obs
+            loc, scale = policy(buffers.obs[t])
+            noise = torch.randn(N, act_dim, generator=self.generator, dtype=torch.float32, device=self.device)
+            action = torch.addcmul(loc, scale, noise)
+            # log N(a; loc, scale) with a = loc + scale * noise
+            buffers.log_probs[t] = (-0.5 * noise.square() - scale.log()).sum(-1) - act_dim * _LOG_SQRT_2PI
+            buffers.actions[t], buffers.locs[t], buffers.scales[t] = action, loc, scale.expand_as(loc)
+            clipped = torch.maximum(torch.minimum(action, env.action_high), env.action_low)
+            new_obs, reward, term, trunc, final_obs = env.step(clipped)
+            done = term | trunc
+            buffers.next_obs[t] = final_obs
+            self._ep_return += reward.double()
+            self._ep_length += 1
+            buffers.ep_returns[t] = self._ep_return
+            buffers.ep_lengths[t] = self._ep_length
+            self._ep_return.masked_fill_(done, 0.0)
+            self._ep_length.masked_fill_(done, 0)
+            buffers.rewards[t] = self.reward_scaler(reward, term, done) if self.reward_scaler is not None else reward
+            buffers.terminated[t], buffers.truncated[t] = term, trunc
+            self._obs = new_obs
+        if not buffers.all_finite():
+            raise FloatingPointError(
+                f"the environment returned NaN/inf observations or rewards at iteration {self.iteration}"
+            )
+        batch = buffers.batch(policy.versions.to(self.device), self.batch_device)
+        self.iteration += 1
+        self.last_collect_seconds = time.perf_counter() - start
+        return batch

@@ -99,7 +99,10 @@ class RewardScaler:
         self.returns = np.zeros(num_envs, dtype=np.float64)
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4
 
-    def __call__(self, reward: np.ndarray, terminated: np.ndarray, done: np.ndarray) -> np.ndarray:
+    def __call__(self, reward, terminated, done):
+        """Scaled rewards; numpy arrays in and out, or CPU tensors (the rollout loop's) in and out."""
+        if isinstance(reward, torch.Tensor):
+            return torch.from_numpy(self(reward.numpy(), terminated.numpy(), done.numpy()))
         self.returns = self.returns * self.gamma * (1.0 - terminated) + reward
         n = len(self.returns)
         batch_mean = float(self.returns.sum()) / n
