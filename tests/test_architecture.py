@@ -38,7 +38,15 @@ LAYERS = {
         "vaco.llm.tokenizer",
         "vaco.llm.sft",
     ),
-    4: ("vaco.learner", "vaco.vaco_module", "vaco.llm.rlvr_module", "vaco.llm", "vaco.callbacks", "vaco.logger"),
+    4: (
+        "vaco.learner",
+        "vaco.update",
+        "vaco.vaco_module",
+        "vaco.llm.rlvr_module",
+        "vaco.llm",
+        "vaco.callbacks",
+        "vaco.logger",
+    ),
     5: ("vaco.fit", "vaco.evaluate", "vaco.ui", "vaco.sweep", "vaco.report", "vaco.cli", "vaco"),
 }
 

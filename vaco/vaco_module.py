@@ -7,7 +7,8 @@ the objective module (PPO-clip, PPO-KL, SPO, IMPALA, TV filter):
 2. evaluate the critic and the learner pi_T on the whole batch, once;
 3. run the advantage module once (IMPALA: before every optimisation step instead);
 4. epochs x minibatches of the objective with manual optimisation (``manual_backward`` keeps DDP
-   in sync), Adam with linear annealing and gradient-norm clipping, CleanRL's defaults;
+   in sync), Adam with linear annealing and gradient-norm clipping, CleanRL's defaults (the
+   unit :class:`vaco.update.MinibatchUpdate`, which this class inherits);
 5. update the observation statistics, store the new policy version in the buffer, evaluate.
 """
 
@@ -25,16 +26,16 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from vaco._checks import NonFiniteInputError
 from vaco.advantages import AdvantageModule
 from vaco.checkpoint import reopen_finished_epoch
 from vaco.data.episodes import learner_policy
 from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.learner import Learner, NonFiniteLossError, plain_fields
-from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
+from vaco.networks import Critic, GaussianActor, gaussian_log_prob
 from vaco.objectives import Objective
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, REALIGNED_PARAM, SCORE_PARAM, declared_axes
+from vaco.update import MinibatchUpdate
 
 __all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name", "plain_fields"]
 
@@ -47,7 +48,7 @@ def default_algorithm_name(objective: Objective, advantage: AdvantageModule) -> 
     return objective.algorithm_name(advantage.family, type(advantage).__name__)
 
 
-class VacoModule(Learner):
+class VacoModule(MinibatchUpdate, Learner):
     """Asynchronous on-policy training with swappable advantage and objective modules.
 
     Args:
@@ -275,74 +276,6 @@ class VacoModule(Learner):
             metrics.update(self.evaluate())
         self.log_metrics(metrics, env_steps)
 
-    def update(self, batch: TensorDictBase, flat: TensorDictBase) -> dict[str, float]:
-        """Epochs x minibatches of the objective on one batch; returns the objective's outputs
-        averaged over the optimiser steps. Adam steps with gradient-norm clipping; the learning
-        rate is annealed once per iteration; a non-finite loss stops the run (see :meth:`_diagnose`)."""
-        train = {
-            key: flat[key]
-            for key in (
-                "observation",
-                "action",
-                "behavior_log_prob",
-                "behavior_loc",
-                "behavior_scale",
-                "advantage",
-                "value_target",
-                "state_value",
-            )
-        }
-        sums: dict[str, torch.Tensor] = {}
-        steps = 0
-        optimizer = self.optimizers()
-        size = flat.numel() // self.hparams.num_minibatches
-        # no host sync per minibatch: a non-finite loss is found on the device, its step is skipped
-        # by the fused Adam kernel (`found_inf`, as under AMP), and the run stops after the epochs
-        first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
-        # a fused optimizer skips a step on the device (`found_inf`); any other (a subclass's own
-        # `configure_optimizers`) is checked on the host before each step instead
-        skips_on_device = bool(optimizer.optimizer.defaults.get("fused"))
-        orders = []
-        for _epoch in range(self.hparams.update_epochs):
-            # drawn on the CPU generator, whatever the device: the same run on any device
-            order = torch.randperm(flat.numel(), generator=self._generator).to(self.device, non_blocking=True)
-            orders.append(order)
-            for k in range(self.hparams.num_minibatches):
-                if self.objective.reestimate_advantage:
-                    self._reestimate(batch, flat, train)
-                idx = order[k * size : (k + 1) * size]
-                # a plain dict: building a TensorDict per minibatch costs more than the gather
-                minibatch = {key: value[idx] for key, value in train.items()}
-                out = self.objective(self._minibatch(minibatch), check_finite=False)
-                loss = sum(v for key, v in out.items() if key.startswith("loss_"))
-                finite = torch.isfinite(loss)
-                first_bad = torch.where((first_bad < 0) & ~finite, steps, first_bad)
-                optimizer.zero_grad(set_to_none=True)
-                self.manual_backward(loss)
-                if self.hparams.max_grad_norm is not None:
-                    self.clip_gradients(
-                        optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
-                if skips_on_device:
-                    skip_step_on_device(optimizer.optimizer, ~finite)
-                elif not bool(finite):
-                    raise self._diagnose(steps, orders, size, train)
-                optimizer.step()
-                for key, value in out.items():
-                    sums[key] = sums.get(key, 0.0) + value.detach()
-                steps += 1
-        if skips_on_device:
-            skip_step_on_device(optimizer.optimizer, None)
-        if int(first_bad) >= 0:  # the iteration's one sync for the check
-            raise self._diagnose(int(first_bad), orders, size, train)
-        scheduler = self.lr_schedulers()
-        if scheduler is not None:  # a subclass's own optimiser may come without one
-            scheduler.step()
-        totals = torch.stack([value.float() for value in sums.values()]).cpu().tolist()  # one transfer
-        means = {key: total / steps for key, total in zip(sums, totals)}
-        self.objective.update_coefficients(means)
-        return means
-
     def telemetry(
         self, flat: TensorDictBase, means: dict[str, float], lag: dict[str, float], collect: float, update: float
     ) -> tuple[dict[str, float], int]:
@@ -383,26 +316,6 @@ class VacoModule(Learner):
             batch = batch.pin_memory()  # (a batch collected on the GPU, by the Warp backend, is already there)
         return batch.to(self.device, non_blocking=True)
 
-    @torch.no_grad()
-    def _diagnose(self, step: int, orders, size: int, train) -> NonFiniteLossError:
-        """Name what made step ``step``'s loss non-finite: rerun that minibatch with the checks on."""
-        epoch, k = divmod(step, self.hparams.num_minibatches)
-        idx = orders[epoch][k * size : (k + 1) * size]
-        minibatch = {key: value[idx] for key, value in train.items()}
-        try:
-            out = self.objective(self._minibatch(minibatch), check_finite=True)
-            detail = f"loss {float(sum(v for key, v in out.items() if key.startswith('loss_')))}, {_describe(out)}"
-        except NonFiniteInputError as err:
-            detail = str(err)
-        return self._non_finite(epoch, k, detail)
-
-    def _non_finite(self, epoch: int, minibatch: int, detail: str) -> NonFiniteLossError:
-        return NonFiniteLossError(
-            f"non-finite loss at iteration {int(self.version) + 1}, epoch {epoch}, minibatch {minibatch}: "
-            f"{detail}. That step was skipped and the run stops; the last good checkpoint is kept"
-            f"{_checkpoint_hint(self.trainer)}."
-        )
-
     def _normalize(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.hparams.normalize_observation:
             return obs
@@ -441,24 +354,6 @@ class VacoModule(Learner):
         log_prob = self._log_prob(flat["observation"], flat["action"])
         flat.set("log_prob", log_prob)
         batch.set("log_prob", log_prob.view(batch.batch_size))
-
-    def _reestimate(self, batch, flat, train) -> None:
-        """IMPALA: V-trace for the current policy and critic, over the whole batch, every step."""
-        self._learner_pass(batch, flat)
-        self.advantage(batch)
-        train["advantage"] = batch["advantage"].reshape(-1)
-        train["value_target"] = batch["value_target"].reshape(-1)
-        train["state_value"] = flat["state_value"]
-
-    def _minibatch(self, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Add the learner's current quantities (with gradient) to a minibatch."""
-        obs = self._normalize(mb["observation"])
-        loc, scale = self.actor(obs)
-        mb["loc"], mb["scale"] = loc, scale
-        mb["log_prob"] = gaussian_log_prob(mb["action"], loc, scale)
-        mb["entropy"] = gaussian_entropy(scale)
-        mb["value"] = self.critic(obs)
-        return mb
 
     @staticmethod
     def _tv(log_prob: torch.Tensor, behavior_log_prob: torch.Tensor) -> float:
@@ -554,14 +449,6 @@ class VacoModule(Learner):
         self._saved_budget = state.get("total_steps")
 
 
-def skip_step_on_device(optimizer: torch.optim.Optimizer, skip: torch.Tensor | None) -> None:
-    """Make the next ``optimizer.step()`` of a fused torch optimizer a no-op on the device when
-    ``skip`` (a bool tensor) is true, without a host sync; ``None`` clears it. This is the protocol
-    torch's AMP ``GradScaler`` uses with ``fused=True`` Adam/AdamW/SGD (they read the optimizer's
-    ``found_inf`` in ``step``); vaco uses it to skip a non-finite minibatch's step."""
-    optimizer.found_inf = None if skip is None else skip.float()
-
-
 def axis_labels(*modules) -> list[str]:
     """``name=value`` for each declared sweep axis whose value differs from its class default."""
     out = []
@@ -593,16 +480,6 @@ def _set_numpy_rng_state(state: dict) -> None:
 def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     var = target.var()
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
-
-
-def _describe(out: TensorDictBase) -> str:
-    return ", ".join(f"{k}={float(v):.4g}" for k, v in out.items())
-
-
-def _checkpoint_hint(trainer) -> str:
-    callback = getattr(trainer, "checkpoint_callback", None)
-    path = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
-    return f" ({path})" if path else ""
 
 
 def _si(n: float) -> str:
