@@ -393,3 +393,74 @@ def test_the_five_task_study_figures_come_from_its_committed_data():
     assert rows == {key: ", ".join(v) for key, v in expected.items()}
     for task, (low, high) in rep.bounds.items():
         assert f"| {task} | {low:.1f} | {high:.1f} |" in summary
+
+
+# ---------------------------------------------------------------------------------------- the 2x2 design's step size
+def _tv_run(algorithm: str, env: str, K: int, seed: int, tv: list[float], final: float) -> R.Run:
+    steps = np.arange(1.0, len(tv) + 1.0)
+    return R.Run(
+        run_id=f"{algorithm}-{env}-{K}-{seed}",
+        name=algorithm,
+        status="FINISHED",
+        algorithm=algorithm,
+        env=env,
+        K=K,
+        seed=seed,
+        axes={},
+        realign=False,
+        objective="X",
+        histories={"eval/return": (steps[-2:], np.array([0.0, final])), "lag/forward_tv": (steps, np.array(tv))},
+    )
+
+
+def test_step_size_pairs_are_compared_per_task_and_k_against_a_float64_loop(tmp_path):
+    rng = np.random.default_rng(3)
+    runs, tvs = [], {}
+    for env in ("A-v0", "B-v0"):
+        for K in (1, 16):
+            for algorithm, scale in (("filter", 1.0), ("clip", 1.0 if K == 1 else 1.3), ("other", 2.0)):
+                for seed in (1, 2, 3):
+                    tv = list(0.1 * scale + 0.01 * rng.standard_normal(5))
+                    tvs.setdefault((algorithm, env, K), []).append(tv)
+                    runs.append(_tv_run(algorithm, env, K, seed, tv, float(rng.uniform(0, 100))))
+    report = R.build_report("x", runs, reps=50, step_pairs={"filter": "clip"})
+    got = {(m.task, m.K): m for m in R.step_size_matching(report)}
+    assert sorted(got) == [("A-v0", 1), ("A-v0", 16), ("B-v0", 1), ("B-v0", 16)]
+    for (env, K), m in got.items():
+        expected = {}
+        for arm in ("filter", "clip"):  # the mean over runs of each run's mean over iterations, by hand
+            per_run = []
+            for tv in tvs[(arm, env, K)]:
+                total = 0.0
+                for value in tv:
+                    total += float(value)
+                per_run.append(total / len(tv))
+            expected[arm] = sum(per_run) / len(per_run)
+        assert m.filter_tv == pytest.approx(expected["filter"], rel=1e-12)
+        assert m.clip_tv == pytest.approx(expected["clip"], rel=1e-12)
+        assert m.ratio == pytest.approx(expected["clip"] / expected["filter"], rel=1e-12)
+        assert m.drifts == (abs(expected["clip"] / expected["filter"] - 1) > 0.10) and m.drifts == (K == 16)
+        assert (m.filter_runs, m.clip_runs) == (3, 3)
+    summary = R.write_report(report, tmp_path).read_text()
+    assert "### Step size held at every K?" in summary and summary.count("| **drifts** |") == 2
+    # without declared pairs the section is absent (reports read as before)
+    plain = R.write_report(R.build_report("x", runs, reps=50), tmp_path / "plain").read_text()
+    assert "Step size held" not in plain
+
+
+def test_step_pairs_naming_no_runs_are_refused_in_one_line(tmp_path):
+    import subprocess
+
+    from helpers.runs import REPO, VACO
+
+    out = subprocess.run(
+        [VACO, "report", "--data", str(REPO / "docs" / "data" / "lag_robustness_long.csv.gz"), "--no-mlflow"]
+        + ["--out", str(tmp_path), "--step-pairs", "vaco=ppo_clip_tv_matchd"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2 and "`--step-pairs`: no runs of 'ppo_clip_tv_matchd'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.glob("*.png"))
+    bad = subprocess.run([VACO, "report", "--data", "x.csv", "--step-pairs", "vaco"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "`--step-pairs` takes FILTER=CLIP" in bad.stderr

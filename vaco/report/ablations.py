@@ -13,7 +13,16 @@ import numpy as np
 from vaco.report.runs import Run
 from vaco.report.scores import Report, Scores, groups_of, iqm_estimates
 
-__all__ = ["Ablation", "ablation_scores", "ablations", "fraction_table", "tv_table"]
+__all__ = [
+    "STEP_TOLERANCE",
+    "StepMatch",
+    "step_size_matching",
+    "Ablation",
+    "ablation_scores",
+    "ablations",
+    "fraction_table",
+    "tv_table",
+]
 
 
 def tv_table(report: Report, by_task: bool = False) -> dict[tuple, tuple[list[float], list[float], float | None]]:
@@ -29,6 +38,61 @@ def tv_table(report: Report, by_task: bool = False) -> dict[tuple, tuple[list[fl
         trn = [r.history("train/tv")[1].mean() for r in runs if len(r.history("train/tv")[1])]
         rows[group] = (fwd, trn, runs[0].delta)
     return rows
+
+
+#: the largest relative difference of realised step size (lag/forward_tv) two partner arms may
+#: show at a K and still count as one step size (issue 28's design: calibrate per K beyond it)
+STEP_TOLERANCE = 0.10
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMatch:
+    """One (task, K) of a step-size pair: each arm's realised ``lag/forward_tv`` (the mean over its
+    runs of each run's mean over iterations) and how far the clip arm is from the filter arm."""
+
+    task: str
+    K: int
+    filter_arm: str
+    clip_arm: str
+    filter_tv: float
+    clip_tv: float
+    filter_runs: int
+    clip_runs: int
+
+    @property
+    def ratio(self) -> float:
+        """clip arm's TV / filter arm's TV."""
+        return self.clip_tv / self.filter_tv if self.filter_tv > 0 else math.nan
+
+    @property
+    def drifts(self) -> bool:
+        """More than :data:`STEP_TOLERANCE` apart: the pair does not hold step size at this K."""
+        return not abs(self.ratio - 1.0) <= STEP_TOLERANCE
+
+
+def step_size_matching(report: Report) -> list[StepMatch]:
+    """For each declared pair (``report.step_pairs``, filter arm -> clip arm) and each (task, K)
+    where both arms have runs with ``lag/forward_tv``: the two arms' realised step sizes side by
+    side. Every run of an arm counts (the arms of a 2x2 design differ in their axis values on
+    purpose, so the main comparison's reference values do not filter them)."""
+
+    def arm_tv(algorithm: str, task: str, K: int) -> list[float]:
+        return [
+            float(r.history("lag/forward_tv")[1].mean())
+            for r in report.runs
+            if r.algorithm == algorithm and r.env == task and r.K == K and len(r.history("lag/forward_tv")[1])
+        ]
+
+    out = []
+    for filter_arm, clip_arm in report.step_pairs.items():
+        for task in report.tasks:
+            for K in report.ks:
+                f, c = arm_tv(filter_arm, task, K), arm_tv(clip_arm, task, K)
+                if f and c:
+                    out.append(
+                        StepMatch(task, K, filter_arm, clip_arm, float(np.mean(f)), float(np.mean(c)), len(f), len(c))
+                    )
+    return out
 
 
 def fraction_table(report: Report) -> dict[tuple[str, int], tuple[float, float, str]]:

@@ -87,7 +87,10 @@ def _k_series(groups: Mapping[str, Sequence[Run]], name: Callable[[Run], str]) -
 
 
 def _legend_above(fig, handles, labels, columns: int, height: float) -> None:
-    """One legend for the whole figure, centred above it, at most ``columns`` entries a row."""
+    """One legend for the whole figure, centred above it, at most ``columns`` entries a row (none
+    when nothing was drawn: runs without that metric)."""
+    if not labels:
+        return
     fig.legend(
         handles,
         labels,

@@ -42,6 +42,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vaco.report.ablations import step_size_matching
 from vaco.report.decision import DEFAULT_MARGIN
 from vaco.report.figures import use_file_backend
 from vaco.report.robustness import robustness
@@ -135,6 +136,14 @@ def _parser() -> argparse.ArgumentParser:
         "ablation and control variants (main, the paper's), or over every run (all)",
     )
     parser.add_argument(
+        "--step-pairs",
+        action="append",
+        default=[],
+        metavar="FILTER=CLIP",
+        help="a step-size pair of the 2x2 design, e.g. vaco=ppo_clip_tv_matched (repeatable): the TV section "
+        "shows both arms' realised lag/forward_tv per task and K and flags a K where they are more than 10%% apart",
+    )
+    parser.add_argument(
         "--margin",
         type=float,
         default=DEFAULT_MARGIN,
@@ -162,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     for axis in ("delta", "rho_bar"):
         if getattr(args, f"reference_{axis}") is not None:
             reference[axis] = getattr(args, f"reference_{axis}")
+    step_pairs = {}
+    for item in args.step_pairs:
+        filter_arm, _, clip_arm = item.partition("=")
+        if not (filter_arm.strip() and clip_arm.strip()):
+            print(f"vaco report: `--step-pairs` takes FILTER=CLIP (two algorithm names), got {item!r}", file=sys.stderr)
+            return 2
+        step_pairs[filter_arm.strip()] = clip_arm.strip()
     for name in ("reps", "min_runs", "last_evals"):
         if getattr(args, name) < 1:
             print(f"vaco report: `--{name.replace('_', '-')}` must be >= 1", file=sys.stderr)
@@ -192,10 +208,17 @@ def main(argv: list[str] | None = None) -> int:
             baseline=args.baseline,
             normalization=args.normalize_over,
             margin=args.margin,
+            step_pairs=step_pairs,
         )
         if args.baseline is not None and args.baseline not in report.algorithms:
             raise ValueError(
                 f"`--baseline`: no runs of {args.baseline!r}; the algorithms are {', '.join(report.algorithms)}"
+            )
+        unknown = [a for pair in step_pairs.items() for a in pair if a not in report.algorithms]
+        if unknown:
+            raise ValueError(
+                f"`--step-pairs`: no runs of {', '.join(map(repr, unknown))}; the algorithms are "
+                f"{', '.join(report.algorithms)}"
             )
     except ValueError as err:
         print(f"vaco report: {err}", file=sys.stderr)
@@ -209,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     if lag.drops:
         print(f"robustness to lag, decided at margin {report.margin:g} (normalised units):")
         print("\n".join(verdict_lines(lag)))
+    for m in step_size_matching(report):
+        print(
+            f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "
+            f"{m.clip_tv:.4f} = {m.ratio:.3f} -> {'drifts' if m.drifts else 'held'}"
+        )
     if not args.no_mlflow and not args.data:
         run_id = log_report(args.experiment, out, uri)
         import mlflow

@@ -260,6 +260,9 @@ class Report:
     baseline: str | None = None  # what probability_of_improvement compares against (None: ppo_clip if present)
     normalization: str = "main"  # "main": min/max over the main algorithms' runs; "all": over every run
     margin: float = DEFAULT_MARGIN  # the smallest difference that matters (vaco.report.decision)
+    # the 2x2 design's step-size partners, filter arm -> clip arm (``--step-pairs``): the report
+    # checks that each pair moves as far per iteration at every K (ablations.step_size_matching)
+    step_pairs: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def ref_delta(self) -> float | None:
@@ -369,6 +372,7 @@ def build_report(
     baseline: str | None = None,
     normalization: str = "main",
     margin: float = DEFAULT_MARGIN,
+    step_pairs: Mapping[str, str] | None = None,
 ) -> Report:
     """Final and normalised scores, AUCs and the reference value of each axis (given, else the
     most used; the paper's delta 0.2 and rho_bar 1 win a tie) of a set of runs.
@@ -422,6 +426,7 @@ def build_report(
         baseline=baseline,
         normalization=normalization,
         margin=margin,
+        step_pairs=dict(step_pairs or {}),
     )
     for r in usable:
         report.normalized[r.run_id] = float(normalize(final[r.run_id], bounds[r.env]))

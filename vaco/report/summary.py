@@ -13,7 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from vaco.report.ablations import ablation_scores, ablations, fraction_table, tv_table
+from vaco.report.ablations import (
+    STEP_TOLERANCE,
+    ablation_scores,
+    ablations,
+    fraction_table,
+    step_size_matching,
+    tv_table,
+)
 from vaco.report.decision import PERMUTATION_BELOW, Verdict
 from vaco.report.figures import (
     _plt,
@@ -580,6 +587,46 @@ def _tv_section(report: Report, save: _Figures) -> list[str]:
                 ],
             )
         )
+    return s + _step_size_part(report)
+
+
+def _step_size_part(report: Report) -> list[str]:
+    """The 2x2 design's check that each step-size pair holds step size at every K (only with
+    ``--step-pairs``; nothing otherwise, so reports without pairs read as before)."""
+    matches = step_size_matching(report)
+    if not report.step_pairs:
+        return []
+    s = [
+        "",
+        "### Step size held at every K?",
+        "",
+        "Each declared pair (`--step-pairs FILTER=CLIP`: a TV-filter arm and the clip arm meant to move as far "
+        "per iteration) side by side: realised `lag/forward_tv` (per run, its mean over iterations; per arm, the "
+        f"mean over runs) and the clip arm's over the filter arm's. **drifts**: more than "
+        f"{STEP_TOLERANCE:.0%} apart, so at that K the pair does not hold step size (calibrate the clip arm "
+        "per K there, or say why not).",
+        "",
+    ]
+    if not matches:
+        return s + ["No pair has runs of both arms at a common task and K here."]
+    s.append(
+        _table(
+            ["pair", "task", "K", "filter arm TV", "clip arm TV", "clip / filter", "step size", "runs"],
+            [
+                (
+                    f"{m.filter_arm} / {m.clip_arm}",
+                    m.task,
+                    m.K,
+                    f"{m.filter_tv:.4f}",
+                    f"{m.clip_tv:.4f}",
+                    f"{m.ratio:.3f}",
+                    "**drifts**" if m.drifts else "held",
+                    f"{m.filter_runs} / {m.clip_runs}",
+                )
+                for m in matches
+            ],
+        )
+    )
     return s
 
 
