@@ -14,6 +14,7 @@ import vaco.report.decision as _decision
 import vaco.report.figures as _figures
 import vaco.report.report_cli as _report_cli
 import vaco.report.robustness as _robustness
+import vaco.report.robustness_summary as _robustness_summary
 import vaco.report.runs as _runs
 import vaco.report.scores as _scores
 import vaco.report.summary as _summary
@@ -22,6 +23,7 @@ from vaco.report.decision import *  # noqa: F403
 from vaco.report.figures import *  # noqa: F403
 from vaco.report.report_cli import *  # noqa: F403
 from vaco.report.robustness import *  # noqa: F403
+from vaco.report.robustness_summary import *  # noqa: F403
 from vaco.report.runs import *  # noqa: F403
 from vaco.report.scores import *  # noqa: F403
 from vaco.report.summary import *  # noqa: F403
@@ -33,6 +35,7 @@ __all__ = sorted(
         *_figures.__all__,
         *_report_cli.__all__,
         *_robustness.__all__,
+        *_robustness_summary.__all__,
         *_runs.__all__,
         *_scores.__all__,
         *_summary.__all__,

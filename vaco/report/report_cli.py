@@ -46,9 +46,10 @@ from vaco.report.ablations import step_size_matching
 from vaco.report.decision import DEFAULT_MARGIN
 from vaco.report.figures import use_file_backend
 from vaco.report.robustness import robustness
+from vaco.report.robustness_summary import verdict_lines
 from vaco.report.runs import load_runs, log_report, read_runs, save_runs
 from vaco.report.scores import NORMALIZATIONS, build_report
-from vaco.report.summary import verdict_lines, write_report
+from vaco.report.summary import write_report
 from vaco.tracking import tracking_uri
 
 __all__ = ["main"]

@@ -1,0 +1,147 @@
+"""The summary's "Robustness to lag" section: each algorithm's drop from its own K = 1, the
+difference of drops against the baseline with its verdict (``vaco.report.decision``), per task."""
+
+from __future__ import annotations
+
+from vaco.report.decision import PERMUTATION_BELOW, Verdict
+from vaco.report.markdown import _pair, _table
+from vaco.report.robustness import Robustness
+from vaco.report.scores import Report
+
+__all__ = ["verdict_lines"]
+
+
+def _robustness_section(report: Report, data: Robustness, figure: str | None) -> list[str]:
+    s = ["", "## Robustness to lag", ""]
+    if not data.drops:
+        return s + [f"Not in this report: it needs runs of an algorithm at two or more K ({'; '.join(data.notes)})."]
+    k_ref = data.k_ref
+    s += [
+        f"The paper's claim is about robustness: as K grows, does an algorithm lose less of its own K={k_ref} "
+        "score than the baseline? Each algorithm is compared with itself; levels (which algorithm scores "
+        "higher) are in the sections below.",
+        "",
+        f"- **drop** at K = IQM(K={k_ref}) - IQM(K) of the normalised final scores; **ratio** = IQM(K) / IQM(K={k_ref}).",
+        f"- **difference of drops** = drop({data.baseline}) - drop(algorithm): above 0 the algorithm loses "
+        f"less than {data.baseline}. **P(drop smaller)**: the probability that a run of the algorithm drops "
+        f"less than a run of {data.baseline} on a task drawn at random (rliable's probability of improvement "
+        "on the per-seed drops; 0.5: no difference).",
+        f"- Runs are paired by seed; 95% intervals from a paired stratified bootstrap ({report.reps} resamples, "
+        f"seed {report.seed}): per resample and task, one draw of seeds for every cell compared.",
+        f"- **verdict**, by a rule fixed before the data, at the declared margin M = {report.margin:g} (normalised "
+        "units, `--margin`): **differs** when the 95% interval excludes 0; **equivalent (+-M)** when the 90% "
+        "interval lies inside (-M, M) (two one-sided tests); otherwise **undecided**, with the seeds per task that "
+        "would decide it at 80% power if the true difference were the observed one (normal approximation from the "
+        "per-seed paired spread). With fewer than "
+        f"{PERMUTATION_BELOW} paired seeds per task the tests are exact sign-flip permutation tests on the per-seed "
+        "paired differences (their mean), not the bootstrap; MDD: the minimum difference detectable at 80% power "
+        "with the seeds at hand.",
+        "",
+    ]
+    if figure:
+        s += [f"![robustness]({figure})", ""]
+    if data.interactions:
+        s += [f"**Against {data.baseline}** (the headline):", "", _interaction_table(data), ""]
+    elif data.baseline:
+        s += [
+            f"No comparison with {data.baseline}: it needs its runs at K={k_ref} and at the other K, with the same seeds.",
+            "",
+        ]
+    s += ["Each algorithm against its own K = " + str(k_ref) + ":", "", _drop_table(data)]
+    s += [
+        "",
+        "Per task: mean normalised score at K = " + str(k_ref) + " and at K, and the per-seed drop "
+        "(mean +- sample SD, ddof = 1):",
+        "",
+        _task_drop_table(report, data),
+    ]
+    s += [f"- {n}" for n in data.notes]
+    return s
+
+
+def _verdict(v: Verdict | None) -> str:
+    if v is None:
+        return "-"
+    how = "" if v.method == "bootstrap" else f"; {v.method} p = {v.p_differs:.3g}"
+    return f"**{v.text()}**" + (f" ({how[2:]})" if how else "")
+
+
+def _mdd(v: Verdict | None) -> str:
+    return "-" if v is None or v.mdd is None else f"{v.mdd:.3f}"
+
+
+def verdict_lines(data: Robustness) -> list[str]:
+    """One line per comparison, as `vaco report` prints them: the difference, its interval and its verdict."""
+    lines = []
+    for (algo, K), x in data.interactions.items():
+        lines.append(
+            f"  {algo} vs {data.baseline}, K={K}: difference of drops {_pair(x.difference, x.difference_interval)}"
+            f" -> {x.verdict.text() if x.verdict else '-'}"
+            + (f" [{x.verdict.method}]" if x.verdict and x.verdict.method != "bootstrap" else "")
+        )
+    for (algo, K), d in data.drops.items():
+        lines.append(
+            f"  {algo}, drop K={data.k_ref}->{K}: {_pair(d.drop, d.drop_interval)}"
+            f" -> {d.verdict.text() if d.verdict else '-'}"
+            + (f" [{d.verdict.method}]" if d.verdict and d.verdict.method != "bootstrap" else "")
+        )
+    return lines
+
+
+def _interaction_table(data: Robustness) -> str:
+    return _table(
+        ["algorithm", "K", "difference of drops", "verdict", "MDD", "P(drop smaller)", "paired seeds/task", "tasks"],
+        [
+            (
+                x.algorithm,
+                K,
+                _pair(x.difference, x.difference_interval),
+                _verdict(x.verdict),
+                _mdd(x.verdict),
+                _pair(x.p_smaller, x.p_interval),
+                x.seeds,
+                x.tasks,
+            )
+            for (_, K), x in data.interactions.items()
+        ],
+    )
+
+
+def _drop_table(data: Robustness) -> str:
+    k_ref = data.k_ref
+    return _table(
+        ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "verdict", "ratio", "paired seeds/task", "tasks"],
+        [
+            (
+                d.algorithm,
+                K,
+                f"{d.level_ref:.3f}",
+                f"{d.level:.3f}",
+                _pair(d.drop, d.drop_interval),
+                _verdict(d.verdict),
+                _pair(d.ratio, d.ratio_interval),
+                d.seeds,
+                d.tasks,
+            )
+            for (_, K), d in data.drops.items()
+        ],
+    )
+
+
+def _task_drop_table(report: Report, data: Robustness) -> str:
+    k_ref = data.k_ref
+    return _table(
+        ["task", "algorithm", "K", f"mean K={k_ref}", "mean K", "drop", "seeds"],
+        [
+            (
+                t.task,
+                t.algorithm,
+                t.K,
+                f"{t.mean_ref:.3f}",
+                f"{t.mean:.3f}",
+                f"{t.drop:.3f} +- {t.drop_sd:.3f}" if t.seeds > 1 else f"{t.drop:.3f}",
+                t.seeds,
+            )
+            for t in sorted(data.per_task, key=lambda t: (t.task, report.algorithms.index(t.algorithm), t.K))
+        ],
+    )
