@@ -138,9 +138,10 @@ class CollectorBase(BaseCollector):
         reward_scaler,
         generator: torch.Generator,
         seed: int,
+        device: torch.device | str = "cpu",
     ) -> None:
         super().__init__()
-        self.device = getattr(self, "device", None) or torch.device("cpu")
+        self.device = torch.device(device)  # before policy_buffer: a subclass may move the buffer there
         self.trajs_per_batch = None  # BaseCollector: fixed-size batches, not whole trajectories
         self.env = env
         self.num_envs, self.num_steps = num_envs, num_steps

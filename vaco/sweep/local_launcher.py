@@ -49,6 +49,11 @@ def _hms(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def _zygote_wanted() -> bool:
+    """Cells fork from a zygote unless ``VACO_SWEEP_ZYGOTE=0`` (or off Linux)."""
+    return os.environ.get("VACO_SWEEP_ZYGOTE", "1") != "0" and sys.platform == "linux"
+
+
 class LocalLauncher(Launcher):
     """Runs cells as subprocesses (forked from a preloaded zygote where it can), ``jobs`` at a
     time; SIGINT/SIGTERM stop it cleanly."""
@@ -87,7 +92,7 @@ class LocalLauncher(Launcher):
     @classmethod
     def prestart(cls, args):
         """The zygote (:mod:`vaco.sweep.zygote`), importing while the sweep checks its plan."""
-        if os.environ.get("VACO_SWEEP_ZYGOTE", "1") == "0" or sys.platform != "linux":
+        if not _zygote_wanted():
             return None
         from vaco.sweep.zygote import Zygote
         from vaco.tracking import tracking_uri
@@ -189,7 +194,7 @@ class LocalLauncher(Launcher):
         ``VACO_SWEEP_ZYGOTE=0`` or it cannot start (then every cell is a plain subprocess: it
         computes the same)."""
         zygote, self.zygote = self.zygote, None
-        if os.environ.get("VACO_SWEEP_ZYGOTE", "1") == "0" or sys.platform != "linux":
+        if not _zygote_wanted():
             if zygote is not None:
                 zygote.close()
             return None

@@ -45,8 +45,6 @@ class WarpCollector(CollectorBase):
         scale_reward: bool = True,
         seed: int = 0,
     ) -> None:
-        self.device = env.device  # before the base sets policy_buffer (moved to this device)
-        self._policy_buffer = None
         super().__init__(
             env=env,
             num_envs=env.num_worlds,
@@ -56,6 +54,7 @@ class WarpCollector(CollectorBase):
             reward_scaler=DeviceRewardScaler(env.num_worlds, gamma, env.device) if scale_reward else None,
             generator=torch.Generator(device=env.device),
             seed=seed,
+            device=env.device,
         )
 
     @property
