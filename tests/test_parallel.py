@@ -178,6 +178,26 @@ def test_parallel_data_module_is_the_actors_backend_under_its_old_name():
     }
 
 
+def test_parallel_data_module_config_reads_rollout_arguments_through_kwargs():
+    """LightningCLI (jsonargparse) sees the old spelling's full argument list: its own, then
+    RolloutDataModule's through ``**kwargs`` (all but ``collection``), with its old defaults."""
+    import inspect
+
+    from jsonargparse import ArgumentParser
+
+    from vaco.data import ParallelRolloutDataModule, RolloutDataModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(ParallelRolloutDataModule, "data")
+    cfg = parser.parse_object({"data": {"env_id": ENV, "num_steps": 32, "mode": "async"}})
+    rollout = set(inspect.signature(RolloutDataModule).parameters) - {"collection"}
+    fields = set(vars(cfg.data))
+    assert rollout <= fields and "collection" not in fields
+    assert (cfg.data.env_id, cfg.data.num_steps, cfg.data.mode, cfg.data.num_envs) == (ENV, 32, "async", 2)
+    with pytest.raises(Exception, match="collection"):
+        parser.parse_object({"data": {"collection": {"class_path": "vaco.data.parallel.Actors"}}})
+
+
 class _StopAt(Callback):
     def __init__(self, iteration: int) -> None:
         self.iteration = iteration

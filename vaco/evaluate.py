@@ -122,25 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError) as err:  # CheckpointError is a ValueError
         print(f"vaco evaluate: error: {err}", file=sys.stderr)
         return 2
-    print(f"evaluating {env_id}: {args.episodes} episodes on {min(args.envs, args.episodes)} envs ...", flush=True)
+    from vaco.data.episodes import episode_returns
+
+    num_envs = min(args.envs, args.episodes)
+    print(f"evaluating {env_id}: {args.episodes} episodes on {num_envs} envs ...", flush=True)
     if args.backend == "warp":
-        from vaco.data.warp import warp_episodes
+        from vaco.data.warp.env import WarpVectorEnv
 
-        returns = warp_episodes(
-            env_id,
-            policy,
-            args.episodes,
-            num_envs=args.envs,
-            seed=args.seed,
-            deterministic=args.deterministic,
-            device=args.device,
-        )
+        env = WarpVectorEnv(env_id, num_envs, device=args.device, seed=args.seed)
     else:
-        from vaco.data.episodes import run_episodes
+        from vaco.data.collector import GymnasiumEnvs
 
-        returns = run_episodes(
-            env_id, policy, args.episodes, num_envs=args.envs, seed=args.seed, deterministic=args.deterministic
-        )
+        env = GymnasiumEnvs(env_id, num_envs)
+    try:
+        returns = episode_returns(env, policy, args.episodes, seed=args.seed, deterministic=args.deterministic)
+    finally:
+        env.close()
     where = f" on MuJoCo Warp ({args.device})" if args.backend == "warp" else ""
     print(
         f"{env_id}{where}: return {returns.mean():.1f} +- {returns.std():.1f} "

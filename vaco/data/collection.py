@@ -30,6 +30,7 @@ from vaco.data.envs import EnvSpec, env_spec, validate_env_id
 if TYPE_CHECKING:
     from torchrl.collectors import BaseCollector
 
+    from vaco.data.collector_base import VectorEnv
     from vaco.data.policy_buffer import PolicyVersionBuffer
 
 __all__ = ["Collection", "InProcess", "RolloutSettings"]
@@ -73,6 +74,12 @@ class Collection:
     def collector(self, data: RolloutSettings, seed: int) -> BaseCollector:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def eval_env(self, data: RolloutSettings, num_envs: int, seed: int) -> VectorEnv:
+        """The ``num_envs`` envs evaluation episodes run on (seeded by the loop's ``reset(seed)``)."""
+        from vaco.data.collector import GymnasiumEnvs
+
+        return GymnasiumEnvs(data.env_id, num_envs, data.env_kwargs)
+
     def evaluate(
         self,
         data: RolloutSettings,
@@ -81,18 +88,15 @@ class Collection:
         seed: int,
         deterministic: bool,
     ) -> np.ndarray:
-        """Raw returns of ``episodes`` complete episodes of ``policy`` (raw obs -> (loc, scale))."""
-        from vaco.data.episodes import run_episodes
+        """Raw returns of ``episodes`` complete episodes of ``policy`` (raw obs -> (loc, scale)) on
+        :meth:`eval_env`'s ``min(data.eval_envs, episodes)`` envs."""
+        from vaco.data.episodes import episode_returns
 
-        return run_episodes(
-            data.env_id,
-            policy,
-            episodes,
-            num_envs=data.eval_envs,
-            seed=seed,
-            deterministic=deterministic,
-            env_kwargs=data.env_kwargs,
-        )
+        env = self.eval_env(data, max(1, min(data.eval_envs, episodes)), seed)
+        try:
+            return episode_returns(env, policy, episodes, seed=seed, deterministic=deterministic)
+        finally:
+            env.close()
 
     def on_policy_pushed(self, data: RolloutSettings, version: int) -> None:
         """After the learner pushed ``version`` into the policy buffer (e.g. ship it to actor processes)."""

@@ -50,6 +50,8 @@ class GymnasiumEnvs:
     :class:`~vaco.data.collector_base.VectorEnv`: numpy in, CPU tensors out, float32
     observations (MuJoCo's float64 ones are rounded once, as the batch always stored them)."""
 
+    device = torch.device("cpu")
+
     def __init__(self, env_id: str, num_envs: int, env_kwargs: dict | None = None) -> None:
         self.vector = make_vector_env(env_id, num_envs, env_kwargs)
         self.num_envs = num_envs
@@ -82,19 +84,9 @@ class GymnasiumEnvs:
 
 
 class RolloutCollector(CollectorBase):
-    """Collects ``num_iterations`` batches of ``num_envs x num_steps`` transitions.
-
-    Args:
-        env_id: gymnasium id.
-        num_envs: sub-environments (actors) stepped in this process.
-        num_steps: steps per env per batch (the rollout segment).
-        policy_buffer: the versions to act with; read at the start of every batch.
-        num_iterations: batches to yield before stopping.
-        gamma: discount used by the reward scaler.
-        scale_reward: apply CleanRL's reward scaling.
-        seed: seeds the envs (env i gets ``seed * 10_000 + i``) and the collector's generator
-            (action noise and version assignment).
-        env_kwargs: extra keyword arguments for ``gymnasium.make``.
+    """Collects ``num_iterations`` batches of ``num_envs x num_steps`` transitions on gymnasium's
+    envs (env ``i`` reset with ``seed * 10_000 + i``); ``env_kwargs`` go to ``gymnasium.make``. The
+    other arguments are :class:`~vaco.data.collector_base.CollectorBase`'s.
     """
 
     def __init__(
@@ -105,23 +97,17 @@ class RolloutCollector(CollectorBase):
         policy_buffer: PolicyVersionBuffer | None,
         num_iterations: int,
         *,
-        gamma: float = 0.99,
-        scale_reward: bool = True,
-        seed: int = 0,
         env_kwargs: dict | None = None,
+        **settings,
     ) -> None:
         super().__init__(
-            env=GymnasiumEnvs(env_id, num_envs, env_kwargs),
-            num_envs=num_envs,
-            num_steps=num_steps,
-            policy_buffer=policy_buffer,
-            num_iterations=num_iterations,
-            reward_scaler=RewardScaler(num_envs, gamma) if scale_reward else None,
-            generator=torch.Generator(),
-            seed=seed,
+            GymnasiumEnvs(env_id, num_envs, env_kwargs), num_steps, policy_buffer, num_iterations, **settings
         )
 
     # ------------------------------------------------------------------ CollectorBase's hooks
+    def _reward_scaler(self, gamma: float) -> RewardScaler:
+        return RewardScaler(self.num_envs, gamma)
+
     def _assign_slots(self) -> torch.Tensor:
         return self.policy_buffer.assign(self.num_envs, self.generator)
 

@@ -33,6 +33,8 @@ class VectorEnv(Protocol):
     """A batch of ``num_envs`` envs as the rollout loop steps them: tensors in and out, on the
     collector's device, observations float32, episodes reset in the same step they end."""
 
+    device: torch.device
+    num_envs: int
     act_dim: int
     action_low: torch.Tensor  # [act_dim], float32
     action_high: torch.Tensor
@@ -121,43 +123,57 @@ class StepBuffers:
 
 
 class CollectorBase(BaseCollector):
-    """The rollout loop and the collector's state. A subclass passes its :class:`VectorEnv`,
-    reward scaler and generator, and implements :meth:`_assign_slots` and the envs' two state
-    hooks. ``batch_device``: the device the batch is marked with (None: left unmarked, CPU)."""
+    """The rollout loop and the collector's state over ``env`` (a :class:`VectorEnv`; the collector
+    lives on its device). A subclass implements :meth:`_reward_scaler`, :meth:`_assign_slots` and
+    the envs' two state hooks. ``batch_device``: the device the batch is marked with (None: left
+    unmarked, CPU).
+
+    Args:
+        env: the batched envs (``num_envs`` of them).
+        num_steps: steps per env per batch (the rollout segment).
+        policy_buffer: the versions to act with; read at the start of every batch.
+        num_iterations: batches to yield before stopping.
+        gamma: discount used by the reward scaler.
+        scale_reward: apply CleanRL's reward scaling.
+        seed: seeds the collector's generator (action noise and version assignment) and the envs'
+            reset.
+    """
 
     batch_device = None
 
     def __init__(
         self,
-        *,
-        env,
-        num_envs: int,
+        env: VectorEnv,
         num_steps: int,
         policy_buffer,
         num_iterations: int,
-        reward_scaler,
-        generator: torch.Generator,
-        seed: int,
-        device: torch.device | str = "cpu",
+        *,
+        gamma: float = 0.99,
+        scale_reward: bool = True,
+        seed: int = 0,
     ) -> None:
         super().__init__()
-        self.device = torch.device(device)  # before policy_buffer: a subclass may move the buffer there
+        self.device = torch.device(env.device)  # before policy_buffer: a subclass may move the buffer there
         self.trajs_per_batch = None  # BaseCollector: fixed-size batches, not whole trajectories
         self.env = env
-        self.num_envs, self.num_steps = num_envs, num_steps
-        self.frames_per_batch = num_envs * num_steps
+        self.num_envs, self.num_steps = env.num_envs, num_steps
+        self.frames_per_batch = self.num_envs * num_steps
         self.policy_buffer = policy_buffer
         self.num_iterations = num_iterations
-        self.reward_scaler = reward_scaler
-        self.generator = generator
+        self.reward_scaler = self._reward_scaler(gamma) if scale_reward else None
+        self.generator = torch.Generator(device=self.device)
         self.set_seed(seed)
         self.iteration = 0
         self._obs = None
-        self._ep_return = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
-        self._ep_length = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self._ep_return = torch.zeros(self.num_envs, dtype=torch.float64, device=self.device)
+        self._ep_length = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         self.last_collect_seconds = 0.0
 
     # ------------------------------------------------------------------ what a backend provides
+    @abstractmethod
+    def _reward_scaler(self, gamma: float):
+        """The reward scaler for ``num_envs`` envs on the collector's device (``scale_reward``)."""
+
     @abstractmethod
     def _assign_slots(self) -> torch.Tensor:
         """Each env's slot in the policy buffer for this rollout, ``[N]`` on the collector's device."""

@@ -1,23 +1,62 @@
-"""Episodes outside training: a policy run to the end of its episodes on gymnasium envs, and the
-learner as a raw-observation policy. ``vaco evaluate`` and the in-process and actor backends'
-evaluation use these (without Lightning)."""
+"""Episodes outside training: a policy run to the end of its episodes on any backend's vector env
+(:func:`episode_returns`; gymnasium's through :func:`run_episodes`, Warp's through
+:func:`vaco.data.warp.warp_episodes`), and the learner as a raw-observation policy. ``vaco evaluate``
+and every backend's evaluation use these (without Lightning)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 
-from vaco.data.envs import make_vector_env
+from vaco.data.collector_base import VectorEnv
 from vaco.data.normalization import normalize_observation
 
-__all__ = ["run_episodes", "learner_policy"]
+__all__ = ["episode_returns", "run_episodes", "learner_policy"]
 
 
 @torch.no_grad()
+def episode_returns(
+    env: VectorEnv,
+    policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    episodes: int,
+    *,
+    seed: int = 0,
+    deterministic: bool = False,
+) -> np.ndarray:
+    """Returns of ``episodes`` complete episodes of ``policy`` on ``env``, any backend's
+    :class:`~vaco.data.collector_base.VectorEnv`; each env runs episodes until enough have ended.
+
+    ``policy`` maps raw observations on the CPU to ``(loc, scale)``; action noise comes from a
+    generator on the env's device seeded with ``seed``. Episodes are counted in the order they finish; a
+    sub-env that finishes early starts another, and only the first ``episodes`` completed returns
+    are kept, which is unbiased only if all envs have the same episode length distribution (they
+    do: same policy). Each env contributes at most ceil(episodes / N) episodes, so short episodes
+    (a failing policy) cannot crowd out long ones. Returns are summed in float64."""
+    obs = env.reset(seed)
+    num, device = obs.shape[0], env.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    running = torch.zeros(num, dtype=torch.float64, device=device)
+    quota = [math.ceil(episodes / num)] * num
+    returns: list[float] = []
+    while len(returns) < episodes:
+        loc, scale = (x.to(device) for x in policy(obs.cpu()))
+        action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator, device=device)
+        obs, reward, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, env.action_high), env.action_low))
+        running += reward.double()
+        done = (term | trunc).cpu()
+        if bool(done.any()):  # one sync per step on a device: evaluation is not the hot path
+            ended = running.cpu()
+            for i in done.nonzero().flatten().tolist():
+                if quota[i] > 0 and len(returns) < episodes:
+                    returns.append(float(ended[i]))
+                    quota[i] -= 1
+            running.masked_fill_(done.to(device), 0.0)
+    return np.asarray(returns)
+
+
 def run_episodes(
     env_id: str,
     policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
@@ -27,39 +66,14 @@ def run_episodes(
     seed: int = 0,
     deterministic: bool = False,
     env_kwargs: dict | None = None,
-    render: Callable[[Any], None] | None = None,
 ) -> np.ndarray:
-    """Returns of ``episodes`` complete episodes; each env runs episodes until enough have ended.
+    """:func:`episode_returns` on ``min(num_envs, episodes)`` gymnasium envs (env ``i`` seeded
+    ``seed * 10_000 + i``)."""
+    from vaco.data.collector import GymnasiumEnvs
 
-    Episodes are counted in the order they finish; with ``num_envs`` > 1 a sub-env that finishes
-    early starts another, and only the first ``episodes`` completed returns are kept, which is
-    unbiased only if all envs have the same episode length distribution (they do: same policy).
-    """
-    num_envs = max(1, min(num_envs, episodes))
-    env = make_vector_env(env_id, num_envs, env_kwargs)
-    generator = torch.Generator().manual_seed(seed)
-    low = torch.as_tensor(env.single_action_space.low, dtype=torch.float32)
-    high = torch.as_tensor(env.single_action_space.high, dtype=torch.float32)
+    env = GymnasiumEnvs(env_id, max(1, min(num_envs, episodes)), env_kwargs)
     try:
-        obs, _ = env.reset(seed=[seed * 10_000 + i for i in range(num_envs)])
-        returns: list[float] = []
-        running = np.zeros(num_envs)
-        # each env contributes at most ceil(episodes / num_envs) episodes, so short episodes
-        # (a failing policy) cannot crowd out long ones
-        quota = np.full(num_envs, math.ceil(episodes / num_envs))
-        while len(returns) < episodes:
-            loc, scale = policy(torch.from_numpy(obs).float())
-            action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator)
-            obs, reward, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, high), low).numpy())
-            if render is not None:
-                render(env)
-            running += reward
-            for i in np.flatnonzero(term | trunc):
-                if quota[i] > 0 and len(returns) < episodes:
-                    returns.append(float(running[i]))
-                    quota[i] -= 1
-                running[i] = 0.0
-        return np.asarray(returns)
+        return episode_returns(env, policy, episodes, seed=seed, deterministic=deterministic)
     finally:
         env.close()
 

@@ -31,44 +31,24 @@ class ParallelRolloutDataModule(RolloutDataModule):
 
     def __init__(
         self,
-        env_id: str = "Hopper-v5",
         num_envs: int = 2,
-        num_steps: int = 2048,
-        total_steps: int = 1_000_000,
-        policy_buffer_size: int = 1,
-        scale_reward: bool = True,
-        gamma: float = 0.99,
-        eval_every: int = 10,
-        eval_episodes: int = 10,
-        eval_envs: int = 10,
-        eval_deterministic: bool = False,
-        seed: int = 1,
-        env_kwargs: dict[str, Any] | None = None,
         num_workers: int = 2,
         mode: Literal["sync", "async"] = "sync",
         staleness_limit: int | None = None,
         backend: Literal["mp", "distributed"] = "mp",
         launcher: Literal["mp", "submitit", "submitit_delayed"] = "mp",
         tcp_port: int | None = None,
+        **kwargs: Any,
     ) -> None:
+        """``kwargs``: :class:`~vaco.data.RolloutDataModule`'s other arguments (LightningCLI reads
+        them from there), but ``collection``."""
         warnings.warn(DEPRECATION, FutureWarning, stacklevel=2)
+        if "collection" in kwargs:
+            raise ValueError(
+                "`data.collection`: ParallelRolloutDataModule is the actors backend; use RolloutDataModule"
+            )
         actors = _DataFieldActors(num_workers, mode, staleness_limit, backend, launcher, tcp_port)
-        super().__init__(
-            env_id=env_id,
-            num_envs=num_envs,
-            num_steps=num_steps,
-            total_steps=total_steps,
-            policy_buffer_size=policy_buffer_size,
-            scale_reward=scale_reward,
-            gamma=gamma,
-            eval_every=eval_every,
-            eval_episodes=eval_episodes,
-            eval_envs=eval_envs,
-            eval_deterministic=eval_deterministic,
-            seed=seed,
-            env_kwargs=env_kwargs,
-            collection=actors,
-        )
+        super().__init__(num_envs=num_envs, collection=actors, **kwargs)
 
     # the actor settings, where this data module's callers have always read them
     num_workers = property(lambda self: self.collection.num_workers)

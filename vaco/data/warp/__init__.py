@@ -16,10 +16,8 @@ does not, with measurements.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from vaco.data.collection import Collection
@@ -28,7 +26,7 @@ from vaco.data.warp.tasks import TASKS, task
 if TYPE_CHECKING:
     from vaco.data.collection import RolloutSettings
 
-__all__ = ["TASKS", "Warp", "record_warp_episode", "warp_episodes"]
+__all__ = ["TASKS", "Warp", "record_warp_episode"]
 
 
 class Warp(Collection):
@@ -97,69 +95,17 @@ class Warp(Collection):
             seed=seed,
         )
 
-    def evaluate(
-        self,
-        data: RolloutSettings,
-        policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-        episodes: int,
-        seed: int,
-        deterministic: bool,
-    ) -> np.ndarray:
+    def eval_env(self, data: RolloutSettings, num_envs: int, seed: int):
+        """Warp worlds (no CUDA graph: evaluation is not the hot path), or gymnasium's envs with
+        ``evaluate_on: gymnasium``."""
         if self.evaluate_on == "gymnasium":
-            return super().evaluate(data, policy, episodes, seed, deterministic)
-        return warp_episodes(
-            data.env_id,
-            policy,
-            episodes,
-            num_envs=data.eval_envs,
-            seed=seed,
-            deterministic=deterministic,
-            device=self.device,
-            cone=self.cone,
-        )
+            return super().eval_env(data, num_envs, seed)
+        from vaco.data.warp.env import WarpVectorEnv
+
+        return WarpVectorEnv(data.env_id, num_envs, device=self.device, seed=seed, cone=self.cone)
 
     def definition(self) -> dict[str, Any]:
         return {**super().definition(), "cone": self.cone}  # the device may change on resume
-
-
-@torch.no_grad()
-def warp_episodes(
-    env_id: str,
-    policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    episodes: int,
-    *,
-    num_envs: int = 10,
-    seed: int = 0,
-    deterministic: bool = False,
-    device: str = "cpu",
-    cone: str | None = None,
-) -> np.ndarray:
-    """Returns of ``episodes`` complete episodes on Warp worlds, counted as
-    :func:`vaco.data.episodes.run_episodes` counts them (each world at most ceil(E / n) episodes).
-    ``policy`` maps raw observations on the CPU to ``(loc, scale)`` (the learner's evaluation copy)."""
-    from vaco.data.warp.env import WarpVectorEnv
-
-    num = max(1, min(num_envs, episodes))
-    env = WarpVectorEnv(env_id, num, device=device, seed=seed, cone=cone)
-    generator = torch.Generator(device=env.device).manual_seed(seed)
-    obs = env.reset(seed=seed)
-    running = torch.zeros(num, dtype=torch.float64, device=env.device)
-    quota = [-(-episodes // num)] * num
-    returns: list[float] = []
-    while len(returns) < episodes:
-        loc, scale = (x.to(env.device) for x in policy(obs.cpu()))
-        action = loc if deterministic else loc + scale * torch.randn(loc.shape, generator=generator, device=env.device)
-        obs, reward, term, trunc, _ = env.step(torch.maximum(torch.minimum(action, env.action_high), env.action_low))
-        running += reward.double()
-        done = (term | trunc).cpu()
-        if bool(done.any()):  # one sync per step here: evaluation is not the hot path
-            ended = running.cpu()
-            for i in done.nonzero().flatten().tolist():
-                if quota[i] > 0 and len(returns) < episodes:
-                    returns.append(float(ended[i]))
-                    quota[i] -= 1
-            running.masked_fill_(done.to(env.device), 0.0)
-    return np.asarray(returns)
 
 
 @torch.no_grad()

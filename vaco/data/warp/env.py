@@ -187,7 +187,7 @@ class WarpVectorEnv:
         wp, mjw = _import_warp()
         self._wp, self._mjw = wp, mjw
         self.mj_model = load_model(self.spec, cone)
-        self.num_worlds = num_worlds
+        self.num_worlds = self.num_envs = num_worlds  # num_envs: the rollout loop's VectorEnv name
         data = mujoco.MjData(self.mj_model)
         wp_device = "cpu" if self.device.type == "cpu" else f"cuda:{self.device.index or 0}"
         self._wp_device = wp_device

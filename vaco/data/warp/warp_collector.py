@@ -16,46 +16,16 @@ import torch
 from vaco.data.collector_base import CollectorBase
 from vaco.data.normalization import DeviceRewardScaler
 from vaco.data.policy_buffer import PolicyVersionBuffer
-from vaco.data.warp.env import WarpVectorEnv
 
 __all__ = ["WarpCollector"]
 
 
 class WarpCollector(CollectorBase):
-    """Collects ``num_iterations`` batches of ``num_envs x num_steps`` transitions on MuJoCo Warp.
-
-    Args:
-        env: the batched env (``num_worlds`` = ``num_envs``).
-        num_steps: steps per world per batch.
-        policy_buffer: the versions to act with (moved to the env's device when bound).
-        num_iterations: batches to yield.
-        gamma: discount of the reward scaler.
-        scale_reward: CleanRL's reward scaling.
-        seed: seeds the reset noise and the collector's generator (action noise, version draws).
+    """Collects ``num_iterations`` batches of ``num_envs x num_steps`` transitions on MuJoCo Warp,
+    on the env's device: ``WarpCollector(env, num_steps, policy_buffer, num_iterations, gamma=...,
+    scale_reward=..., seed=...)``, :class:`~vaco.data.collector_base.CollectorBase`'s arguments. The
+    policy buffer is moved to the env's device when bound; the seed also seeds the reset noise.
     """
-
-    def __init__(
-        self,
-        env: WarpVectorEnv,
-        num_steps: int,
-        policy_buffer: PolicyVersionBuffer | None,
-        num_iterations: int,
-        *,
-        gamma: float = 0.99,
-        scale_reward: bool = True,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            env=env,
-            num_envs=env.num_worlds,
-            num_steps=num_steps,
-            policy_buffer=policy_buffer,
-            num_iterations=num_iterations,
-            reward_scaler=DeviceRewardScaler(env.num_worlds, gamma, env.device) if scale_reward else None,
-            generator=torch.Generator(device=env.device),
-            seed=seed,
-            device=env.device,
-        )
 
     @property
     def policy_buffer(self) -> PolicyVersionBuffer | None:
@@ -66,6 +36,9 @@ class WarpCollector(CollectorBase):
         self._policy_buffer = None if buffer is None else buffer.to(self.device)
 
     # ------------------------------------------------------------------ CollectorBase's hooks
+    def _reward_scaler(self, gamma: float) -> DeviceRewardScaler:
+        return DeviceRewardScaler(self.num_envs, gamma, self.device)
+
     @property
     def batch_device(self):
         return self.device
