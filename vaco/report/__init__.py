@@ -2,7 +2,7 @@
 
 The package is the workflow: :mod:`~vaco.report.runs` (read runs from MLflow or a data file),
 :mod:`~vaco.report.scores` (statistics as data), :mod:`~vaco.report.robustness` (each algorithm's
-drop from its own K = 1), :mod:`~vaco.report.figures` (drawn from them),
+drop from its own K = 1), :mod:`~vaco.report.sensitivity` (those verdicts under every scoring), :mod:`~vaco.report.figures` (drawn from them),
 :mod:`~vaco.report.summary` (``summary.md``), :mod:`~vaco.report.report_cli` (``vaco report``, whose
 docstring, printed by ``vaco report --help``, states the protocol). Everything is importable from
 ``vaco.report`` too (``from vaco import report as R``).
@@ -17,6 +17,7 @@ import vaco.report.robustness as _robustness
 import vaco.report.robustness_summary as _robustness_summary
 import vaco.report.runs as _runs
 import vaco.report.scores as _scores
+import vaco.report.sensitivity as _sensitivity
 import vaco.report.summary as _summary
 from vaco.report.ablations import *  # noqa: F403
 from vaco.report.decision import *  # noqa: F403
@@ -26,6 +27,7 @@ from vaco.report.robustness import *  # noqa: F403
 from vaco.report.robustness_summary import *  # noqa: F403
 from vaco.report.runs import *  # noqa: F403
 from vaco.report.scores import *  # noqa: F403
+from vaco.report.sensitivity import *  # noqa: F403
 from vaco.report.summary import *  # noqa: F403
 
 __all__ = sorted(
@@ -38,6 +40,7 @@ __all__ = sorted(
         *_robustness_summary.__all__,
         *_runs.__all__,
         *_scores.__all__,
+        *_sensitivity.__all__,
         *_summary.__all__,
     }
 )

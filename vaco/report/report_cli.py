@@ -8,8 +8,12 @@ The protocol follows the paper's Experiments section and Agarwal et al. (2021), 
 rliable itself (``library.get_interval_estimates``, ``metrics.aggregate_*``,
 ``library.create_performance_profile``, ``plot_utils``):
 
-* final score of a run: the mean of its last ``last_evals`` ``eval/return`` values (default 1:
-  the return of the final policy, itself the mean over E evaluation episodes);
+* score of a run, declared per study (``--score``): ``final``, the last ``eval/return`` (the
+  return of the final policy, itself the mean over E evaluation episodes); ``last-n``, the mean of
+  the last ``--last-evals`` n; or ``auc``, the normalised curve's mean over training. The
+  robustness verdicts decide on it; a table recomputes each verdict under every score, aggregate
+  (IQM, mean) and scale (min-max, floor-free) and flags the scale-dependent ones
+  (:mod:`~vaco.report.sensitivity`, with a two-way statsmodels model as a cross-check);
 * normalised score: ``(return - min) / (max - min)``, with min and max over the final scores of
   the main algorithms' runs of that task at the main comparison's axis values, as the paper
   defines it (ablation and control variants are scored on that scale but do not set it;
@@ -46,9 +50,10 @@ from vaco.report.ablations import step_size_matching
 from vaco.report.decision import DEFAULT_MARGIN
 from vaco.report.figures import use_file_backend
 from vaco.report.robustness import robustness
-from vaco.report.robustness_summary import verdict_lines
+from vaco.report.robustness_summary import scoring_lines, verdict_lines
 from vaco.report.runs import load_runs, log_report, read_runs, save_runs
-from vaco.report.scores import NORMALIZATIONS, build_report
+from vaco.report.scores import NORMALIZATIONS, SCORES, build_report
+from vaco.report.sensitivity import sensitivity
 from vaco.report.summary import write_report
 from vaco.tracking import tracking_uri
 
@@ -95,7 +100,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="numpy seed of the bootstrap")
     parser.add_argument("--min-runs", type=int, default=3, help="runs per task below which no interval is drawn")
     parser.add_argument(
-        "--last-evals", type=int, default=1, help="final score = mean of this many last eval/return values"
+        "--score",
+        choices=SCORES,
+        default=None,
+        help="the score the verdicts decide on, declared per study: final (the last evaluation; default), last-n "
+        "(the mean of the last --last-evals evaluations; the default when --last-evals > 1) or auc (the "
+        "normalised curve's mean over training)",
+    )
+    parser.add_argument(
+        "--last-evals", type=int, default=1, help="n of --score last-n: the score is the mean of the last n evaluations"
+    )
+    parser.add_argument(
+        "--no-sensitivity",
+        action="store_true",
+        help="skip the table of verdicts under every scoring (score x aggregate x scale) and the two-way model",
     )
     parser.add_argument(
         "--reference-delta",
@@ -202,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             runs,
             notes,
             last_evals=args.last_evals,
+            score=args.score,
             reference=reference,
             reps=args.reps,
             seed=args.seed,
@@ -227,12 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_data:
         print(f"vaco report: {len(runs)} runs' metric histories -> {save_runs(runs, args.save_data)}")
     out = Path(args.out or Path("reports") / experiment)
-    summary = write_report(report, out)
-    print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     lag = robustness(report)
+    scoring = None if args.no_sensitivity else sensitivity(report, lag)
+    summary = write_report(report, out, lag=lag, scoring=scoring)
+    print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     if lag.drops:
-        print(f"robustness to lag, decided at margin {report.margin:g} (normalised units):")
+        print(f"robustness to lag ({report.score} score), decided at margin {report.margin:g} (normalised units):")
         print("\n".join(verdict_lines(lag)))
+    if scoring is not None and scoring.rows:
+        flagged = scoring_lines(scoring)
+        print("verdicts under every scoring: " + ("none depends on it" if not flagged else "scale-dependent:"))
+        if flagged:
+            print("\n".join(flagged))
     for m in step_size_matching(report):
         print(
             f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "

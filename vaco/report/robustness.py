@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -187,14 +187,19 @@ class Robustness:
 
 
 def paired_cells(
-    report: Report, cells: Sequence[tuple[str, int]], tasks: Sequence[str]
+    report: Report,
+    cells: Sequence[tuple[str, int]],
+    tasks: Sequence[str],
+    values: Mapping[str, float] | None = None,
 ) -> tuple[list[np.ndarray], list[int]]:
-    """(seeds x tasks) matrices of normalised final scores, one per (algorithm, K) cell, with rows
-    aligned by seed: per task the seeds every cell has, cut to the smallest such count over the
-    tasks (lowest seeds first). Returns the matrices and the seeds kept per task's count."""
+    """(seeds x tasks) matrices of the runs' ``values`` (run_id -> score; default the report's
+    declared score, :meth:`Report.study_scores`), one per (algorithm, K) cell, with rows aligned by
+    seed: per task the seeds every cell has, cut to the smallest such count over the tasks (lowest
+    seeds first). Returns the matrices and the seeds kept per task's count."""
+    values = report.study_scores() if values is None else values
     by_cell: dict[tuple[str, int, str], dict[int, float]] = defaultdict(dict)
     for r in report.main_runs():
-        by_cell[(r.algorithm, r.K, r.env)][r.seed] = report.normalized[r.run_id]
+        by_cell[(r.algorithm, r.K, r.env)][r.seed] = values[r.run_id]
     common = {}
     for t in tasks:
         seeds = None

@@ -7,11 +7,24 @@ from vaco.report.decision import PERMUTATION_BELOW, Verdict
 from vaco.report.markdown import _pair, _table
 from vaco.report.robustness import Robustness
 from vaco.report.scores import Report
+from vaco.report.sensitivity import SCALES, Sensitivity
 
-__all__ = ["verdict_lines"]
+__all__ = ["scoring_lines", "verdict_lines"]
+
+SCORE_WORDS = {
+    "final": "normalised final scores (the last evaluation)",
+    "last-n": "normalised scores averaged over the last {n} evaluations",
+    "auc": "normalised areas under the curve (the curve's mean over training)",
+}
 
 
-def _robustness_section(report: Report, data: Robustness, figure: str | None) -> list[str]:
+def score_words(report: Report) -> str:
+    return SCORE_WORDS[report.score].format(n=report.last_evals)
+
+
+def _robustness_section(
+    report: Report, data: Robustness, figure: str | None, scoring: Sensitivity | None = None
+) -> list[str]:
     s = ["", "## Robustness to lag", ""]
     if not data.drops:
         return s + [f"Not in this report: it needs runs of an algorithm at two or more K ({'; '.join(data.notes)})."]
@@ -21,7 +34,8 @@ def _robustness_section(report: Report, data: Robustness, figure: str | None) ->
         "score than the baseline? Each algorithm is compared with itself; levels (which algorithm scores "
         "higher) are in the sections below.",
         "",
-        f"- **drop** at K = IQM(K={k_ref}) - IQM(K) of the normalised final scores; **ratio** = IQM(K) / IQM(K={k_ref}).",
+        f"- **drop** at K = IQM(K={k_ref}) - IQM(K) of the {score_words(report)}, the score declared for this "
+        f"report (`--score {report.score}`); **ratio** = IQM(K) / IQM(K={k_ref}).",
         f"- **difference of drops** = drop({data.baseline}) - drop(algorithm): above 0 the algorithm loses "
         f"less than {data.baseline}. **P(drop smaller)**: the probability that a run of the algorithm drops "
         f"less than a run of {data.baseline} on a task drawn at random (rliable's probability of improvement "
@@ -56,7 +70,84 @@ def _robustness_section(report: Report, data: Robustness, figure: str | None) ->
         _task_drop_table(report, data),
     ]
     s += [f"- {n}" for n in data.notes]
+    if scoring is not None and scoring.rows:
+        s += _scoring_section(report, scoring)
     return s
+
+
+def _scoring_section(report: Report, data: Sensitivity) -> list[str]:
+    """Each difference of drops under every scoring, the scale-dependent ones flagged, and the
+    two-way model's interaction term."""
+    flagged = data.scale_dependent()
+    s = [
+        "",
+        "### Does the verdict depend on the scoring?",
+        "",
+        "Each difference of drops above, recomputed with each score (final: the last evaluation; "
+        f"last-{data.last_n}: the mean of the last {data.last_n}; AUC: the normalised curve's mean over training), "
+        "aggregate (IQM, mean) and per-task scale (min-max: (x - min) / (max - min), the paper's; floor-free: "
+        "x / max, the same top without the floor that collapsed runs set), decided by the same rule on the same "
+        "bootstrap draws (`*`: this report's declared scoring, the headline). A comparison whose verdict word "
+        "changes across scorings is **scale-dependent**: read its headline as one scoring's answer.",
+        "",
+    ]
+    if flagged:
+        s += [
+            "Scale-dependent: "
+            + "; ".join(
+                f"**{algo} K={K}** ({', '.join(f'{w} on {words.count(w)}' for w in dict.fromkeys(words))} of {len(words)})"
+                for (algo, K), words in flagged.items()
+            )
+            + ".",
+            "",
+        ]
+    else:
+        s += ["No verdict changes with the scoring.", ""]
+    cells = {(r.algorithm, r.K, r.score, r.aggregate, r.scale): r for r in data.rows}
+    keys = list(dict.fromkeys((r.algorithm, r.K, r.score, r.aggregate) for r in data.rows))
+    rows = []
+    for algo, K, score, agg in keys:
+        row = [algo, K, score if score != "last-n" else f"last-{data.last_n}", agg]
+        for scale in SCALES:
+            r = cells[(algo, K, score, agg, scale)]
+            star = "*" if r.declared else ""
+            row.append(f"{_pair(r.difference, r.interval)} {r.verdict.word}{star}")
+        rows.append(row)
+    s += [_table(["algorithm", "K", "score", "aggregate", *SCALES], rows), ""]
+    if data.models:
+        s += [
+            "Two-way model (statsmodels OLS on the declared score, min-max scale): score ~ algorithm x lagged + "
+            "(task, seed) unit, per comparison; the interaction term is the difference of the mean drops "
+            "(above 0: the algorithm loses less), with its 95% confidence interval and t-test. A cross-check that "
+            "does not trim or resample.",
+            "",
+            _table(
+                ["algorithm", "K", "interaction", "95% CI", "t", "p", "observations"],
+                [
+                    (
+                        m.algorithm,
+                        m.K,
+                        f"{m.estimate:+.3f}",
+                        f"[{m.low:+.3f}, {m.high:+.3f}]",
+                        f"{m.t:.2f}",
+                        f"{m.p:.3g}",
+                        m.observations,
+                    )
+                    for m in data.models
+                ],
+            ),
+        ]
+    s += [f"- {n}" for n in data.notes]
+    return s
+
+
+def scoring_lines(data: Sensitivity) -> list[str]:
+    """The stdout lines of `vaco report`: the comparisons whose verdict depends on the scoring."""
+    return [
+        f"  {algo} K={K}: scale-dependent ({', '.join(f'{w} on {words.count(w)}' for w in dict.fromkeys(words))}"
+        f" of {len(words)} scorings)"
+        for (algo, K), words in data.scale_dependent().items()
+    ]
 
 
 def _verdict(v: Verdict | None) -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "AGGREGATES",
     "Estimate",
     "Report",
+    "SCORES",
     "Scores",
     "aggregate_estimates",
     "aggregate_scores",
@@ -67,6 +68,9 @@ _PAPER_ORDER = (
 #: (``vaco[normalize_advantage=false]``) or a realignment switch (``ppo_clip+realign``) is a variant too.
 VARIANTS = ("vaco_no_realign", "ppo_clip_tv_matched", "vaco_tv_matched")
 NORMALIZATIONS = ("main", "all")
+#: the scores a study may declare (``vaco report --score``): the last evaluation, the mean of the last
+#: n (``--last-evals n``), or the normalised curve's area (its mean over training)
+SCORES = ("final", "last-n", "auc")
 _PAPER_REFERENCE = {"delta": 0.2, "rho_bar": 1.0}  # the paper's values win a tie for "most used"
 MAX_CURVE_POINTS = 20
 AGGREGATES = ("Median", "IQM", "Mean", "Optimality Gap")
@@ -257,12 +261,19 @@ class Report:
     seed: int = 0
     min_runs: int = 3
     last_evals: int = 1
+    # the score the verdicts are decided on, declared before the data (SCORES): "final" and
+    # "last-n" are ``normalized`` (the mean of the last ``last_evals`` evaluations), "auc" is ``auc``
+    score: str = "final"
     baseline: str | None = None  # what probability_of_improvement compares against (None: ppo_clip if present)
     normalization: str = "main"  # "main": min/max over the main algorithms' runs; "all": over every run
     margin: float = DEFAULT_MARGIN  # the smallest difference that matters (vaco.report.decision)
     # the 2x2 design's step-size partners, filter arm -> clip arm (``--step-pairs``): the report
     # checks that each pair moves as far per iteration at every K (ablations.step_size_matching)
     step_pairs: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def study_scores(self) -> dict[str, float]:
+        """run_id -> the declared score, normalised: what the robustness verdicts decide on."""
+        return self.auc if self.score == "auc" else self.normalized
 
     @property
     def ref_delta(self) -> float | None:
@@ -365,6 +376,7 @@ def build_report(
     notes: list[str] | None = None,
     *,
     last_evals: int = 1,
+    score: str | None = None,
     reference: Mapping[str, float] | None = None,
     reps: int = 2000,
     seed: int = 0,
@@ -383,6 +395,13 @@ def build_report(
     """
     if not (isinstance(margin, (int, float)) and 0 < margin and math.isfinite(margin)):
         raise ValueError(f"`--margin` must be a positive number (normalised units), got {margin!r}")
+    score = score or ("last-n" if last_evals > 1 else "final")
+    if score not in SCORES:
+        raise ValueError(f"`--score` must be one of {', '.join(SCORES)}, got {score!r}")
+    if score == "final" and last_evals != 1:
+        raise ValueError(
+            f"`--last-evals` is the n of `--score last-n`; `--score final` is the last evaluation, got {last_evals}"
+        )
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"`--normalize-over` must be one of {', '.join(NORMALIZATIONS)}, got {normalization!r}")
     notes = list(notes or [])
@@ -423,6 +442,7 @@ def build_report(
         seed=seed,
         min_runs=min_runs,
         last_evals=last_evals,
+        score=score,
         baseline=baseline,
         normalization=normalization,
         margin=margin,

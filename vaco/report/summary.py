@@ -34,7 +34,7 @@ from vaco.report.figures import (
     figure_tv,
 )
 from vaco.report.markdown import _ci, _sd, _table
-from vaco.report.robustness import FEW_RESAMPLES, distinct_resamples, robustness
+from vaco.report.robustness import FEW_RESAMPLES, Robustness, distinct_resamples, robustness
 from vaco.report.robustness_summary import _robustness_section
 from vaco.report.scores import (
     AGGREGATES,
@@ -49,6 +49,7 @@ from vaco.report.scores import (
     profiles,
     sample_efficiency,
 )
+from vaco.report.sensitivity import Sensitivity, sensitivity
 
 __all__ = ["FIGURES", "SECTIONS", "write_report"]
 
@@ -113,16 +114,24 @@ class _Figures:
         return name
 
 
-def write_report(report: Report, out: str | os.PathLike, dpi: int = 110) -> Path:
+def write_report(
+    report: Report,
+    out: str | os.PathLike,
+    dpi: int = 110,
+    lag: Robustness | None = None,
+    scoring: Sensitivity | None = None,
+) -> Path:
     """Draw every figure into ``out`` and write ``out/summary.md`` (one function per section, in
-    :data:`SECTIONS` order); returns the summary's path."""
+    :data:`SECTIONS` order); returns the summary's path. ``lag`` and ``scoring``: the robustness
+    section's data and its sensitivity to the scoring, if computed already (else computed here;
+    ``scoring`` only when ``lag`` is not given)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save = _Figures(out, dpi)
     s: list[str] = [f"# Report: {report.experiment}", ""]
     s += _runs_section(report, save)
     s += _normalisation_section(report, save)
-    s += _robustness_part(report, save)
+    s += _robustness_part(report, save, lag, scoring)
     scores = aggregate_scores(report)  # (after the robustness bootstrap, as the summary has always been drawn)
     s += _final_scores_section(report, save, scores)
     s += _iqm_section(report, save, scores)
@@ -200,11 +209,16 @@ def _normalisation_section(report: Report, save: _Figures) -> list[str]:
     return s
 
 
-def _robustness_part(report: Report, save: _Figures) -> list[str]:
-    """Robustness to lag (the paper's claim), before the levels."""
-    lag = robustness(report)
+def _robustness_part(report: Report, save: _Figures, lag: Robustness | None, scoring: Sensitivity | None) -> list[str]:
+    """Robustness to lag (the paper's claim), before the levels, and its sensitivity to the scoring
+    (also saved as ``sensitivity.csv``)."""
+    if lag is None:
+        lag = robustness(report)
+        scoring = sensitivity(report, lag)
+    if scoring is not None and scoring.rows:
+        scoring.frame().to_csv(save.out / "sensitivity.csv", index=False)
     return _robustness_section(
-        report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None
+        report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None, scoring
     )
 
 

@@ -1,0 +1,268 @@
+"""Does a verdict depend on how the runs were scored? The difference of drops under every scoring.
+
+The robustness section decides each difference of drops (:mod:`~vaco.report.robustness`) on one
+scoring, declared before the data (``vaco report --score``). This module recomputes every such
+difference, with its verdict, under each combination of
+
+* **score**: ``final`` (the last evaluation), ``last-n`` (the mean of the last n evaluations) and
+  ``auc`` (the normalised curve's mean over training);
+* **aggregate**: ``IQM`` (the paper's) and ``mean``;
+* **scale**: ``min-max`` (the paper's ``(x - min) / (max - min)`` per task, min and max over the
+  main algorithms' runs) and ``floor-free`` (``x / max`` per task: the same top, no floor, so runs
+  that collapse do not define zero),
+
+and flags a comparison whose verdict word changes across them as **scale-dependent**. Every
+scoring is resampled with the same paired bootstrap draws as the headline, so the row of the
+declared scoring reproduces the robustness section's interval exactly.
+
+As a cross-check that does not aggregate at all, a two-way linear model (statsmodels OLS) per
+comparison: ``score ~ C(algorithm) * C(lagged) + C(unit)``, one unit per (task, seed) pair (the
+paired runs share initial weights and environment seeds, so the unit absorbs seed and task
+effects); its interaction coefficient is the difference of mean drops, with a t-test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+
+import numpy as np
+
+from vaco.report.decision import Verdict, decide
+from vaco.report.robustness import Robustness, paired_bootstrap, paired_cells
+from vaco.report.scores import (
+    SCORES,
+    Report,
+    area_under_curve,
+    final_score,
+    is_variant,
+    normalization_bounds,
+    normalize,
+)
+
+__all__ = [
+    "DROP_AGGREGATES",
+    "DEFAULT_LAST_N",
+    "SCALES",
+    "ModelFit",
+    "Sensitivity",
+    "SensitivityRow",
+    "interaction_model",
+    "run_scores",
+    "sensitivity",
+]
+
+DROP_AGGREGATES = ("IQM", "mean")
+SCALES = ("min-max", "floor-free")
+DEFAULT_LAST_N = 3  # the last-n score's n when the report's own score is not last-n
+
+
+def _trimmed(x: np.ndarray) -> float:
+    from rliable import metrics
+
+    return float(metrics.aggregate_iqm(x))
+
+
+_AGGREGATE = {"IQM": _trimmed, "mean": lambda x: float(np.mean(x))}
+
+
+@dataclasses.dataclass
+class SensitivityRow:
+    """One comparison under one scoring."""
+
+    algorithm: str
+    baseline: str
+    K: int
+    score: str
+    aggregate: str
+    scale: str
+    difference: float  # drop(baseline) - drop(algorithm)
+    interval: tuple[float, float] | None
+    verdict: Verdict
+    declared: bool  # the report's own scoring (the headline)
+
+
+@dataclasses.dataclass
+class ModelFit:
+    """The two-way model's interaction term for one comparison (declared score, min-max scale)."""
+
+    algorithm: str
+    baseline: str
+    K: int
+    estimate: float  # = difference of the mean drops
+    se: float
+    t: float
+    p: float
+    low: float  # 95% confidence interval
+    high: float
+    observations: int
+
+
+@dataclasses.dataclass
+class Sensitivity:
+    rows: list[SensitivityRow]
+    models: list[ModelFit]
+    last_n: int
+    notes: list[str]
+
+    def scale_dependent(self) -> dict[tuple[str, int], list[str]]:
+        """(algorithm, K) -> its verdict words in scoring order, for the comparisons whose word changes."""
+        words: dict[tuple[str, int], list[str]] = defaultdict(list)
+        for r in self.rows:
+            words[(r.algorithm, r.K)].append(r.verdict.word)
+        return {key: w for key, w in words.items() if len(set(w)) > 1}
+
+    def frame(self):
+        """One row per (comparison, scoring): the difference of drops, its interval and verdict."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            [
+                {
+                    "algorithm": r.algorithm,
+                    "baseline": r.baseline,
+                    "K": r.K,
+                    "score": r.score,
+                    "aggregate": r.aggregate,
+                    "scale": r.scale,
+                    "difference": r.difference,
+                    "low": r.interval[0] if r.interval else math.nan,
+                    "high": r.interval[1] if r.interval else math.nan,
+                    "verdict": r.verdict.word,
+                    "seeds_needed": r.verdict.seeds_needed,
+                    "declared": r.declared,
+                }
+                for r in self.rows
+            ]
+        )
+
+
+def run_scores(report: Report, score: str, scale: str, last_n: int) -> tuple[dict[str, float], list[str]]:
+    """Every run's score under one scoring: run_id -> value, and notes on what could not be scaled.
+
+    ``final`` and ``last-n`` are scaled by their own per-task min and max (over the runs the report
+    normalises by: the main algorithms at the reference axis values, or every run with
+    ``--normalize-over all``); ``auc`` by the final score's, as the report's curves are.
+    """
+    notes: list[str] = []
+    if score not in SCORES or scale not in SCALES:
+        raise ValueError(f"unknown scoring {score!r} / {scale!r}")
+    raw_end = {r.run_id: final_score(r.score()[1], last_n if score == "last-n" else 1) for r in report.runs}
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for r in report.runs:
+        if report.normalization == "all" or (report.is_reference(r) and not is_variant(r.algorithm, r.variant_of)):
+            by_task[r.env].append(raw_end[r.run_id])
+    for r in report.runs:  # a task with no main-algorithm run: over all its runs, as build_report does
+        if r.env not in by_task:
+            by_task[r.env] = [raw_end[q.run_id] for q in report.runs if q.env == r.env]
+    bounds = normalization_bounds(by_task)
+    if scale == "floor-free":
+        bad = sorted(t for t, (_, high) in bounds.items() if not high > 0)
+        if bad:
+            notes.append(f"floor-free scale undefined on {', '.join(bad)} (best score <= 0); min-max used there")
+
+    def scaled(values, task):
+        low, high = bounds[task]
+        if scale == "floor-free" and high > 0:
+            return np.asarray(values, dtype=np.float64) / high
+        return normalize(values, (low, high))
+
+    out = {}
+    for r in report.runs:
+        if score == "auc":
+            steps, values = r.score()
+            out[r.run_id] = area_under_curve(steps, scaled(values, r.env))
+        else:
+            out[r.run_id] = float(scaled(raw_end[r.run_id], r.env))
+    return out, notes
+
+
+def _declared(report: Report) -> tuple[str, str, str]:
+    return report.score, "IQM", "min-max"
+
+
+def sensitivity(report: Report, found: Robustness, last_n: int | None = None) -> Sensitivity:
+    """Every difference of drops in ``found`` (the robustness section) under every scoring, and the
+    two-way model's interaction for each."""
+    last_n = last_n or (report.last_evals if report.score == "last-n" else DEFAULT_LAST_N)
+    combos = [(s, a, c) for s in SCORES for a in DROP_AGGREGATES for c in SCALES]
+    values, notes = {}, []
+    for score in SCORES:
+        for scale in SCALES:
+            values[(score, scale)], more = run_scores(report, score, scale, last_n)
+            notes.extend(n for n in more if n not in notes)
+    rows: list[SensitivityRow] = []
+    models: list[ModelFit] = []
+    k_ref = found.k_ref
+    for (algo, K), headline in found.interactions.items():
+        baseline = headline.baseline
+        cells = [(algo, k_ref), (algo, K), (baseline, k_ref), (baseline, K)]
+        tasks = [t for t in report.tasks if all(found.seeds.get((a, k, t)) for a, k in cells)]
+        stacks = {key: paired_cells(report, cells, tasks, v)[0] for key, v in values.items()}
+        n = stacks[(report.score, "min-max")][0].shape[0]
+        if n == 0:
+            continue
+
+        def all_scorings(*flat):
+            out = []
+            for score, agg, scale in combos:
+                xr, xk, yr, yk = flat[4 * list(values).index((score, scale)) :][:4]
+                f = _AGGREGATE[agg]
+                out.append((f(yr) - f(yk)) - (f(xr) - f(xk)))
+            return np.array(out)
+
+        flat = [m for key in values for m in stacks[key]]
+        point = all_scorings(*flat)
+        samples = paired_bootstrap(flat, all_scorings, report.reps, report.seed) if n >= report.min_runs else None
+        for j, (score, agg, scale) in enumerate(combos):
+            xr, xk, yr, yk = stacks[(score, scale)]
+            column = None if samples is None else samples[:, j]
+            verdict = decide(float(point[j]), (yr - yk) - (xr - xk), report.margin, column, report.seed)
+            interval = None if column is None else tuple(float(v) for v in np.percentile(column, [2.5, 97.5]))
+            rows.append(
+                SensitivityRow(
+                    algo,
+                    baseline,
+                    K,
+                    score,
+                    agg,
+                    scale,
+                    float(point[j]),
+                    interval,
+                    verdict,
+                    (score, agg, scale) == _declared(report),
+                )
+            )
+        models.append(interaction_model(stacks[(report.score, "min-max")], tasks, algo, baseline, K))
+    return Sensitivity(rows, models, last_n, notes)
+
+
+def interaction_model(cells, tasks, algo: str, baseline: str, K: int) -> ModelFit:
+    """OLS ``score ~ C(algorithm) * C(lagged) + C(unit)`` on the four paired (seeds x tasks) cells
+    (``algo`` at K_ref and K, ``baseline`` at K_ref and K), unit = (task, seed). The interaction
+    coefficient is signed as the difference of drops: positive when ``algo`` loses less."""
+    import pandas as pd
+    import statsmodels.formula.api as smf
+
+    rows = []
+    for cell, (is_algo, lagged) in zip(cells, [(1, 0), (1, 1), (0, 0), (0, 1)]):
+        for i in range(cell.shape[0]):
+            for j, task in enumerate(tasks):
+                rows.append({"score": cell[i, j], "algo": is_algo, "lagged": lagged, "unit": f"{task}/{i}"})
+    frame = pd.DataFrame(rows)
+    fit = smf.ols("score ~ C(algo) * C(lagged) + C(unit)", data=frame).fit()
+    term = "C(algo)[T.1]:C(lagged)[T.1]"
+    low, high = (float(v) for v in fit.conf_int().loc[term])
+    return ModelFit(
+        algo,
+        baseline,
+        K,
+        float(fit.params[term]),
+        float(fit.bse[term]),
+        float(fit.tvalues[term]),
+        float(fit.pvalues[term]),
+        low,
+        high,
+        int(fit.nobs),
+    )
