@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 # torch must come first: the pinned CPU wheel is on disk; an unpinned torch pulls GBs of CUDA.
 TORCH   := torch==2.13.0
-EXTRAS  ?= test,llm,video,slurm,ray,warp,postgres
+EXTRAS  ?= test,llm,video,slurm,ray,warp,postgres,envpool
 # Each CI/test process gets one torch thread; env stepping and the learner share two cores.
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1

@@ -28,10 +28,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = Path("benchmarks/sweeps/study_cell.yaml")
+ENVPOOL_SWEEP = Path("benchmarks/sweeps/study_cell_envpool.yaml")  # the same cell on the opt-in envpool backend
 SEEDS, JOBS = 4, 2
 
 
-def _run(root: Path, tree: Path, env_extra: dict[str, str]) -> dict:
+def _run(root: Path, tree: Path, env_extra: dict[str, str], sweep: Path = SWEEP) -> dict:
     out = root / "out"
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", **env_extra)
@@ -39,7 +40,7 @@ def _run(root: Path, tree: Path, env_extra: dict[str, str]) -> dict:
         env["PYTHONPATH"] = str(tree)  # the baseline's vaco package ahead of this tree's editable install
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "vaco.cli", "sweep", "--config", str(tree / SWEEP), "--out", str(out)],
+        [sys.executable, "-m", "vaco.cli", "sweep", "--config", str(tree / sweep), "--out", str(out)],
         cwd=root,
         env=env,
         capture_output=True,
@@ -74,6 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="cd057c1", help="the commit to compare with")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every variant")
     parser.add_argument("--out", default="benchmarks/results/study_cell.json")
+    parser.add_argument(
+        "--no-zygote-row", action="store_true", help="leave out the VACO_SWEEP_ZYGOTE=0 variant (saves a third)"
+    )
+    parser.add_argument(
+        "--envpool",
+        action="store_true",
+        help="add the same cell on the opt-in envpool backend (study_cell_envpool.yaml)",
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="vaco-study-cell-"))
     base = work / "baseline"
@@ -81,17 +90,20 @@ def main(argv: list[str] | None = None) -> int:
     (base / SWEEP).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / SWEEP, base / SWEEP)  # the same sweep file, read with the baseline's configs
     variants = {
-        f"baseline {args.baseline}": (base, {}),
-        "this tree": (REPO, {}),
-        "this tree, VACO_SWEEP_ZYGOTE=0": (REPO, {"VACO_SWEEP_ZYGOTE": "0"}),
+        f"baseline {args.baseline}": (base, {}, SWEEP),
+        "this tree": (REPO, {}, SWEEP),
     }
+    if not args.no_zygote_row:
+        variants["this tree, VACO_SWEEP_ZYGOTE=0"] = (REPO, {"VACO_SWEEP_ZYGOTE": "0"}, SWEEP)
+    if args.envpool:
+        variants["this tree, envpool backend"] = (REPO, {}, ENVPOOL_SWEEP)
     results: dict[str, list[dict]] = {name: [] for name in variants}
     try:
         for round_ in range(args.rounds):
-            for name, (tree, extra) in variants.items():
+            for name, (tree, extra, sweep) in variants.items():
                 root = work / f"{name.split()[0]}-{len(results[name])}-{round_}-{abs(hash(name)) % 997}"
                 root.mkdir()
-                results[name].append(_run(root, tree, extra))
+                results[name].append(_run(root, tree, extra, sweep))
                 print(f"round {round_ + 1}: {name}: {results[name][-1]}", flush=True)
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)

@@ -217,6 +217,8 @@ class VacoModule(MinibatchUpdate, Learner):
             "env": data.env_id,
             "K": data.policy_buffer_size,
             "seed": data.seed,
+            # the collection backend (its class path): which simulator produced the run
+            "collection": data.collection.definition()["class_path"],
             "world_size": self.trainer.world_size,
             **dict.fromkeys(PAPER_AXES),  # delta and rho_bar always (None where they do not apply)
             **declared_axes(self.objective, self.advantage),

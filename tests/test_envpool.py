@@ -1,0 +1,210 @@
+"""The opt-in envpool backend (vaco.data.envpool_backend) against gymnasium, the reference.
+
+envpool runs the v5 tasks in C++ on its own MuJoCo build, so agreement is checked, not assumed:
+one step from the same state gives the same observation and reward (gymnasium's env is put in
+envpool's state, read back from the observation); random-action episodes have the same length,
+return and reset distributions; the adapter's same-step reset hands back the state the pool is
+really in; a real `vaco fit` on it learns; its bad input is refused in one line; a resume warns
+that the episodes in flight start over."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("envpool", reason="the envpool extra (Python >= 3.11): pip install -e '.[envpool]'")
+
+import gymnasium as gym  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from vaco.data.envpool_backend import RESUME_WARNING, EnvPool, EnvPoolCollector, EnvPoolEnvs  # noqa: E402
+
+# qpos without the x position (which the observation leaves out) comes first in both tasks' observations
+NQ = {"Hopper-v5": 6, "HalfCheetah-v5": 9}
+
+
+def _gym_step_from(g, obs: np.ndarray, action: np.ndarray, nq: int):
+    """gymnasium's step from the state an observation shows (x = 0: the dynamics do not depend on it)."""
+    g.set_state(np.concatenate([[0.0], obs[: nq - 1]]), obs[nq - 1 :])
+    return g.step(action)
+
+
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "HalfCheetah-v5"])
+def test_one_step_from_the_same_state_agrees_with_gymnasium(env_id):
+    """Along envpool's own random-action trajectories (float64, resets included), every step agrees
+    with gymnasium's from the same state: observations to 1e-9, rewards to 1e-6 (envpool's MuJoCo
+    is 3.6, the project's 4.0), termination exactly."""
+    import envpool
+
+    nq = NQ[env_id]
+    pool = envpool.make(env_id, env_type="gymnasium", num_envs=4, num_threads=1, seed=3)
+    g = gym.make(env_id).unwrapped
+    g.reset(seed=0)
+    rng = np.random.default_rng(1)
+    obs, _ = pool.reset()
+    compared = 0
+    for _ in range(150):
+        action = rng.uniform(-1, 1, (4, pool.action_space.shape[0]))
+        new_obs, reward, term, trunc, _ = pool.step(action)
+        for i in range(4):
+            if env_id == "Hopper-v5" and np.any(np.abs(obs[i, nq - 1 :]) >= 10):
+                continue  # Hopper's observation clips velocities at +-10: the state is not recoverable
+            g_obs, g_reward, g_term, _, _ = _gym_step_from(g, obs[i], action[i], nq)
+            assert np.max(np.abs(g_obs - new_obs[i])) <= 1e-9
+            assert abs(g_reward - reward[i]) <= 1e-6
+            assert g_term == bool(term[i])
+            compared += 1
+        ended = np.flatnonzero(term | trunc)
+        if ended.size:  # envpool resets an ended env on its next step
+            reset_obs, *_ = pool.step(np.zeros((ended.size, action.shape[1])), ended)
+            new_obs[ended] = reset_obs
+        obs = new_obs
+    pool.close()
+    assert compared >= 400
+
+
+def test_the_adapter_resets_an_ended_episode_in_the_same_step():
+    """Where an episode ends, ``final_obs`` is its last observation and ``obs`` the reset one; the
+    next step runs from that reset state (checked against gymnasium from it) and the pool's
+    step counter restarts there."""
+    envs = EnvPoolEnvs("Hopper-v5", 6)
+    g = gym.make("Hopper-v5").unwrapped
+    g.reset(seed=0)
+    rng = np.random.default_rng(0)
+    envs.reset(seed=1)
+    ends = 0
+    try:
+        for _ in range(120):
+            new_obs, _, term, trunc, final = envs.step(torch.as_tensor(rng.uniform(-1, 1, (6, 3)), dtype=torch.float32))
+            done = (term | trunc).numpy()
+            for i in np.flatnonzero(done):
+                ends += 1
+                assert not torch.equal(new_obs[i], final[i])
+                assert abs(float(new_obs[i, 0]) - 1.25) <= 0.005  # Hopper's reset height, uniform noise +-0.005
+            assert torch.equal(new_obs[~torch.as_tensor(done)], final[~torch.as_tensor(done)])
+            if done.any():
+                i = int(np.flatnonzero(done)[0])
+                action = np.full((6, 3), 0.1, dtype=np.float32)
+                after, reward, *_ = envs.step(torch.as_tensor(action))
+                g_obs, g_reward, *_ = _gym_step_from(g, new_obs[i].double().numpy(), action[i].astype(np.float64), 6)
+                # the observation is float32: the state read back from it is within rounding of the pool's
+                assert np.max(np.abs(g_obs - after[i].double().numpy())) <= 1e-3
+    finally:
+        envs.close()
+    assert ends >= 20
+
+
+@pytest.mark.parametrize("env_id, episodes", [("Hopper-v5", 96), ("HalfCheetah-v5", 12)])
+def test_random_action_episodes_agree_in_distribution(env_id, episodes):
+    """Lengths, returns and the first observation of episodes under uniform random actions: two-sample
+    Kolmogorov-Smirnov tests against gymnasium's, none below p = 0.01."""
+
+    def run(make_env):
+        env = make_env()
+        rng = np.random.default_rng(7)
+        first, lengths, returns = [], [], []
+        obs = env.reset(seed=11)
+        first.extend(obs[:, 0].tolist())
+        running, length = np.zeros(env.num_envs), np.zeros(env.num_envs, dtype=int)
+        while len(returns) < episodes:
+            obs, reward, term, trunc, _ = env.step(
+                torch.as_tensor(rng.uniform(-1, 1, (env.num_envs, env.act_dim)), dtype=torch.float32)
+            )
+            running += reward.numpy()
+            length += 1
+            for i in np.flatnonzero((term | trunc).numpy()):
+                returns.append(running[i])
+                lengths.append(length[i])
+                first.append(float(obs[i, 0]))
+                running[i], length[i] = 0.0, 0
+        env.close()
+        return np.array(first), np.array(lengths[:episodes]), np.array(returns[:episodes])
+
+    from vaco.data.collector import GymnasiumEnvs
+
+    pool = run(lambda: EnvPoolEnvs(env_id, 12))
+    reference = run(lambda: GymnasiumEnvs(env_id, 12))
+    for name, a, b in zip(("first observation", "length", "return"), pool, reference):
+        if name == "length" and env_id == "HalfCheetah-v5":
+            assert set(a) == set(b) == {1000}  # it never terminates: every episode is truncated at 1000
+            continue
+        p = stats.ks_2samp(a, b).pvalue
+        assert p >= 0.01, (env_id, name, p)
+
+
+def test_vaco_fit_on_envpool_learns_inverted_pendulum(tmp_path, mlflow_uri):
+    """`vaco fit` with configs/collection/envpool.yaml (collection and evaluation on envpool)."""
+    import mlflow
+
+    from helpers.runs import CONFIGS, run_cli
+
+    out = run_cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "env/inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo/ppo_clip.yaml"),
+        "--config",
+        str(CONFIGS / "collection/envpool.yaml"),
+        "--data.init_args.total_steps",
+        "12288",
+        "--data.init_args.eval_every",
+        "0",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--checkpoint.every_n_iterations",
+        "0",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
+    final = run.data.metrics["eval/return"]
+    # a random policy scores ~5-10; as with gymnasium's envs, 12 iterations reach several hundred
+    assert final > 300 and math.isfinite(final), final
+    assert run.data.params["collection"] == "vaco.data.envpool_backend.EnvPool"
+
+
+def test_bad_envpool_settings_are_refused_in_one_line():
+    from vaco.data import RolloutDataModule
+
+    with pytest.raises(ValueError, match=r"^`data.collection.num_threads` must be an integer >= 1, got 0$"):
+        EnvPool(num_threads=0)
+    with pytest.raises(ValueError, match=r"^`data.collection.evaluate_on` must be 'envpool' or 'gymnasium'"):
+        EnvPool(evaluate_on="warp")
+    with pytest.raises(ValueError, match=r"^`data.env_kwargs`: the envpool backend runs the tasks with their default"):
+        EnvPool().validate(RolloutDataModule(env_id="Hopper-v5", env_kwargs={"frame_skip": 2}))
+    with pytest.raises(
+        ValueError, match=r"^`data.env_id`: the envpool backend has no 'Pendulum-v1'; its MuJoCo tasks are Ant-v5, "
+    ):
+        EnvPool().validate(RolloutDataModule(env_id="Pendulum-v1"))  # envpool has it, but not as a MuJoCo task
+
+
+def test_a_resumed_envpool_collector_warns_and_starts_new_episodes():
+    """Everything but the simulators resumes: the iteration, generator and reward scaler come back,
+    the episodes in flight start over from a seeded reset, and a warning says so."""
+    from vaco.data.policy_buffer import PolicyVersionBuffer
+    from vaco.networks import GaussianActor
+
+    torch.manual_seed(0)
+    actor = GaussianActor(11, 3)
+    buffer = PolicyVersionBuffer(actor, 11, 2)
+    buffer.push(actor, torch.zeros(11), torch.ones(11), 1)
+    first = EnvPoolCollector("Hopper-v5", 4, 64, buffer, 4, seed=5)
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    assert state["envs"] is None and state["obs"] is not None
+    resumed = EnvPoolCollector("Hopper-v5", 4, 64, buffer, 4, seed=0)
+    with pytest.warns(RuntimeWarning, match="cannot restore its simulators' state"):
+        resumed.load_state_dict(state)
+    assert RESUME_WARNING.startswith("the envpool backend")
+    assert resumed.iteration == 1 and torch.equal(resumed.generator.get_state(), first.generator.get_state())
+    assert resumed.reward_scaler.state_dict().keys() == first.reward_scaler.state_dict().keys()
+    batch = next(iter(resumed))
+    assert batch.shape == (4, 64) and resumed.iteration == 2
+    assert int(batch["next", "episode_length"][:, 0].max()) == 1  # every env starts a new episode
+    first.shutdown()
+    resumed.shutdown()
