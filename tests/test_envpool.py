@@ -192,12 +192,12 @@ def test_a_resumed_envpool_collector_warns_and_starts_new_episodes():
     actor = GaussianActor(11, 3)
     buffer = PolicyVersionBuffer(actor, 11, 2)
     buffer.push(actor, torch.zeros(11), torch.ones(11), 1)
-    first = EnvPoolCollector("Hopper-v5", 4, 64, buffer, 4, seed=5)
+    first = EnvPoolCollector(EnvPoolEnvs("Hopper-v5", 4), 64, buffer, 4, seed=5)
     it = iter(first)
     next(it)
     state = first.state_dict()
     assert state["envs"] is None and state["obs"] is not None
-    resumed = EnvPoolCollector("Hopper-v5", 4, 64, buffer, 4, seed=0)
+    resumed = EnvPoolCollector(EnvPoolEnvs("Hopper-v5", 4), 64, buffer, 4, seed=0)
     with pytest.warns(RuntimeWarning, match="cannot restore its simulators' state"):
         resumed.load_state_dict(state)
     assert RESUME_WARNING.startswith("the envpool backend")

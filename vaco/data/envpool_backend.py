@@ -130,24 +130,9 @@ class EnvPoolEnvs:
 
 
 class EnvPoolCollector(CollectorBase):
-    """The rollout loop on envpool's envs: ``EnvPoolCollector(env_id, num_envs, num_steps,
-    policy_buffer, num_iterations, num_threads=1, gamma=..., scale_reward=..., seed=...)``, the other
-    arguments :class:`~vaco.data.collector_base.CollectorBase`'s."""
-
-    def __init__(
-        self,
-        env_id: str,
-        num_envs: int,
-        num_steps: int,
-        policy_buffer,
-        num_iterations: int,
-        *,
-        num_threads: int = 1,
-        **settings,
-    ) -> None:
-        super().__init__(
-            EnvPoolEnvs(env_id, num_envs, num_threads), num_steps, policy_buffer, num_iterations, **settings
-        )
+    """The rollout loop on envpool's envs: ``EnvPoolCollector(EnvPoolEnvs(env_id, num_envs),
+    num_steps, policy_buffer, num_iterations, gamma=..., scale_reward=..., seed=...)``, the arguments
+    :class:`~vaco.data.collector_base.CollectorBase`'s."""
 
     def _reward_scaler(self, gamma: float) -> RewardScaler:
         return RewardScaler(self.num_envs, gamma)
@@ -199,12 +184,10 @@ class EnvPool(Collection):
 
     def collector(self, data: RolloutSettings, seed: int) -> EnvPoolCollector:
         return EnvPoolCollector(
-            data.env_id,
-            data.num_envs,
+            EnvPoolEnvs(data.env_id, data.num_envs, self.num_threads),
             data.num_steps,
             None,  # bound once the model has built its actor
             data.num_iterations(),
-            num_threads=self.num_threads,
             gamma=data.gamma,
             scale_reward=data.scale_reward,
             seed=seed,
