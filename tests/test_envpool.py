@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
-pytest.importorskip("envpool", reason="the envpool extra (Python >= 3.11): pip install -e '.[envpool]'")
+from vaco.data.envpool_backend import RESUME_WARNING, EnvPool, EnvPoolCollector, EnvPoolEnvs, import_envpool
 
-import gymnasium as gym  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from vaco.data.envpool_backend import RESUME_WARNING, EnvPool, EnvPoolCollector, EnvPoolEnvs  # noqa: E402
+try:
+    envpool = import_envpool()
+except ValueError:
+    pytest.skip("the envpool extra (Python >= 3.11): pip install -e '.[envpool]'", allow_module_level=True)
 
 # qpos without the x position (which the observation leaves out) comes first in both tasks' observations
 NQ = {"Hopper-v5": 6, "HalfCheetah-v5": 9}
@@ -37,8 +39,6 @@ def test_one_step_from_the_same_state_agrees_with_gymnasium(env_id):
     """Along envpool's own random-action trajectories (float64, resets included), every step agrees
     with gymnasium's from the same state: observations to 1e-9, rewards to 1e-6 (envpool's MuJoCo
     is 3.6, the project's 4.0), termination exactly."""
-    import envpool
-
     nq = NQ[env_id]
     pool = envpool.make(env_id, env_type="gymnasium", num_envs=4, num_threads=1, seed=3)
     g = gym.make(env_id).unwrapped
@@ -165,6 +165,24 @@ def test_vaco_fit_on_envpool_learns_inverted_pendulum(tmp_path, mlflow_uri):
     # a random policy scores ~5-10; as with gymnasium's envs, 12 iterations reach several hundred
     assert final > 300 and math.isfinite(final), final
     assert run.data.params["collection"] == "vaco.data.envpool_backend.EnvPool"
+
+
+def test_importing_envpool_leaves_the_environment_as_it_was():
+    """envpool sets MPLBACKEND=Agg on import; vaco's import puts it back (a later notebook kernel or
+    subprocess would otherwise draw nothing inline). Checked in a fresh interpreter, both ways."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os; from vaco.data.envpool_backend import import_envpool; import_envpool(); "
+        "print(os.environ.get('MPLBACKEND'))"
+    )
+    for given, expected in ((None, "None"), ("module://custom", "module://custom")):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "MPLBACKEND"}
+        if given:
+            env["MPLBACKEND"] = given
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip().splitlines()[-1] == expected, out.stderr[-2000:]
 
 
 def test_bad_envpool_settings_are_refused_in_one_line():

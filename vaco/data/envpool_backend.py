@@ -26,6 +26,7 @@ a study must cite before it uses this backend. What differs from the gymnasium b
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,7 @@ from vaco.data.normalization import RewardScaler
 if TYPE_CHECKING:
     from vaco.data.collection import RolloutSettings
 
-__all__ = ["EnvPool", "EnvPoolCollector", "EnvPoolEnvs", "envpool_tasks"]
+__all__ = ["EnvPool", "EnvPoolCollector", "EnvPoolEnvs", "envpool_tasks", "import_envpool"]
 
 RESUME_WARNING = (
     "the envpool backend cannot restore its simulators' state: this resumed run starts new episodes "
@@ -48,11 +49,21 @@ RESUME_WARNING = (
 )
 
 
-def _envpool(field: str = "data.collection"):
+def import_envpool(field: str = "data.collection"):
+    """The ``envpool`` module, or a ValueError naming ``field`` if it is not installed.
+
+    envpool 1.2.5 sets ``os.environ["MPLBACKEND"] = "Agg"`` when imported, which every process started
+    afterwards inherits (a notebook kernel then draws nothing inline); the variable is put back as it was."""
+    before = os.environ.get("MPLBACKEND")
     try:
         import envpool
     except ImportError as err:
         raise ValueError(f"`{field}`: envpool is not installed (pip install -e '.[envpool]'): {err}") from None
+    finally:
+        if before is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = before
     return envpool
 
 
@@ -65,7 +76,7 @@ def envpool_tasks() -> list[str]:
         for name, spec in gym.registry.items()
         if name.endswith("-v5") and "gymnasium.envs.mujoco" in str(spec.entry_point)
     }
-    return sorted(mujoco & set(_envpool().list_all_envs()))
+    return sorted(mujoco & set(import_envpool().list_all_envs()))
 
 
 class EnvPoolEnvs:
@@ -75,7 +86,7 @@ class EnvPoolEnvs:
     device = torch.device("cpu")
 
     def __init__(self, env_id: str, num_envs: int, num_threads: int = 1) -> None:
-        envpool = _envpool()
+        envpool = import_envpool()
         self.env_id, self.num_envs, self.num_threads = env_id, num_envs, num_threads
         space = envpool.make_spec(env_id, num_envs=num_envs).action_space
         self.act_dim = int(space.shape[0])
@@ -88,7 +99,7 @@ class EnvPoolEnvs:
     def reset(self, seed: int) -> torch.Tensor:
         """A fresh pool whose env ``i`` is seeded ``seed * 10_000 + i`` modulo 2**31 (envpool seeds at
         construction, with int32 seeds)."""
-        envpool = _envpool()
+        envpool = import_envpool()
         self.close()
         seeds = [(seed * 10_000 + i) % 2**31 for i in range(self.num_envs)]
         self.pool = envpool.make(
