@@ -137,30 +137,9 @@ def test_random_action_episodes_agree_in_distribution(env_id, episodes):
 
 def test_vaco_fit_on_envpool_learns_inverted_pendulum(tmp_path, mlflow_uri):
     """`vaco fit` with configs/collection/envpool.yaml (collection and evaluation on envpool)."""
-    import mlflow
+    from helpers.runs import fit_inverted_pendulum_ppo
 
-    from helpers.runs import CONFIGS, run_cli
-
-    out = run_cli(
-        "fit",
-        "--config",
-        str(CONFIGS / "env/inverted_pendulum.yaml"),
-        "--config",
-        str(CONFIGS / "algo/ppo_clip.yaml"),
-        "--config",
-        str(CONFIGS / "collection/envpool.yaml"),
-        "--data.init_args.total_steps",
-        "12288",
-        "--data.init_args.eval_every",
-        "0",
-        "--trainer.default_root_dir",
-        str(tmp_path),
-        "--checkpoint.every_n_iterations",
-        "0",
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
+    run = fit_inverted_pendulum_ppo(tmp_path, mlflow_uri, "envpool")
     final = run.data.metrics["eval/return"]
     # a random policy scores ~5-10; as with gymnasium's envs, 12 iterations reach several hundred
     assert final > 300 and math.isfinite(final), final

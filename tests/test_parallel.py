@@ -11,13 +11,12 @@ from __future__ import annotations
 import copy
 import math
 
-import mlflow
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from helpers.actors import filled_buffer, parallel_run
-from helpers.runs import CONFIGS, metric_histories, run_cli
+from helpers.runs import CONFIGS, fit_inverted_pendulum_ppo, metric_histories
 from vaco.data.collector import RolloutCollector
 from vaco.data.parallel import ActorPool, ActorSpec, actor_seed
 from vaco.networks import gaussian_log_prob
@@ -236,26 +235,7 @@ def test_sync_fit_is_deterministic_and_resumes_exactly(tmp_path, mlflow_uri):
 @pytest.mark.slow
 def test_vaco_fit_sync2_learns_inverted_pendulum(tmp_path, mlflow_uri):
     """`vaco fit` with configs/collection/sync2.yaml: 2 actor processes, learns InvertedPendulum."""
-    out = run_cli(
-        "fit",
-        "--config",
-        str(CONFIGS / "env/inverted_pendulum.yaml"),
-        "--config",
-        str(CONFIGS / "algo/ppo_clip.yaml"),
-        "--config",
-        str(CONFIGS / "collection/sync2.yaml"),
-        "--data.init_args.total_steps",
-        "12288",
-        "--data.init_args.eval_every",
-        "0",
-        "--trainer.default_root_dir",
-        str(tmp_path),
-        "--checkpoint.every_n_iterations",
-        "0",
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    client = mlflow.MlflowClient(tracking_uri=mlflow_uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
+    run = fit_inverted_pendulum_ppo(tmp_path, mlflow_uri, "sync2")
     assert run.data.params["algorithm"] == "ppo_clip"
     final = run.data.metrics["eval/return"]
     # a random policy scores ~5-10; 12 iterations of PPO on 4 envs reach the 1000 cap in most seeds

@@ -95,3 +95,29 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict |
 
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run([VACO, *args], cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def fit_inverted_pendulum_ppo(tmp_path: Path, uri: str, collection: str):
+    """`vaco fit` of PPO-clip on InvertedPendulum (12,288 steps, one final evaluation, no checkpoints)
+    with ``configs/collection/<collection>.yaml``; returns the finished MLflow run (fails on a bad exit)."""
+    out = run_cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "env/inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo/ppo_clip.yaml"),
+        "--config",
+        str(CONFIGS / f"collection/{collection}.yaml"),
+        "--data.init_args.total_steps",
+        "12288",
+        "--data.init_args.eval_every",
+        "0",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--checkpoint.every_n_iterations",
+        "0",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
+    return run

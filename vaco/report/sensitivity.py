@@ -195,6 +195,7 @@ def sensitivity(report: Report, found: Robustness, last_n: int | None = None) ->
     rows: list[SensitivityRow] = []
     models: list[ModelFit] = []
     k_ref = found.k_ref
+    offset = {key: 4 * i for i, key in enumerate(values)}  # where each scoring's four cells sit in ``flat``
     for (algo, K), headline in found.interactions.items():
         baseline = headline.baseline
         cells = [(algo, k_ref), (algo, K), (baseline, k_ref), (baseline, K)]
@@ -207,7 +208,8 @@ def sensitivity(report: Report, found: Robustness, last_n: int | None = None) ->
         def all_scorings(*flat):
             out = []
             for score, agg, scale in combos:
-                xr, xk, yr, yk = flat[4 * list(values).index((score, scale)) :][:4]
+                start = offset[(score, scale)]
+                xr, xk, yr, yk = flat[start : start + 4]
                 f = _AGGREGATE[agg]
                 out.append((f(yr) - f(yk)) - (f(xr) - f(xk)))
             return np.array(out)
