@@ -8,9 +8,9 @@ an opt-in collection backend, chosen per config.
           init_args: {num_threads: 1}
 
 envpool (1.2.5) re-implements the tasks in C++ on its own MuJoCo build (3.6, against the project's
-4.0), so its episodes agree with gymnasium's in distribution, not bit for bit: docs/performance.md
-has the agreement checks (``benchmarks/envpool_agreement.py``) and the learning-equivalence test that
-a study must cite before it uses this backend. What differs from the gymnasium backend:
+4.0): one step from the same state matches gymnasium's, runs are not bit for bit the same.
+``tests/test_envpool.py`` has the agreement checks, and docs/performance.md the learning-equivalence
+check (not passed: one of eight cells differs) that a study must cite before it uses this backend. What differs from the gymnasium backend:
 
 * **Autoreset.** envpool resets an env on the step *after* its episode ended (that step ignores its
   action). The rollout loop wants gymnasium's ``SAME_STEP`` bookkeeping, so :class:`EnvPoolEnvs`
