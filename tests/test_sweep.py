@@ -187,6 +187,79 @@ def test_the_llm_grid_is_a_sweep_file_whose_k_axis_is_n(tmp_path):
         S.load_sweep(_file(tmp_path, body))
 
 
+CLIP = "model.init_args.objective.init_args.clip_epsilon"
+
+
+def _labelled(**blocks) -> dict:
+    """A control calibrated per K: one arm, clip 0.4 at K = 1 and 0.35 at K = 4."""
+    body = _base()
+    body["grid"] = {
+        "k1": {"algorithm": "ppo_clip_tv_matched", "env": "inverted_pendulum", "K": 1, "label": "clip_per_k"},
+        "k4": {
+            "algorithm": "ppo_clip_tv_matched",
+            "env": "inverted_pendulum",
+            "K": 4,
+            CLIP: 0.35,
+            "label": "clip_per_k",
+        },
+        **blocks,
+    }
+    return body
+
+
+def test_a_labelled_block_is_one_arm_whatever_its_dotted_key_values(tmp_path):
+    body = _labelled(plain={"algorithm": "ppo_clip_tv_matched", "env": "inverted_pendulum", "K": 4, CLIP: 0.35})
+    sweep = S.load_sweep(_file(tmp_path, body), output_dir=str(tmp_path / "out"))
+    cells = S.expand(sweep)
+    assert [(c.algorithm, c.id) for c in cells] == [
+        ("clip_per_k", "clip_per_k-inverted_pendulum-K1-s1"),
+        ("clip_per_k", "clip_per_k-inverted_pendulum-K4-clip_epsilon0.35-s1"),
+        # without a label the same cell is a variant the report keeps apart
+        ("ppo_clip_tv_matched[clip_epsilon=0.35]", "ppo_clip_tv_matched-inverted_pendulum-K4-clip_epsilon0.35-s1"),
+    ]
+    uri = "sqlite:////nonexistent/mlflow.db"
+    k1, k4 = (S.cell_config(sweep, c, uri) for c in cells[:2])
+    assert k1["model"]["init_args"]["algorithm_name"] == k4["model"]["init_args"]["algorithm_name"] == "clip_per_k"
+    assert k1["model"]["init_args"]["variant_of"] == "ppo_clip"  # still a control: out of the task's min and max
+    assert k1["model"]["init_args"]["objective"]["init_args"]["clip_epsilon"] == 0.4  # the config's own
+    assert k4["model"]["init_args"]["objective"]["init_args"]["clip_epsilon"] == 0.35
+    assert k4["trainer"]["logger"]["init_args"]["tags"]["vaco.algorithm"] == "clip_per_k"
+    assert k4["trainer"]["logger"]["init_args"]["tags"][f"vaco.{CLIP}"] == "0.35"  # the value, kept on the run
+    S.validate_with_cli(sweep, cells, uri)
+
+
+@pytest.mark.parametrize(
+    "blocks, message",
+    [
+        ({"k1": {"algorithm": "vaco", "env": "inverted_pendulum", "label": "ppo_clip"}}, "is a configs/algo name"),
+        ({"k1": {"algorithm": "vaco", "env": "inverted_pendulum", "label": "a b"}}, "`grid.k1.label` must be a name"),
+        ({"k1": {"algorithm": ["vaco", "ppo_clip"], "env": "inverted_pendulum", "label": "x"}}, "one algorithm"),
+        ({"k1": {"algorithm": "vaco", "env": "inverted_pendulum", "realign": False, "label": "x"}}, "renames the arm"),
+        (
+            {"k1": {"algorithm": "ppo_clip", "env": "inverted_pendulum", "K": 1, "label": "clip_per_k"}},
+            "one configs/algo file",
+        ),
+        (
+            {
+                "k4b": {
+                    "algorithm": "ppo_clip_tv_matched",
+                    "env": "inverted_pendulum",
+                    "K": 4,
+                    CLIP: 0.3,
+                    "label": "clip_per_k",
+                }
+            },
+            "one value of each dotted key per K",
+        ),
+    ],
+)
+def test_a_bad_label_names_the_field(tmp_path, blocks, message):
+    body = _labelled()
+    body["grid"].update(blocks)
+    with pytest.raises(S.SweepError, match=message):
+        S.load_sweep(_file(tmp_path, body))
+
+
 @pytest.mark.parametrize("name", ["paper", "laptop", "tiny"])
 def test_the_shipped_profiles_are_valid(name):
     sweep = S.load_sweep(REPO / "configs" / "sweeps" / f"{name}.yaml")

@@ -79,6 +79,10 @@ class Block:
     realign: tuple[bool, ...] | None = None
     settings: tuple[tuple[str, tuple], ...] = ()  # (declared axis, values), e.g. ("delta", (0.1, 0.2))
     extra: tuple[tuple[str, tuple], ...] = ()  # (dotted `vaco fit` key, values): any other axis
+    #: the arm these cells are, whatever their dotted-key values: a control calibrated per K
+    #: (``ppo_clip_step_matched``: clip 0.4 / 0.35 / 0.30 at K 1 / 4 / 16) is one algorithm to the
+    #: report, not three ``ppo_clip_tv_matched[clip_epsilon=...]`` variants
+    label: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +183,8 @@ def expand(sweep: Sweep) -> list[Cell]:
             cell = _make_cell(sweep, sweep.algorithms[name], env, K, seed, realign, given)
             if keys:
                 cell = _with_extra(cell, tuple(zip(keys, extra)))
+            if block.label:
+                cell = dataclasses.replace(cell, algorithm=block.label)
             cells.setdefault(cell.id, cell)
     return list(cells.values())
 

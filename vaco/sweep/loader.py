@@ -7,8 +7,10 @@ is imported only to validate the cells' configs.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -85,6 +87,7 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
         for key, _ in block.extra:
             if key in overrides:
                 raise SweepError(f"`grid.{block.name}.{key}` is also in `overrides`: keep it in one place")
+    _check_labels(blocks)
     out = Path(output_dir) if output_dir else Path(raw.get("output_dir") or Path("sweeps") / experiment)
     return Sweep(
         path=path,
@@ -261,6 +264,8 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
     axes = declared_axes(algorithms)
     for source, where in ((body, f"grid.{name}"), (defaults, "defaults")):
         for key in source:
+            if key == "label" and source is body:
+                continue
             if key not in AXES and key not in axes and "." not in str(key):
                 raise SweepError(
                     f"`{where}`: unknown field `{key}` (the axes are {', '.join([*AXES, *axes])}, the last "
@@ -292,7 +297,8 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
     settings = tuple((a, values.pop(a)) for a in axes if values.get(a) is not None)
     for a in axes:
         values.pop(a, None)
-    block = Block(name=name, **values, settings=settings, extra=tuple(extra))
+    label = _load_label(name, body.get("label"), values, algorithms)
+    block = Block(name=name, **values, settings=settings, extra=tuple(extra), label=label)
     algos = [algorithms[a] for a in block.algorithm]
     if block.realign is not None and not any(a.realign_optional for a in algos):
         raise SweepError(f"`grid.{name}.realign`: none of {list(block.algorithm)} can switch realignment")
@@ -318,6 +324,52 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
                 except TypeError:  # a required argument the config leaves to `vaco fit`: it checks the value
                     break
     return block
+
+
+def _load_label(block: str, label, values: dict, algorithms: dict[str, Algorithm]) -> str | None:
+    """A block's ``label``: the one arm its cells are, whatever their dotted-key values (a control
+    whose clip range is calibrated per K). One algorithm, no realignment switch, and a name no
+    configs/algo file has (the arm is not that file's uncalibrated algorithm)."""
+    if label is None:
+        return None
+    where = f"`grid.{block}.label`"
+    if not (isinstance(label, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", label)):
+        raise SweepError(f"{where} must be a name of letters, digits and _ (starting with a letter), got {label!r}")
+    if label in algorithms:
+        raise SweepError(
+            f"{where} = {label!r} is a configs/algo name: a labelled block is its own arm, so give it a new name"
+        )
+    if len(values["algorithm"]) != 1:
+        raise SweepError(f"{where} names one arm: the block must have one algorithm, got {list(values['algorithm'])}")
+    if values.get("realign") is not None:
+        raise SweepError(f"{where} and `grid.{block}.realign` together: a realignment switch renames the arm itself")
+    return label
+
+
+def _check_labels(blocks: list[Block]) -> None:
+    """A labelled arm starts from one configs/algo file, and has one cell per (env, K, seed, declared
+    axes): two clip ranges at one K would be two arms averaged as one."""
+    base: dict[str, tuple[str, str]] = {}
+    for block in blocks:
+        if block.label:
+            first = base.setdefault(block.label, (block.algorithm[0], block.name))
+            if first[0] != block.algorithm[0]:
+                raise SweepError(
+                    f"`grid.{block.name}.label` = {block.label!r} starts from {block.algorithm[0]}, but "
+                    f"`grid.{first[1]}` gives that arm {first[0]}: one arm, one configs/algo file"
+                )
+    seen: dict[tuple, dict] = {}
+    for block in (b for b in blocks if b.label):
+        keys = [key for key, _ in block.extra]
+        settings = itertools.product(*(values for _, values in block.settings))
+        extras = [dict(zip(keys, values)) for values in itertools.product(*(v for _, v in block.extra))]
+        for env, K, seed, setting, given in itertools.product(block.env, block.K, block.seed, list(settings), extras):
+            before = seen.setdefault((block.label, env, K, seed, setting), given)
+            if before != given:
+                raise SweepError(
+                    f"`grid.{block.name}.label` = {block.label!r}: two cells of the arm at env {env}, K = {K}, "
+                    f"seed {seed} ({before} and {given}): a labelled arm has one value of each dotted key per K"
+                )
 
 
 class _Parsed(Exception):
