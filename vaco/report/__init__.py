@@ -2,7 +2,8 @@
 
 The package is the workflow: :mod:`~vaco.report.runs` (read runs from MLflow or a data file),
 :mod:`~vaco.report.scores` (statistics as data), :mod:`~vaco.report.robustness` (each algorithm's
-drop from its own K = 1), :mod:`~vaco.report.sensitivity` (those verdicts under every scoring), :mod:`~vaco.report.figures` (drawn from them),
+drop from its own K = 1), :mod:`~vaco.report.sensitivity` (those verdicts under every scoring),
+:mod:`~vaco.report.design` (the 2x2 step-size design's contrasts), :mod:`~vaco.report.figures` (drawn from them),
 :mod:`~vaco.report.summary` (``summary.md``), :mod:`~vaco.report.report_cli` (``vaco report``, whose
 docstring, printed by ``vaco report --help``, states the protocol). Everything is importable from
 ``vaco.report`` too (``from vaco import report as R``).
@@ -11,6 +12,7 @@ docstring, printed by ``vaco report --help``, states the protocol). Everything i
 # every module's public names, as listed in its own __all__ (one list to keep, not two)
 import vaco.report.ablations as _ablations
 import vaco.report.decision as _decision
+import vaco.report.design as _design
 import vaco.report.figures as _figures
 import vaco.report.report_cli as _report_cli
 import vaco.report.robustness as _robustness
@@ -21,6 +23,7 @@ import vaco.report.sensitivity as _sensitivity
 import vaco.report.summary as _summary
 from vaco.report.ablations import *  # noqa: F403
 from vaco.report.decision import *  # noqa: F403
+from vaco.report.design import *  # noqa: F403
 from vaco.report.figures import *  # noqa: F403
 from vaco.report.report_cli import *  # noqa: F403
 from vaco.report.robustness import *  # noqa: F403
@@ -34,6 +37,7 @@ __all__ = sorted(
     {
         *_ablations.__all__,
         *_decision.__all__,
+        *_design.__all__,
         *_figures.__all__,
         *_report_cli.__all__,
         *_robustness.__all__,

@@ -48,9 +48,10 @@ from pathlib import Path
 
 from vaco.report.ablations import step_size_matching
 from vaco.report.decision import DEFAULT_MARGIN
+from vaco.report.design import two_by_two
 from vaco.report.figures import use_file_backend
 from vaco.report.robustness import robustness
-from vaco.report.robustness_summary import scoring_lines, verdict_lines
+from vaco.report.robustness_summary import design_lines, scoring_lines, verdict_lines
 from vaco.report.runs import load_runs, log_report, read_runs, save_runs
 from vaco.report.scores import NORMALIZATIONS, SCORES, build_report
 from vaco.report.sensitivity import sensitivity
@@ -160,7 +161,10 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="FILTER=CLIP",
         help="a step-size pair of the 2x2 design, e.g. vaco=ppo_clip_tv_matched (repeatable): the TV section "
-        "shows both arms' realised lag/forward_tv per task and K and flags a K where they are more than 10%% apart",
+        "shows both arms' realised lag/forward_tv per task and K and flags a K where they are more than 10%% apart; "
+        "its arms count in the comparison at their own delta. Two pairs (a large and a small step) add the 2x2 "
+        "design's contrasts: the filter's advantage at each step, the objective and step-size main effects and "
+        "their interaction, each with its verdict",
     )
     parser.add_argument(
         "--margin",
@@ -248,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path("reports") / experiment)
     lag = robustness(report)
     scoring = None if args.no_sensitivity else sensitivity(report, lag)
-    summary = write_report(report, out, lag=lag, scoring=scoring)
+    two = two_by_two(report)
+    summary = write_report(report, out, lag=lag, scoring=scoring, design=two)
     print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     if lag.drops:
         print(f"robustness to lag ({report.score} score), decided at margin {report.margin:g} (normalised units):")
@@ -258,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         print("verdicts under every scoring: " + ("none depends on it" if not flagged else "scale-dependent:"))
         if flagged:
             print("\n".join(flagged))
+    if two is not None and two.contrasts:
+        print(f"the 2x2 design (large step {two.large[0]} / {two.large[1]}, small {two.small[0]} / {two.small[1]}):")
+        print("\n".join(design_lines(two)))
     for m in step_size_matching(report):
         print(
             f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "

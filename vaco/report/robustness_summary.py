@@ -4,12 +4,13 @@ difference of drops against the baseline with its verdict (``vaco.report.decisio
 from __future__ import annotations
 
 from vaco.report.decision import PERMUTATION_BELOW, Verdict
+from vaco.report.design import Design
 from vaco.report.markdown import _pair, _table
 from vaco.report.robustness import Robustness
 from vaco.report.scores import Report
 from vaco.report.sensitivity import SCALES, Sensitivity
 
-__all__ = ["scoring_lines", "verdict_lines"]
+__all__ = ["design_lines", "scoring_lines", "verdict_lines"]
 
 SCORE_WORDS = {
     "final": "normalised final scores (the last evaluation)",
@@ -236,3 +237,45 @@ def _task_drop_table(report: Report, data: Robustness) -> str:
             for t in sorted(data.per_task, key=lambda t: (t.task, report.algorithms.index(t.algorithm), t.K))
         ],
     )
+
+
+def _design_section(report: Report, design: Design | None) -> list[str]:
+    """The 2x2 step-size design's contrasts (only with two ``--step-pairs``)."""
+    if design is None:
+        return []
+    (fl, cl), (fs, cs) = design.large, design.small
+    s = [
+        "",
+        "### The 2x2 design: objective x step size",
+        "",
+        f"Four arms: the TV filter and clipping, each at a large step ({fl} / {cl}) and a small one ({fs} / {cs}; "
+        f"the large pair is the one whose filter arm moves further at K = {design.k_ref}). With drop(X) as above and "
+        "A = drop(clip arm) - drop(filter arm) of a pair (above 0: the filter loses less at that step size): "
+        "**objective** = the mean of the two A; **step size** = the small arms' mean drop minus the large arms' "
+        "(above 0: the larger step loses less); **objective x step size** = A(large) - A(small). Paired by seed over "
+        f"the eight cells; one paired bootstrap for all; verdicts at M = {report.margin:g} as above.",
+        "",
+    ]
+    if design.contrasts:
+        s.append(
+            _table(
+                ["K", "contrast", "estimate", "verdict", "MDD", "paired seeds/task", "tasks"],
+                [
+                    (c.K, c.name, _pair(c.estimate, c.interval), _verdict(c.verdict), _mdd(c.verdict), c.seeds, c.tasks)
+                    for c in design.contrasts
+                ],
+            )
+        )
+    s += [f"- {n}" for n in design.notes]
+    return s
+
+
+def design_lines(design: Design | None) -> list[str]:
+    """One line per 2x2 contrast, as `vaco report` prints them."""
+    if design is None:
+        return []
+    return [
+        f"  2x2 K={c.K}, {c.name}: {_pair(c.estimate, c.interval)} -> {c.verdict.text()}"
+        + (f" [{c.verdict.method}]" if c.verdict.method != "bootstrap" else "")
+        for c in design.contrasts
+    ]

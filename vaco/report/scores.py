@@ -270,6 +270,7 @@ class Report:
     # the 2x2 design's step-size partners, filter arm -> clip arm (``--step-pairs``): the report
     # checks that each pair moves as far per iteration at every K (ablations.step_size_matching)
     step_pairs: dict[str, str] = dataclasses.field(default_factory=dict)
+    _arms: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def study_scores(self) -> dict[str, float]:
         """run_id -> the declared score, normalised: what the robustness verdicts decide on."""
@@ -302,7 +303,23 @@ class Report:
         return sorted({r.K for r in self.runs})
 
     def is_reference(self, run: Run) -> bool:
-        return all(run.axes.get(axis) in (None, value) for axis, value in self.reference.items())
+        """In the main comparison: each axis at its reference value, or, for an arm of a declared
+        step pair run at one value of an axis (``vaco_tv_matched``: delta 0.1 only), at that value:
+        the 2x2 design's arms differ in their axis values on purpose."""
+        own = self._arm_values(run.algorithm)
+        return all(run.axes.get(axis) in (None, own.get(axis, value)) for axis, value in self.reference.items())
+
+    def _arm_values(self, algorithm: str) -> dict[str, float]:
+        if algorithm not in self._arms:
+            values: dict[str, float] = {}
+            if any(algorithm in pair for pair in self.step_pairs.items()):
+                runs = [r for r in self.runs if r.algorithm == algorithm]
+                for axis in self.reference:
+                    seen = {r.axes.get(axis) for r in runs} - {None}
+                    if len(seen) == 1:
+                        values[axis] = seen.pop()
+            self._arms[algorithm] = values
+        return self._arms[algorithm]
 
     def main_runs(self) -> list[Run]:
         return [r for r in self.runs if self.is_reference(r)]

@@ -21,6 +21,7 @@ from vaco.report.ablations import (
     step_size_matching,
     tv_table,
 )
+from vaco.report.design import Design, two_by_two
 from vaco.report.figures import (
     _plt,
     figure_ablation,
@@ -35,7 +36,7 @@ from vaco.report.figures import (
 )
 from vaco.report.markdown import _ci, _sd, _table
 from vaco.report.robustness import FEW_RESAMPLES, Robustness, distinct_resamples, robustness
-from vaco.report.robustness_summary import _robustness_section
+from vaco.report.robustness_summary import _design_section, _robustness_section
 from vaco.report.scores import (
     AGGREGATES,
     MAX_CURVE_POINTS,
@@ -120,11 +121,12 @@ def write_report(
     dpi: int = 110,
     lag: Robustness | None = None,
     scoring: Sensitivity | None = None,
+    design: Design | None = None,
 ) -> Path:
     """Draw every figure into ``out`` and write ``out/summary.md`` (one function per section, in
-    :data:`SECTIONS` order); returns the summary's path. ``lag`` and ``scoring``: the robustness
-    section's data and its sensitivity to the scoring, if computed already (else computed here;
-    ``scoring`` only when ``lag`` is not given)."""
+    :data:`SECTIONS` order); returns the summary's path. ``lag``, ``scoring`` and ``design``: the
+    robustness section's data, its sensitivity to the scoring and the 2x2 design's contrasts, if
+    computed already (else computed here; ``scoring`` only when ``lag`` is not given)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save = _Figures(out, dpi)
@@ -132,6 +134,7 @@ def write_report(
     s += _runs_section(report, save)
     s += _normalisation_section(report, save)
     s += _robustness_part(report, save, lag, scoring)
+    s += _design_section(report, design if design is not None else two_by_two(report))
     scores = aggregate_scores(report)  # (after the robustness bootstrap, as the summary has always been drawn)
     s += _final_scores_section(report, save, scores)
     s += _iqm_section(report, save, scores)
