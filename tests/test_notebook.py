@@ -54,5 +54,8 @@ def test_the_notebook_runs_as_jupyter_starts_it_on_a_committed_data_file(tmp_pat
     assert not [o for o in outputs if o.output_type == "error"]
     text = "\n".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert f"experiment 'five_tasks' from {REPO / 'docs/data/five_tasks.csv.gz'}" in text
+    # section 3's robustness verdicts: the drop of each algorithm and the difference of drops, each decided
+    assert "robustness to lag (final score), decided at margin 0.05" in text
+    assert "vaco vs ppo_clip, K=4: difference of drops" in text and "-> undecided" in text
     assert (tmp_path / "report" / "summary.md").is_file()
     assert not stray.exists()
