@@ -289,6 +289,26 @@ def test_the_shipped_profiles_are_valid(name):
         assert len(main) == 5 * 5 * 5 * 10
 
 
+STUDIES = sorted(
+    p.stem
+    for p in (REPO / "configs" / "sweeps").glob("*.yaml")
+    if p.stem not in ("paper", "laptop", "tiny", "llm_cpu")  # checked above, and in test_llm_e2e.py
+)
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_shipped_study_file_is_valid_and_each_cell_parses_with_vaco_fit(name):
+    """A study run in blocks over several sessions must not fail at its 300th cell: every cell's
+    config parses with `vaco fit`'s own parser now, and a labelled arm is one algorithm at every K."""
+    sweep = S.load_sweep(REPO / "configs" / "sweeps" / f"{name}.yaml")
+    cells = S.expand(sweep)
+    assert cells and len({c.id for c in cells}) == len(cells)
+    S.validate_with_cli(sweep, cells, "sqlite:////nonexistent/mlflow.db")
+    for block in sweep.blocks:
+        if block.label:
+            assert {c.algorithm for c in cells if c.id.startswith(block.label + "-")} == {block.label}
+
+
 # ---------------------------------------------------------------------------------------- running
 def test_dry_run_lists_the_cells_and_starts_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
