@@ -207,6 +207,16 @@ def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys
     assert "| vaco | 4 |" in summary
     assert R.main(["--data", str(first), "--tasks", "Ant-v5", "--out", str(out)]) == 2
     assert "`--tasks`: no runs of Ant-v5" in capsys.readouterr().err
+    kept = tmp_path / "kept"
+    argv = ["--data", str(first), str(second), "--algorithms", "vaco", "ppo_clip", "--reps", "50"]
+    assert R.main([*argv, "--out", str(kept)]) == 0, capsys.readouterr().err
+    summary = (kept / "summary.md").read_text()
+    assert "ppo_clip_tv_matched" not in summary and "| vaco | 4 |" in summary
+    assert f"{len([r for r in runs if r.algorithm != 'ppo_clip_tv_matched'])} finished runs" in summary
+    assert R.main(["--data", str(first), "--algorithms", "vaco", "spo", "--out", str(out)]) == 2
+    assert "`--algorithms`: no runs of spo; the algorithms are ppo_clip, ppo_clip_tv_matched, vaco" in (
+        capsys.readouterr().err
+    )
     assert R.main(["--data", str(tmp_path / "missing.csv.gz"), "--out", str(out)]) == 2
     assert "`--data`: no data file at" in capsys.readouterr().err
 

@@ -149,6 +149,14 @@ def _parser() -> argparse.ArgumentParser:
         help="report only these tasks (e.g. --tasks Hopper-v5 HalfCheetah-v5)",
     )
     parser.add_argument(
+        "--algorithms",
+        nargs="+",
+        default=None,
+        metavar="ALGORITHM",
+        help="report only these algorithms (the arms of one study out of files that hold others); a task's "
+        "min and max are then over the main algorithms kept",
+    )
+    parser.add_argument(
         "--normalize-over",
         choices=NORMALIZATIONS,
         default="main",
@@ -219,6 +227,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"`--tasks`: no runs of {', '.join(unknown)}; the tasks are {', '.join(sorted({r.env for r in runs}))}"
                 )
             runs = [r for r in runs if r.env in args.tasks]
+        if args.algorithms:
+            unknown = sorted(set(args.algorithms) - {r.algorithm for r in runs})
+            if unknown:
+                raise ValueError(
+                    f"`--algorithms`: no runs of {', '.join(unknown)}; the algorithms are "
+                    f"{', '.join(sorted({r.algorithm for r in runs}))}"
+                )
+            runs = [r for r in runs if r.algorithm in args.algorithms]
         report = build_report(
             experiment,
             runs,
