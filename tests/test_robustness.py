@@ -248,3 +248,32 @@ def test_the_lag_robustness_study_figures_come_from_its_committed_data():
         assert f"| {algo} | {K} | {x.difference:.3f} [" in summary, (algo, K)
     for (algo, K), d in lag.drops.items():
         assert f"| {algo} | {K} | {d.level_ref:.3f} | {d.level:.3f} | {d.drop:.3f} [" in summary, (algo, K)
+
+
+def test_the_2x2_study_figures_come_from_its_committed_data():
+    """docs/figures/lag_2x2/ was written by the `vaco report` command in docs/results.md section 8
+    from the committed data (the study so far: VACO and PPO-clip at >= 15 seeds a cell, the large
+    step-matched clip arm at >= 10): its bounds and point estimates are the data's."""
+    from vaco.report.report_cli import read_data_files
+
+    repo = Path(__file__).resolve().parents[1]
+    files = ["five_tasks", "lag_robustness", "lag_2x2"]
+    runs, _ = read_data_files([str(repo / f"docs/data/{name}.csv.gz") for name in files])
+    arms = ("vaco", "ppo_clip", "ppo_clip_large_step")
+    runs = [r for r in runs if r.env in ("Hopper-v5", "HalfCheetah-v5") and r.algorithm in arms]
+    rep = R.build_report("lag_2x2", runs, reps=1, baseline="ppo_clip", step_pairs={"vaco": "ppo_clip_large_step"})
+    cells = {}
+    for r in rep.runs:
+        cells.setdefault((r.algorithm, r.K, r.env), set()).add(r.seed)
+    for algo, least in (("vaco", 15), ("ppo_clip", 15), ("ppo_clip_large_step", 10)):
+        for K in (1, 4, 16):
+            for env in ("Hopper-v5", "HalfCheetah-v5"):
+                assert cells[(algo, K, env)] >= set(range(1, least + 1)), (algo, K, env)
+    summary = (repo / "docs/figures/lag_2x2/summary.md").read_text()
+    for task, (low, high) in rep.bounds.items():
+        assert f"| {task} | {low:.1f} | {high:.1f} |" in summary
+    lag = R.robustness(rep)
+    for (algo, K), x in lag.interactions.items():
+        assert f"| {algo} | {K} | {x.difference:.3f} [" in summary, (algo, K)
+    for (algo, K), d in lag.drops.items():
+        assert f"| {algo} | {K} | {d.level_ref:.3f} | {d.level:.3f} | {d.drop:.3f} [" in summary, (algo, K)

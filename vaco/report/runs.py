@@ -305,7 +305,9 @@ def read_runs(path: str | os.PathLike) -> list[Run]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"`--data`: no file at {path}")
-    frame = pd.read_csv(path, float_precision="round_trip", dtype={"run_id": str, "name": str, "axes": str})
+    frame = pd.read_csv(
+        path, float_precision="round_trip", dtype={"run_id": str, "name": str, "axes": str, "variant_of": str}
+    )
     return runs_from_frame(frame)
 
 
