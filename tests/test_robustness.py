@@ -221,6 +221,18 @@ def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys
     assert "`--data`: no data file at" in capsys.readouterr().err
 
 
+def _assert_summary_is_the_datas(rep, path: Path) -> None:
+    """A committed summary's bounds, differences of drops and drops are those of ``rep``."""
+    summary = path.read_text()
+    for task, (low, high) in rep.bounds.items():
+        assert f"| {task} | {low:.1f} | {high:.1f} |" in summary
+    lag = R.robustness(rep)
+    for (algo, K), x in lag.interactions.items():
+        assert f"| {algo} | {K} | {x.difference:.3f} [" in summary, (algo, K)
+    for (algo, K), d in lag.drops.items():
+        assert f"| {algo} | {K} | {d.level_ref:.3f} | {d.level:.3f} | {d.drop:.3f} [" in summary, (algo, K)
+
+
 def test_the_lag_robustness_study_figures_come_from_its_committed_data():
     """docs/figures/lag_robustness/ was written by `vaco report --data five_tasks.csv.gz
     lag_robustness.csv.gz --tasks Hopper-v5 HalfCheetah-v5`: the committed data hold the study's
@@ -240,14 +252,7 @@ def test_the_lag_robustness_study_figures_come_from_its_committed_data():
         for K in (1, 4, 16):
             for env in ("Hopper-v5", "HalfCheetah-v5"):
                 assert cells[(algo, K, env)] == set(range(1, 11)), (algo, K, env)
-    summary = (repo / "docs/figures/lag_robustness/summary.md").read_text()
-    for task, (low, high) in rep.bounds.items():
-        assert f"| {task} | {low:.1f} | {high:.1f} |" in summary
-    lag = R.robustness(rep)
-    for (algo, K), x in lag.interactions.items():
-        assert f"| {algo} | {K} | {x.difference:.3f} [" in summary, (algo, K)
-    for (algo, K), d in lag.drops.items():
-        assert f"| {algo} | {K} | {d.level_ref:.3f} | {d.level:.3f} | {d.drop:.3f} [" in summary, (algo, K)
+    _assert_summary_is_the_datas(rep, repo / "docs/figures/lag_robustness/summary.md")
 
 
 def test_the_2x2_study_figures_come_from_its_committed_data():
@@ -269,11 +274,4 @@ def test_the_2x2_study_figures_come_from_its_committed_data():
         for K in (1, 4, 16):
             for env in ("Hopper-v5", "HalfCheetah-v5"):
                 assert cells[(algo, K, env)] >= set(range(1, least + 1)), (algo, K, env)
-    summary = (repo / "docs/figures/lag_2x2/summary.md").read_text()
-    for task, (low, high) in rep.bounds.items():
-        assert f"| {task} | {low:.1f} | {high:.1f} |" in summary
-    lag = R.robustness(rep)
-    for (algo, K), x in lag.interactions.items():
-        assert f"| {algo} | {K} | {x.difference:.3f} [" in summary, (algo, K)
-    for (algo, K), d in lag.drops.items():
-        assert f"| {algo} | {K} | {d.level_ref:.3f} | {d.level:.3f} | {d.drop:.3f} [" in summary, (algo, K)
+    _assert_summary_is_the_datas(rep, repo / "docs/figures/lag_2x2/summary.md")
