@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 
+from helpers.report_runs import make_run
 from vaco import report as R
 from vaco.report.design import CONTRASTS, two_by_two
 
@@ -39,18 +40,15 @@ def _run(algo, env, K, seed, final) -> R.Run:
         "eval/return": (steps, np.array([0.5 * final, final])),
         "lag/forward_tv": (steps, np.array([tv, tv])),
     }
-    return R.Run(
-        f"{algo}-{env}-{K}-{seed}",
-        f"{algo}-{env}-K{K}-s{seed}",
-        "FINISHED",
+    return make_run(
         algo,
         env,
         K,
         seed,
-        {"delta": delta} if delta is not None else {},
-        objective == "TVFilter",
-        objective,
         histories,
+        axes={"delta": delta} if delta is not None else {},
+        realign=objective == "TVFilter",
+        objective=objective,
         fraction_metric="train/clip_fraction",
         variant_of=variant_of,
     )

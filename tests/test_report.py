@@ -11,6 +11,7 @@ import pytest
 from matplotlib import image as mpimg
 from rliable import library, metrics
 
+from helpers.report_runs import make_run
 from helpers.tiny_sweep import FIRST, SECOND, full_sweep
 from vaco import report as R
 
@@ -191,18 +192,17 @@ def _synthetic_runs() -> list[R.Run]:
                     ),
                 }
                 runs.append(
-                    R.Run(
-                        f"{algo}-{task}-{K}-{delta}-{rho_bar}-{seed}",
-                        f"{algo}-{seed}",
-                        "FINISHED",
+                    make_run(
                         algo,
                         task,
                         K,
                         seed,
-                        {k: v for k, v in (("delta", delta), ("rho_bar", rho_bar)) if v is not None},
-                        realign,
-                        objective,
                         histories,
+                        run_id=f"{algo}-{task}-{K}-{delta}-{rho_bar}-{seed}",
+                        name=f"{algo}-{seed}",
+                        axes={k: v for k, v in (("delta", delta), ("rho_bar", rho_bar)) if v is not None},
+                        realign=realign,
+                        objective=objective,
                         fraction_metric="train/filter_fraction" if objective == "TVFilter" else "train/clip_fraction",
                     )
                 )
@@ -398,19 +398,8 @@ def test_the_five_task_study_figures_come_from_its_committed_data():
 # ---------------------------------------------------------------------------------------- the 2x2 design's step size
 def _tv_run(algorithm: str, env: str, K: int, seed: int, tv: list[float], final: float) -> R.Run:
     steps = np.arange(1.0, len(tv) + 1.0)
-    return R.Run(
-        run_id=f"{algorithm}-{env}-{K}-{seed}",
-        name=algorithm,
-        status="FINISHED",
-        algorithm=algorithm,
-        env=env,
-        K=K,
-        seed=seed,
-        axes={},
-        realign=False,
-        objective="X",
-        histories={"eval/return": (steps[-2:], np.array([0.0, final])), "lag/forward_tv": (steps, np.array(tv))},
-    )
+    histories = {"eval/return": (steps[-2:], np.array([0.0, final])), "lag/forward_tv": (steps, np.array(tv))}
+    return make_run(algorithm, env, K, seed, histories, name=algorithm, objective="X")
 
 
 def test_step_size_pairs_are_compared_per_task_and_k_against_a_float64_loop(tmp_path):

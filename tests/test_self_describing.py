@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from helpers.report_runs import make_run
 from helpers.runs import REPO
 from vaco import sweep as S
 from vaco.advantages import GAE, VTrace
@@ -139,19 +140,9 @@ def test_the_sweep_asks_the_advantage_whether_it_realigns(tmp_path, user):
 
 def _run(algorithm: str, variant_of: str | None = None) -> Run:
     steps, values = np.array([1.0, 2.0]), np.array([0.0, 1.0])
-    return Run(
-        run_id=algorithm,
-        name=algorithm,
-        status="FINISHED",
-        algorithm=algorithm,
-        env="Hopper-v5",
-        K=1,
-        seed=1,
-        axes={},
-        realign=False,
-        objective="X",
-        histories={"eval/return": (steps, values)},
-        variant_of=variant_of,
+    histories = {"eval/return": (steps, values)}
+    return make_run(
+        algorithm, "Hopper-v5", 1, 1, histories, run_id=algorithm, name=algorithm, objective="X", variant_of=variant_of
     )
 
 

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from helpers.report_runs import make_run
 from vaco import report as R
 from vaco.report.sensitivity import run_scores, sensitivity
 
@@ -21,18 +22,8 @@ STEPS = np.arange(1.0, 11.0) * 1000.0  # ten evaluations
 def _run(algo, env, K, seed, curve) -> R.Run:
     constant = (STEPS, np.full(STEPS.size, 0.05))
     histories = {"eval/return": (STEPS, np.asarray(curve, dtype=np.float64)), "lag/forward_tv": constant}
-    return R.Run(
-        f"{algo}-{env}-{K}-{seed}",
-        f"{algo}-{env}-K{K}-s{seed}",
-        "FINISHED",
-        algo,
-        env,
-        K,
-        seed,
-        {},
-        algo == "vaco",
-        "TVFilter" if algo == "vaco" else "PPOClip",
-        histories,
+    return make_run(
+        algo, env, K, seed, histories, realign=algo == "vaco", objective="TVFilter" if algo == "vaco" else "PPOClip"
     )
 
 
