@@ -9,6 +9,9 @@ EXTRAS  ?= test,llm,video,slurm,ray,warp,postgres,envpool
 # Each CI/test process gets one torch thread; env stepping and the learner share two cores.
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
+# the suite runs on two pytest-xdist workers (tests/conftest.py groups the tests); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
+PYTEST  := $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 .PHONY: help venv install test test-fast check constraints demo bench notebook clean
 
@@ -32,7 +35,7 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 venv install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 # formatting and lint (ruff, configured in pyproject.toml); .ci/run runs it before the tests
 check: $(STAMP)
@@ -49,7 +52,7 @@ constraints: $(BIN)/python
 	  $(BIN)/pip freeze --exclude-editable | grep -v '^vaco' | sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/' ) > constraints.txt
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 demo: $(STAMP)
 	$(BIN)/vaco fit --config configs/demo.yaml

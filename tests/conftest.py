@@ -1,5 +1,10 @@
 """Shared fixtures: float32 by default (float64 on request) and a real MLflow store in a temp dir.
-Helpers that tests import (a tiny real run, the CLI, the cluster services) are in ``tests/helpers/``."""
+Helpers that tests import (a tiny real run, the CLI, the cluster services) are in ``tests/helpers/``.
+
+`make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). Each test file
+is one group, so a file's module-scoped set-up runs once; the files that start the one-node SLURM
+cluster, PostgreSQL or a local Ray cluster (tests/helpers/services.py starts each once per process)
+share one group, so those services start once per suite and never twice side by side."""
 
 from __future__ import annotations
 
@@ -7,6 +12,16 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# the files whose tests share the cluster services: one worker runs them all
+SHARED_SERVICES = {"test_cluster", "test_launchers", "test_shared_cluster"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        stem = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("services" if stem in SHARED_SERVICES else stem))
 
 
 @pytest.fixture(autouse=True)

@@ -417,11 +417,12 @@ def test_cells_forked_by_the_zygote_compute_exactly_what_subprocesses_do(tmp_pat
         assert run.info.status == "FINISHED" and "train/tv" in histories[mode]
     assert histories["1"] == histories["0"]
     leftovers = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):  # no zygote outlives its sweep
+    for pid in filter(str.isdigit, os.listdir("/proc")):  # no zygote of these sweeps outlives them
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")  # these sweeps' zygotes run in tmp_path (other tests' elsewhere)
         except OSError:
             continue
-        if "vaco.sweep.zygote" in cmdline:
-            leftovers.append(cmdline)
+        if "vaco.sweep.zygote" in cmdline and Path(cwd).is_relative_to(tmp_path):
+            leftovers.append(f"{cmdline} (in {cwd})")
     assert not leftovers, leftovers
