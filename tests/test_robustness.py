@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.report_runs import make_run
 from vaco import report as R
 
 TASKS = (("Hopper-v5", 1000.0), ("HalfCheetah-v5", 3000.0))
@@ -34,18 +35,15 @@ def _run(algo, env, K, seed, final, axes=None, realign=False) -> R.Run:
         "train/tv": constant,
         "train/clip_fraction": constant,
     }
-    return R.Run(
-        f"{algo}-{env}-{K}-{seed}-{axes}",
-        f"{algo}-{env}-K{K}-s{seed}",
-        "FINISHED",
+    return make_run(
         algo,
         env,
         K,
         seed,
-        dict(axes or {}),
-        realign,
-        "PPOClip",
         histories,
+        run_id=f"{algo}-{env}-{K}-{seed}-{axes}",
+        axes=axes,
+        realign=realign,
         fraction_metric="train/clip_fraction",
     )
 
@@ -257,21 +255,31 @@ def test_the_lag_robustness_study_figures_come_from_its_committed_data():
 
 def test_the_2x2_study_figures_come_from_its_committed_data():
     """docs/figures/lag_2x2/ was written by the `vaco report` command in docs/results.md section 8
-    from the committed data (the study so far: VACO and PPO-clip at >= 15 seeds a cell, the large
-    step-matched clip arm at >= 10): its bounds and point estimates are the data's."""
+    from the committed data (the study so far: VACO and PPO-clip at >= 15 seeds a cell, the three
+    new arms at >= 10): its bounds, drops, differences of drops and 2x2 contrasts are the data's."""
     from vaco.report.report_cli import read_data_files
 
     repo = Path(__file__).resolve().parents[1]
     files = ["five_tasks", "lag_robustness", "lag_2x2"]
     runs, _ = read_data_files([str(repo / f"docs/data/{name}.csv.gz") for name in files])
-    arms = ("vaco", "ppo_clip", "ppo_clip_large_step")
-    runs = [r for r in runs if r.env in ("Hopper-v5", "HalfCheetah-v5") and r.algorithm in arms]
-    rep = R.build_report("lag_2x2", runs, reps=1, baseline="ppo_clip", step_pairs={"vaco": "ppo_clip_large_step"})
+    least = {"vaco": 15, "ppo_clip": 15, "ppo_clip_large_step": 10, "vaco_tv_matched": 10, "ppo_clip_small_step": 10}
+    runs = [r for r in runs if r.env in ("Hopper-v5", "HalfCheetah-v5") and r.algorithm in least]
+    pairs = {"vaco": "ppo_clip_large_step", "vaco_tv_matched": "ppo_clip_small_step"}
+    rep = R.build_report("lag_2x2", runs, reps=1, baseline="ppo_clip", step_pairs=pairs)
     cells = {}
     for r in rep.runs:
         cells.setdefault((r.algorithm, r.K, r.env), set()).add(r.seed)
-    for algo, least in (("vaco", 15), ("ppo_clip", 15), ("ppo_clip_large_step", 10)):
+    for algo, n in least.items():
         for K in (1, 4, 16):
             for env in ("Hopper-v5", "HalfCheetah-v5"):
-                assert cells[(algo, K, env)] >= set(range(1, least + 1)), (algo, K, env)
+                assert cells[(algo, K, env)] >= set(range(1, n + 1)), (algo, K, env)
     _assert_summary_is_the_datas(rep, repo / "docs/figures/lag_2x2/summary.md")
+    design = R.two_by_two(rep)
+    assert design.large == ("vaco", "ppo_clip_large_step") and design.small == (
+        "vaco_tv_matched",
+        "ppo_clip_small_step",
+    )
+    summary = (repo / "docs/figures/lag_2x2/summary.md").read_text()
+    assert len(design.contrasts) == 2 * len(R.CONTRASTS)  # K = 4 and 16
+    for c in design.contrasts:
+        assert f"| {c.K} | {c.name} | {c.estimate:.3f} [" in summary, (c.K, c.name)
