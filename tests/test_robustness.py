@@ -255,8 +255,9 @@ def test_the_lag_robustness_study_figures_come_from_its_committed_data():
 
 def test_the_2x2_study_figures_come_from_its_committed_data():
     """docs/figures/lag_2x2/ was written by the `vaco report` command in docs/results.md section 8
-    from the committed data (the five arms at >= 20 seeds a cell, both tasks, K 1/4/16): its bounds,
-    drops, differences of drops and 2x2 contrasts are the data's."""
+    from the committed data (the five arms at >= 20 seeds a cell, both tasks, K 1/4/16, and the
+    sizing runs' 28 at K 1/4 for three of them): its bounds, drops, differences of drops and 2x2
+    contrasts are the data's."""
     from vaco.report.report_cli import read_data_files
 
     repo = Path(__file__).resolve().parents[1]
@@ -273,6 +274,10 @@ def test_the_2x2_study_figures_come_from_its_committed_data():
         for K in (1, 4, 16):
             for env in ("Hopper-v5", "HalfCheetah-v5"):
                 assert cells[(algo, K, env)] >= set(range(1, n + 1)), (algo, K, env)
+    for algo in ("vaco", "ppo_clip", "ppo_clip_large_step"):  # the K = 4 sizing runs (section 8, point 5)
+        for K in (1, 4):
+            for env in ("Hopper-v5", "HalfCheetah-v5"):
+                assert cells[(algo, K, env)] >= set(range(1, 29)), (algo, K, env)
     _assert_summary_is_the_datas(rep, repo / "docs/figures/lag_2x2/summary.md")
     design = R.two_by_two(rep)
     assert design.large == ("vaco", "ppo_clip_large_step") and design.small == (
