@@ -18,9 +18,10 @@ import mlflow
 import pytest
 import torch
 
-from helpers.mlflow_server import free_port, start_server, stop_server
+from helpers.mlflow_server import closed_port, free_port, start_server, stop_server
 from helpers.runs import CONFIGS, VACO, metric_histories, run_cli
 from vaco.checkpoint import CheckpointError, load_checkpoint, pack_state, save_atomic, unpack_state
+from vaco.tracking import TrackingStoreError, check_tracking_store
 
 ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
 ALGO = str(CONFIGS / "algo" / "vaco.yaml")
@@ -277,15 +278,46 @@ def test_checkpoint_writer_killed_midway_leaves_a_whole_checkpoint(tmp_path):
 
 # ---------------------------------------------------------------- tracking store
 def test_dead_tracking_server_fails_fast_naming_the_setting(tmp_path):
-    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    start = time.monotonic()
-    out = run_cli("fit", *TINY, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri}, timeout=120)
-    elapsed = time.monotonic() - start
+    with closed_port() as port:  # nothing listens there, and no other test can take the port
+        uri = f"http://127.0.0.1:{port}"
+        start = time.monotonic()
+        out = run_cli("fit", *TINY, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri}, timeout=120)
+        elapsed = time.monotonic() - start
     assert out.returncode == 2
     line = _one_line(out.stderr)
     assert "`MLFLOW_TRACKING_URI`" in line and "no MLflow server answers" in line
     assert elapsed < 60, f"took {elapsed:.0f} s (MLflow's own retries take ~250 s)"
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_port_that_answers_but_not_in_http_is_refused_in_one_line():
+    """Another service on the tracking URI's port (a database, a Ray GCS) answers in bytes that are
+    not HTTP: refused as "no MLflow server answers there", not a traceback."""
+    import socket
+    import threading
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def answer_in_bytes():
+            for _ in range(2):  # /health, and the authenticated call if the first were taken as HTTP
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(4096)
+                    conn.sendall(b"\x00\x00\x05\x00@\x00\x00\x00\x06\x00\x00@\x00\xfe\x03\n")
+
+        thread = threading.Thread(target=answer_in_bytes, daemon=True)
+        thread.start()
+        with pytest.raises(TrackingStoreError) as err:
+            check_tracking_store(f"http://127.0.0.1:{port}", field="MLFLOW_TRACKING_URI", timeout=5)
+    message = str(err.value)
+    assert "`MLFLOW_TRACKING_URI`" in message and "no MLflow server answers" in message and "not in HTTP" in message
+    assert "\n" not in message
 
 
 @pytest.mark.parametrize(

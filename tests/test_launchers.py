@@ -15,7 +15,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from helpers.mlflow_server import free_port, mlflow_server
+from helpers.mlflow_server import closed_port, mlflow_server
 from helpers.runs import CONFIGS, VACO, run_cli
 from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs
 from vaco.checkpoint import CheckpointError, load_checkpoint
@@ -212,7 +212,8 @@ def test_ray_retries_a_cell_whose_worker_died_and_it_resumes_into_the_same_run(t
 
 def test_an_unreachable_ray_address_is_refused_before_any_cell(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = _sweep(tmp_path, uri, "--launcher", "ray", "--ray-address", f"127.0.0.1:{free_port()}")
+    with closed_port() as port:
+        out = _sweep(tmp_path, uri, "--launcher", "ray", "--ray-address", f"127.0.0.1:{port}")
     assert out.returncode == 2 and "`--ray-address`" in out.stderr and "no Ray cluster answers" in out.stderr
     assert not (tmp_path / "out").exists()
 
@@ -248,7 +249,8 @@ def test_a_sweep_against_an_mlflow_server_with_a_database_backend_and_the_report
 
 
 def test_an_unreachable_tracking_server_is_refused_before_any_cell(tmp_path):
-    out = _sweep(tmp_path, f"http://127.0.0.1:{free_port()}", *ONLY)
+    with closed_port() as port:
+        out = _sweep(tmp_path, f"http://127.0.0.1:{port}", *ONLY)
     assert out.returncode == 2 and "no MLflow server answers" in out.stderr
     assert not (tmp_path / "out").exists()
 

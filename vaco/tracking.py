@@ -9,6 +9,7 @@ retries. Imports nothing heavy (``vaco --help`` imports it).
 
 from __future__ import annotations
 
+import http.client
 import os
 import sqlite3
 import urllib.error
@@ -250,6 +251,12 @@ def _check_http(uri: str, name: str, timeout: float, hint: str) -> None:
                     f"`{name}`={uri!r}: the server refused access (HTTP {err.code}); {where}"
                 ) from None
             continue  # it answers: a proxy without /health, a server without this API, is still a server
+        except http.client.HTTPException as err:  # something listens there, but it does not speak HTTP
+            raise TrackingStoreError(
+                f"`{name}`={uri!r}: no MLflow server answers there (the port answers, but not in HTTP: "
+                f"{type(err).__name__}); is it another service's port? Start one (`mlflow server --host 127.0.0.1 "
+                f"--port PORT --backend-store-uri ...`) or {hint}"
+            ) from None
         except (urllib.error.URLError, TimeoutError, OSError) as err:
             reason = getattr(err, "reason", err)
             raise TrackingStoreError(

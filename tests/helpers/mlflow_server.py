@@ -22,6 +22,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def closed_port():
+    """A 127.0.0.1 port nothing answers on, for as long as the block runs: the socket is bound (so no
+    other process, such as another test worker's server, can take the port) but never listens, so a
+    connection to it is refused. A port from :func:`free_port` is only free when it is returned."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
