@@ -154,3 +154,57 @@ def test_no_design_without_two_pairs_and_the_command_line_prints_it(tmp_path, ca
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "### The 2x2 design: objective x step size" in summary
     assert summary.count("| objective x step size |") == 2
+
+
+def test_the_contrasts_under_every_scoring_reproduce_the_headline_and_a_floor_free_mean_by_hand(tmp_path, capsys):
+    runs = _runs(3)
+    rep = R.build_report("design", runs, reps=100, seed=5, step_pairs=PAIRS)
+    design = two_by_two(rep)
+    rows = R.sensitivity(rep, R.robustness(rep), design=design).design
+    assert len(rows) == 2 * len(CONTRASTS) * 3 * 2 * 2  # K 4/16 x contrasts x scores x aggregates x scales
+    headline = {(c.K, c.name): c for c in design.contrasts}
+    declared = [r for r in rows if r.declared]
+    assert len(declared) == len(headline)
+    for r in declared:  # the same cells, seeds and bootstrap draws as the design's own table
+        c = headline[(r.K, r.algorithm)]
+        assert (r.score, r.aggregate, r.scale) == ("final", "IQM", "min-max")
+        assert r.difference == pytest.approx(c.estimate, abs=1e-12)
+        assert r.interval == pytest.approx(tuple(c.interval), abs=1e-12) and r.verdict.word == c.verdict.word
+    # final score, mean aggregate, floor-free scale (x / the best final of vaco and ppo_clip on the task),
+    # the interaction at K = 16, by hand
+    tasks = sorted(env for env, _ in TASKS)
+    final = {(r.algorithm, r.K, r.env, r.seed): r.histories["eval/return"][1][-1] for r in runs}
+    top = {t: max(v for (a, _, env, _), v in final.items() if env == t and a in ("vaco", "ppo_clip")) for t in tasks}
+
+    def drop(algo, K):
+        ref = [final[(algo, 1, t, s)] / top[t] for t in tasks for s in SEEDS]
+        cur = [final[(algo, K, t, s)] / top[t] for t in tasks for s in SEEDS]
+        return math.fsum(ref) / len(ref) - math.fsum(cur) / len(cur)
+
+    d = {a: drop(a, 16) for a in ("vaco", "ppo_clip_large_step", "vaco_tv_matched", "ppo_clip_small_step")}
+    expected = (d["ppo_clip_large_step"] - d["vaco"]) - (d["ppo_clip_small_step"] - d["vaco_tv_matched"])
+    (mine,) = [
+        r
+        for r in rows
+        if (r.algorithm, r.K, r.score, r.aggregate, r.scale)
+        == ("objective x step size", 16, "final", "mean", "floor-free")
+    ]
+    assert mine.difference == pytest.approx(expected, abs=1e-12)
+    assert mine.interval[0] <= mine.difference <= mine.interval[1]
+    words = {}
+    for r in rows:
+        words.setdefault((r.algorithm, r.K), set()).add(r.verdict.word)
+    sens = R.sensitivity(rep, R.robustness(rep), design=design)
+    assert set(sens.scale_dependent(design=True)) == {key for key, w in words.items() if len(w) > 1}
+    # the command line prints and writes them
+    data = tmp_path / "runs.csv.gz"
+    R.save_runs(runs, data)
+    argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--reps", "50"]
+    assert R.main([*argv, *(f"--step-pairs={f}={c}" for f, c in PAIRS.items())]) == 0
+    assert "its contrasts under every scoring: " in capsys.readouterr().out
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "#### Do the contrasts depend on the scoring?" in summary
+    assert summary.count("| objective x step size | 16 |") == 3 * 2  # a line per score x aggregate
+    assert summary.count("| 16 | objective x step size |") == 1  # the headline table's
+    table = __import__("pandas").read_csv(tmp_path / "out" / "sensitivity.csv")
+    assert (table.algorithm == "objective (main effect)").sum() == 2 * 12

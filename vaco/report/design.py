@@ -35,7 +35,7 @@ from vaco.report.decision import Verdict, decide
 from vaco.report.robustness import paired_bootstrap, paired_cells
 from vaco.report.scores import Report
 
-__all__ = ["CONTRASTS", "Contrast", "Design", "two_by_two"]
+__all__ = ["CONTRASTS", "Contrast", "Design", "design_cells", "two_by_two"]
 
 #: the contrasts, in the order printed, with the coefficients of (filter_L, clip_L, filter_S, clip_S) drops
 CONTRASTS: dict[str, tuple[float, float, float, float]] = {
@@ -83,6 +83,18 @@ def _filter_tv(report: Report, arm: str, K: int) -> float:
     return float(np.mean(tvs)) if tvs else math.nan
 
 
+def design_cells(report: Report, design: Design, K: int) -> tuple[list[tuple[str, int]], list[str]]:
+    """The eight (arm, K) cells of ``design``'s contrasts at ``K`` (filter_L, clip_L, filter_S, clip_S,
+    each at the reference K then at ``K``) and the tasks that have runs in all of them."""
+    return _cells([*design.large, *design.small], design.k_ref, K, report)
+
+
+def _cells(arms: list[str], k_ref: int, K: int, report: Report) -> tuple[list[tuple[str, int]], list[str]]:
+    cells = [(a, k) for a in arms for k in (k_ref, K)]
+    have = {(r.algorithm, r.K, r.env) for r in report.main_runs()}
+    return cells, [t for t in report.tasks if all((a, k, t) in have for a, k in cells)]
+
+
 def two_by_two(report: Report) -> Design | None:
     """The 2x2 contrasts at each K, or None unless exactly two step pairs are declared."""
     if len(report.step_pairs) != 2:
@@ -103,9 +115,7 @@ def two_by_two(report: Report) -> Design | None:
     arms = [large[0], large[1], small[0], small[1]]
     contrasts = []
     for K in ks[1:]:
-        cells = [(a, k) for a in arms for k in (k_ref, K)]
-        have = {(r.algorithm, r.K, r.env) for r in main}
-        tasks = [t for t in report.tasks if all((a, k, t) in have for a, k in cells)]
+        cells, tasks = _cells(arms, k_ref, K, report)
         if not tasks:
             notes.append(f"K={K}: no task has runs of all four arms at K={k_ref} and K={K}")
             continue

@@ -267,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vaco report: {len(runs)} runs' metric histories -> {save_runs(runs, args.save_data)}")
     out = Path(args.out or Path("reports") / experiment)
     lag = robustness(report)
-    scoring = None if args.no_sensitivity else sensitivity(report, lag)
     two = two_by_two(report)
+    scoring = None if args.no_sensitivity else sensitivity(report, lag, design=two)
     summary = write_report(report, out, lag=lag, scoring=scoring, design=two)
     print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     if lag.drops:
@@ -282,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     if two is not None and two.contrasts:
         print(f"the 2x2 design (large step {two.large[0]} / {two.large[1]}, small {two.small[0]} / {two.small[1]}):")
         print("\n".join(design_lines(two)))
+        if scoring is not None and scoring.design:
+            flagged = scoring_lines(scoring, design=True)
+            print("its contrasts under every scoring: " + ("none depends on it" if not flagged else "scale-dependent:"))
+            if flagged:
+                print("\n".join(flagged))
     for m in step_size_matching(report):
         print(
             f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "

@@ -8,7 +8,7 @@ from vaco.report.design import Design
 from vaco.report.markdown import _pair, _table
 from vaco.report.robustness import Robustness
 from vaco.report.scores import Report
-from vaco.report.sensitivity import SCALES, Sensitivity
+from vaco.report.sensitivity import SCALES, Sensitivity, SensitivityRow
 
 __all__ = ["design_lines", "scoring_lines", "verdict_lines"]
 
@@ -93,28 +93,10 @@ def _scoring_section(report: Report, data: Sensitivity) -> list[str]:
         "",
     ]
     if flagged:
-        s += [
-            "Scale-dependent: "
-            + "; ".join(
-                f"**{algo} K={K}** ({', '.join(f'{w} on {words.count(w)}' for w in dict.fromkeys(words))} of {len(words)})"
-                for (algo, K), words in flagged.items()
-            )
-            + ".",
-            "",
-        ]
+        s += [_flagged_sentence(flagged), ""]
     else:
         s += ["No verdict changes with the scoring.", ""]
-    cells = {(r.algorithm, r.K, r.score, r.aggregate, r.scale): r for r in data.rows}
-    keys = list(dict.fromkeys((r.algorithm, r.K, r.score, r.aggregate) for r in data.rows))
-    rows = []
-    for algo, K, score, agg in keys:
-        row = [algo, K, score if score != "last-n" else f"last-{data.last_n}", agg]
-        for scale in SCALES:
-            r = cells[(algo, K, score, agg, scale)]
-            star = "*" if r.declared else ""
-            row.append(f"{_pair(r.difference, r.interval)} {r.verdict.word}{star}")
-        rows.append(row)
-    s += [_table(["algorithm", "K", "score", "aggregate", *SCALES], rows), ""]
+    s += [_scoring_table(data.rows, data.last_n, "algorithm"), ""]
     if data.models:
         s += [
             "Two-way model (statsmodels OLS on the declared score, min-max scale): score ~ algorithm x lagged + "
@@ -142,12 +124,39 @@ def _scoring_section(report: Report, data: Sensitivity) -> list[str]:
     return s
 
 
-def scoring_lines(data: Sensitivity) -> list[str]:
-    """The stdout lines of `vaco report`: the comparisons whose verdict depends on the scoring."""
+def _scoring_table(rows: list[SensitivityRow], last_n: int, first: str) -> str:
+    """One line per (comparison, K, score, aggregate), one column per scale: estimate, interval, verdict."""
+    cells = {(r.algorithm, r.K, r.score, r.aggregate, r.scale): r for r in rows}
+    keys = list(dict.fromkeys((r.algorithm, r.K, r.score, r.aggregate) for r in rows))
+    lines = []
+    for algo, K, score, agg in keys:
+        line = [algo, K, score if score != "last-n" else f"last-{last_n}", agg]
+        for scale in SCALES:
+            r = cells[(algo, K, score, agg, scale)]
+            star = "*" if r.declared else ""
+            line.append(f"{_pair(r.difference, r.interval)} {r.verdict.word}{star}")
+        lines.append(line)
+    return _table([first, "K", "score", "aggregate", *SCALES], lines)
+
+
+def _flagged_sentence(flagged: dict[tuple[str, int], list[str]]) -> str:
+    return (
+        "Scale-dependent: "
+        + "; ".join(
+            f"**{name} K={K}** ({', '.join(f'{w} on {words.count(w)}' for w in dict.fromkeys(words))} of {len(words)})"
+            for (name, K), words in flagged.items()
+        )
+        + "."
+    )
+
+
+def scoring_lines(data: Sensitivity, design: bool = False) -> list[str]:
+    """The stdout lines of `vaco report`: the comparisons (``design``: the 2x2 contrasts) whose
+    verdict depends on the scoring."""
     return [
-        f"  {algo} K={K}: scale-dependent ({', '.join(f'{w} on {words.count(w)}' for w in dict.fromkeys(words))}"
+        f"  {name} K={K}: scale-dependent ({', '.join(f'{w} on {words.count(w)}' for w in dict.fromkeys(words))}"
         f" of {len(words)} scorings)"
-        for (algo, K), words in data.scale_dependent().items()
+        for (name, K), words in data.scale_dependent(design).items()
     ]
 
 
@@ -239,8 +248,8 @@ def _task_drop_table(report: Report, data: Robustness) -> str:
     )
 
 
-def _design_section(report: Report, design: Design | None) -> list[str]:
-    """The 2x2 step-size design's contrasts (only with two ``--step-pairs``)."""
+def _design_section(report: Report, design: Design | None, scoring: Sensitivity | None = None) -> list[str]:
+    """The 2x2 step-size design's contrasts (only with two ``--step-pairs``), and under every scoring."""
     if design is None:
         return []
     (fl, cl), (fs, cs) = design.large, design.small
@@ -267,6 +276,20 @@ def _design_section(report: Report, design: Design | None) -> list[str]:
             )
         )
     s += [f"- {n}" for n in design.notes]
+    if scoring is not None and scoring.design:
+        flagged = scoring.scale_dependent(design=True)
+        s += [
+            "",
+            "#### Do the contrasts depend on the scoring?",
+            "",
+            "Each contrast above under every score, aggregate and scale of the robustness section's scoring table, "
+            "on the same cells and paired seeds, resampled with the same bootstrap draws (`*`: the declared "
+            "scoring, the table above) and decided by the same rule.",
+            "",
+            _flagged_sentence(flagged) if flagged else "No contrast's verdict changes with the scoring.",
+            "",
+            _scoring_table(scoring.design, scoring.last_n, "contrast"),
+        ]
     return s
 
 

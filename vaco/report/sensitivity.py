@@ -11,7 +11,9 @@ difference, with its verdict, under each combination of
   main algorithms' runs) and ``floor-free`` (``x / max`` per task: the same top, no floor, so runs
   that collapse do not define zero),
 
-and flags a comparison whose verdict word changes across them as **scale-dependent**. Every
+and flags a comparison whose verdict word changes across them as **scale-dependent**. With the
+2x2 step-size design (two ``--step-pairs``, :mod:`~vaco.report.design`), its five contrasts get the
+same treatment (:func:`design_rows`), on the same cells and seeds as the design's headline. Every
 scoring is resampled with the same paired bootstrap draws as the headline, so the row of the
 declared scoring reproduces the robustness section's interval exactly.
 
@@ -30,6 +32,7 @@ from collections import defaultdict
 import numpy as np
 
 from vaco.report.decision import Verdict, decide
+from vaco.report.design import CONTRASTS, Design, design_cells
 from vaco.report.robustness import Robustness, paired_bootstrap, paired_cells
 from vaco.report.scores import (
     SCORES,
@@ -46,6 +49,7 @@ __all__ = [
     "DEFAULT_LAST_N",
     "SCALES",
     "ModelFit",
+    "design_rows",
     "Sensitivity",
     "SensitivityRow",
     "interaction_model",
@@ -105,11 +109,14 @@ class Sensitivity:
     models: list[ModelFit]
     last_n: int
     notes: list[str]
+    #: the 2x2 design's contrasts under every scoring (``algorithm``: the contrast's name, ``baseline``: "")
+    design: list[SensitivityRow] = dataclasses.field(default_factory=list)
 
-    def scale_dependent(self) -> dict[tuple[str, int], list[str]]:
-        """(algorithm, K) -> its verdict words in scoring order, for the comparisons whose word changes."""
+    def scale_dependent(self, design: bool = False) -> dict[tuple[str, int], list[str]]:
+        """(comparison, K) -> its verdict words in scoring order, for the comparisons whose word changes
+        (``design``: the 2x2 contrasts' instead of the differences of drops)."""
         words: dict[tuple[str, int], list[str]] = defaultdict(list)
-        for r in self.rows:
+        for r in self.design if design else self.rows:
             words[(r.algorithm, r.K)].append(r.verdict.word)
         return {key: w for key, w in words.items() if len(set(w)) > 1}
 
@@ -133,7 +140,7 @@ class Sensitivity:
                     "seeds_needed": r.verdict.seeds_needed,
                     "declared": r.declared,
                 }
-                for r in self.rows
+                for r in [*self.rows, *self.design]
             ]
         )
 
@@ -182,16 +189,28 @@ def _declared(report: Report) -> tuple[str, str, str]:
     return report.score, "IQM", "min-max"
 
 
-def sensitivity(report: Report, found: Robustness, last_n: int | None = None) -> Sensitivity:
-    """Every difference of drops in ``found`` (the robustness section) under every scoring, and the
-    two-way model's interaction for each."""
-    last_n = last_n or (report.last_evals if report.score == "last-n" else DEFAULT_LAST_N)
-    combos = [(s, a, c) for s in SCORES for a in DROP_AGGREGATES for c in SCALES]
+def _scorings(report: Report, last_n: int) -> tuple[dict[tuple[str, str], dict[str, float]], list[str]]:
+    """Every run's score under each (score, scale): the inputs of every row."""
     values, notes = {}, []
     for score in SCORES:
         for scale in SCALES:
             values[(score, scale)], more = run_scores(report, score, scale, last_n)
             notes.extend(n for n in more if n not in notes)
+    return values, notes
+
+
+_COMBOS = [(s, a, c) for s in SCORES for a in DROP_AGGREGATES for c in SCALES]
+
+
+def sensitivity(
+    report: Report, found: Robustness, last_n: int | None = None, design: Design | None = None
+) -> Sensitivity:
+    """Every difference of drops in ``found`` (the robustness section) under every scoring, and the
+    two-way model's interaction for each; with ``design`` (:func:`vaco.report.design.two_by_two`),
+    its contrasts under every scoring too (:func:`design_rows`)."""
+    last_n = last_n or (report.last_evals if report.score == "last-n" else DEFAULT_LAST_N)
+    combos = _COMBOS
+    values, notes = _scorings(report, last_n)
     rows: list[SensitivityRow] = []
     models: list[ModelFit] = []
     k_ref = found.k_ref
@@ -237,7 +256,53 @@ def sensitivity(report: Report, found: Robustness, last_n: int | None = None) ->
                 )
             )
         models.append(interaction_model(stacks[(report.score, "min-max")], tasks, algo, baseline, K))
-    return Sensitivity(rows, models, last_n, notes)
+    return Sensitivity(rows, models, last_n, notes, design_rows(report, design, values) if design else [])
+
+
+def design_rows(
+    report: Report, design: Design, values: dict[tuple[str, str], dict[str, float]] | None = None
+) -> list[SensitivityRow]:
+    """The 2x2 design's contrasts under every scoring: per K, the eight cells and paired seeds of
+    :func:`vaco.report.design.two_by_two`, each scoring's IQM (or mean) drops combined by the
+    contrasts' weights, resampled with one paired bootstrap (the same draws as the design's
+    headline, so the declared scoring's row is its interval) and decided by the same rule.
+    ``values``: the runs' scores per (score, scale), if computed already."""
+    if values is None:
+        values, _ = _scorings(report, report.last_evals if report.score == "last-n" else DEFAULT_LAST_N)
+    weights = np.array(list(CONTRASTS.values()))  # contrasts x (filter_L, clip_L, filter_S, clip_S)
+    keys = list(values)
+    rows: list[SensitivityRow] = []
+    for K in dict.fromkeys(c.K for c in design.contrasts):
+        cells, tasks = design_cells(report, design, K)
+        stacks = {key: paired_cells(report, cells, tasks, v)[0] for key, v in values.items()}
+        n = stacks[keys[0]][0].shape[0]
+
+        def all_scorings(*flat):
+            out = []
+            for score, agg, scale in _COMBOS:
+                start = 8 * keys.index((score, scale))
+                f = _AGGREGATE[agg]
+                drops = [f(flat[start + 2 * i]) - f(flat[start + 2 * i + 1]) for i in range(4)]
+                out.extend(weights @ np.array(drops))
+            return np.array(out)
+
+        flat = [m for key in keys for m in stacks[key]]
+        point = all_scorings(*flat)
+        samples = paired_bootstrap(flat, all_scorings, report.reps, report.seed) if n >= report.min_runs else None
+        j = 0
+        for score, agg, scale in _COMBOS:
+            mats = stacks[(score, scale)]
+            per_seed = np.stack([mats[2 * i] - mats[2 * i + 1] for i in range(4)], axis=-1) @ weights.T
+            for c, name in enumerate(CONTRASTS):
+                column = None if samples is None else samples[:, j]
+                verdict = decide(float(point[j]), per_seed[:, :, c], report.margin, column, report.seed)
+                interval = None if column is None else tuple(float(v) for v in np.percentile(column, [2.5, 97.5]))
+                declared = (score, agg, scale) == _declared(report)
+                rows.append(
+                    SensitivityRow(name, "", K, score, agg, scale, float(point[j]), interval, verdict, declared)
+                )
+                j += 1
+    return rows
 
 
 def interaction_model(cells, tasks, algo: str, baseline: str, K: int) -> ModelFit:

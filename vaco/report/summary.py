@@ -133,8 +133,9 @@ def write_report(
     s: list[str] = [f"# Report: {report.experiment}", ""]
     s += _runs_section(report, save)
     s += _normalisation_section(report, save)
-    s += _robustness_part(report, save, lag, scoring)
-    s += _design_section(report, design if design is not None else two_by_two(report))
+    design = design if design is not None else two_by_two(report)
+    s += _robustness_part(report, save, lag, scoring, design)
+    s += _design_section(report, design, scoring)
     scores = aggregate_scores(report)  # (after the robustness bootstrap, as the summary has always been drawn)
     s += _final_scores_section(report, save, scores)
     s += _iqm_section(report, save, scores)
@@ -212,13 +213,15 @@ def _normalisation_section(report: Report, save: _Figures) -> list[str]:
     return s
 
 
-def _robustness_part(report: Report, save: _Figures, lag: Robustness | None, scoring: Sensitivity | None) -> list[str]:
+def _robustness_part(
+    report: Report, save: _Figures, lag: Robustness | None, scoring: Sensitivity | None, design: Design | None
+) -> list[str]:
     """Robustness to lag (the paper's claim), before the levels, and its sensitivity to the scoring
-    (also saved as ``sensitivity.csv``)."""
+    (also saved as ``sensitivity.csv``, with the 2x2 design's contrasts if there is one)."""
     if lag is None:
         lag = robustness(report)
-        scoring = sensitivity(report, lag)
-    if scoring is not None and scoring.rows:
+        scoring = sensitivity(report, lag, design=design)
+    if scoring is not None and (scoring.rows or scoring.design):
         scoring.frame().to_csv(save.out / "sensitivity.csv", index=False)
     return _robustness_section(
         report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None, scoring
