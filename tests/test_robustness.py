@@ -288,3 +288,8 @@ def test_the_2x2_study_figures_come_from_its_committed_data():
     assert len(design.contrasts) == 2 * len(R.CONTRASTS)  # K = 4 and 16
     for c in design.contrasts:
         assert f"| {c.K} | {c.name} | {c.estimate:.3f} [" in summary, (c.K, c.name)
+    rows = R.design_rows(rep, design)  # the contrasts under every scoring: the min-max column's estimates
+    assert len(rows) == 2 * len(R.CONTRASTS) * 12
+    for r in (r for r in rows if r.scale == "min-max"):
+        score = r.score if r.score != "last-n" else "last-3"
+        assert f"| {r.algorithm} | {r.K} | {score} | {r.aggregate} | {r.difference:.3f} [" in summary, r
