@@ -360,3 +360,22 @@ def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(t
     assert any("View run" not in t and "iter" in t for p, t in texts.items() if p.endswith("train.log"))
     leaks = [p for p, t in texts.items() if secret in t]
     assert not leaks, leaks
+
+
+# ---------------------------------------------------------------- a study in blocks
+@pytest.mark.slow
+def test_stop_after_ends_a_block_with_124_and_the_same_command_without_it_finishes(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    one = ["--only", FIRST]
+    block = _sweep(tmp_path, uri, *one, "--stop-after", "5s")
+    assert block.returncode == 124, block.stdout[-3000:] + block.stderr[-3000:]
+    assert "--stop-after 5s reached: stopping the sweep" in block.stdout
+    assert "stopped: done 0/1" in block.stdout  # a tiny cell takes longer than 5 s
+    rest = _sweep(tmp_path, uri, *one)
+    assert rest.returncode == 0, rest.stdout[-3000:]
+    runs = cell_runs(uri)
+    assert list(runs) == [FIRST] and [r.info.status for r in runs[FIRST]] == ["FINISHED"]  # resumed or restarted
+    bad = _sweep(tmp_path, uri, *one, "--stop-after", "soon")
+    assert bad.returncode == 2 and "--stop-after: invalid duration value: 'soon'" in bad.stderr
+    elsewhere = _sweep(tmp_path, uri, *one, "--launcher", "slurm", "--stop-after", "1h", "--dry-run")
+    assert elsewhere.returncode == 2 and "`--stop-after` is for the local launcher" in elsewhere.stderr

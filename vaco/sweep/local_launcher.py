@@ -69,6 +69,7 @@ class LocalLauncher(Launcher):
         grace: float = 15.0,
         status_every: float = 60.0,
         zygote=None,
+        stop_after: float | None = None,
     ) -> None:
         import mlflow
 
@@ -81,6 +82,8 @@ class LocalLauncher(Launcher):
         self.stop_requested = 0
         self.total = 0
         self.zygote = zygote  # the preloaded process that forks the cells (vaco.sweep.zygote)
+        self.stop_after = stop_after  # seconds from launch, then stop as on Ctrl-C (a block of a long study)
+        self.timed_out = False
 
     @classmethod
     def add_arguments(cls, group) -> None:
@@ -88,6 +91,13 @@ class LocalLauncher(Launcher):
             "--grace", type=float, default=15.0, help="local: seconds a stopped cell gets to exit before SIGKILL"
         )
         group.add_argument("--status-every", type=float, default=60.0, help="local: seconds between progress lines")
+        group.add_argument(
+            "--stop-after",
+            type=parse_duration,
+            metavar="DURATION",
+            help="local: run the sweep for this long (e.g. 90m, 1h30m, 5400), then stop it as Ctrl-C does (the "
+            "running cells checkpoint at their next iteration boundary; rerun to resume); exit code 124",
+        )
 
     @classmethod
     def prestart(cls, args):
@@ -113,6 +123,7 @@ class LocalLauncher(Launcher):
             grace=args.grace,
             status_every=args.status_every,
             zygote=zygote,
+            stop_after=getattr(args, "stop_after", None),
         )
 
     def close(self) -> None:
@@ -133,9 +144,16 @@ class LocalLauncher(Launcher):
         self.total = len(cells)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         last_status = time.monotonic()
+        deadline = None if self.stop_after is None else last_status + self.stop_after
         self.zygote = self._start_zygote()
         try:
             while (pending or self.running) and not self.stop_requested:
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.stop_requested, self.timed_out = 1, True
+                    say(
+                        f"--stop-after {_hms(self.stop_after)} reached: stopping the sweep (running cells stop at their next iteration boundary)"
+                    )
+                    break
                 while pending and len(self.running) < self.jobs and not self.stop_requested:
                     self._start(pending.popleft())
                 for job in list(self.running.values()):
@@ -155,7 +173,7 @@ class LocalLauncher(Launcher):
                 signal.signal(s, handler)
         if self.stop_requested:
             say(f"stopped: {self._status(len(pending), eta=False)}. Rerun the same command to resume.")
-            return 130
+            return 124 if self.timed_out else 130
         say(f"sweep finished: {self._status(0)}")
         if self.failed:
             say("failed cells: " + ", ".join(c.id for c in self.failed))
@@ -272,6 +290,24 @@ class LocalLauncher(Launcher):
             now = time.monotonic()
             text += " | " + ", ".join(f"{j.cell.id} {_hms(now - j.started)}" for j in self.running.values())
         return text
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``: a number of seconds (``5400``) or hours / minutes / seconds (``1h30m``, ``90m``,
+    ``45s``); argparse turns the ValueError into a one-line error naming the option."""
+    import re
+
+    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or match is None:
+        raise ValueError(text)
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = 3600 * hours + 60 * minutes + seconds
+    if total <= 0:
+        raise ValueError(text)
+    return total
+
+
+parse_duration.__name__ = "duration"  # argparse's message: "invalid duration value: 'x'"
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

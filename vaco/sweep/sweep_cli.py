@@ -130,6 +130,11 @@ def _plan(args) -> _Plan:
     # --dry-run and --status too: a missing submitit is one line there as well. Others (Ray
     # connects to its cluster) are built to run only, after the plan is checked.
     kind = launcher_class(launcher, "--launcher" if args.launcher else "launcher")
+    if getattr(args, "stop_after", None) is not None and kind.name != "local":
+        raise SweepError(
+            f"`--stop-after` is for the local launcher (the {launcher} launcher's cells run on their own: "
+            "stop them with Ctrl-C, or give the jobs a time limit such as `--time-min`)"
+        )
     runner = kind.from_args(sweep, uri, resources, args) if kind.answers_status else None
     validate_with_cli(sweep, cells, uri)
     states = plan(sweep, cells, uri, with_running=args.status)
