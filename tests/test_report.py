@@ -453,3 +453,12 @@ def test_step_pairs_naming_no_runs_are_refused_in_one_line(tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1 and not list(tmp_path.glob("*.png"))
     bad = subprocess.run([VACO, "report", "--data", "x.csv", "--step-pairs", "vaco"], capture_output=True, text=True)
     assert bad.returncode == 2 and "`--step-pairs` takes FILTER=CLIP" in bad.stderr
+    for pairs, problem in (
+        (["vaco=vaco"], "'vaco=vaco': an arm cannot be its own partner"),
+        (["vaco=ppo_clip", "vaco=ppo_clip_tv_matched"], "'vaco=ppo_clip_tv_matched': each arm may be in one pair only"),
+        (["vaco=ppo_clip", "vaco_tv_matched=ppo_clip"], "'vaco_tv_matched=ppo_clip': each arm may be in one pair only"),
+    ):
+        argv = [VACO, "report", "--data", "x.csv", *(f"--step-pairs={p}" for p in pairs)]
+        bad = subprocess.run(argv, capture_output=True, text=True)
+        assert bad.returncode == 2 and f"`--step-pairs` {problem}" in bad.stderr.strip().splitlines()[0], bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1

@@ -208,7 +208,19 @@ def main(argv: list[str] | None = None) -> int:
         if not (filter_arm.strip() and clip_arm.strip()):
             print(f"vaco report: `--step-pairs` takes FILTER=CLIP (two algorithm names), got {item!r}", file=sys.stderr)
             return 2
-        step_pairs[filter_arm.strip()] = clip_arm.strip()
+        filter_arm, clip_arm = filter_arm.strip(), clip_arm.strip()
+        named = {*step_pairs, *step_pairs.values()}
+        problem = (
+            "an arm cannot be its own partner"
+            if filter_arm == clip_arm
+            else "each arm may be in one pair only"
+            if filter_arm in named or clip_arm in named
+            else None
+        )
+        if problem:
+            print(f"vaco report: `--step-pairs` {item!r}: {problem}", file=sys.stderr)
+            return 2
+        step_pairs[filter_arm] = clip_arm
     for name in ("reps", "min_runs", "last_evals"):
         if getattr(args, name) < 1:
             print(f"vaco report: `--{name.replace('_', '-')}` must be >= 1", file=sys.stderr)
