@@ -365,17 +365,32 @@ def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(t
 # ---------------------------------------------------------------- a study in blocks
 @pytest.mark.slow
 def test_stop_after_ends_a_block_with_124_and_the_same_command_without_it_finishes(tmp_path):
+    """The tiny sweep's first cell made 8x longer (256 iterations, ~15 s idle here), so that a 4 s
+    limit stops it mid-run on any machine; the same command without the limit then finishes it."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    one = ["--only", FIRST]
-    block = _sweep(tmp_path, uri, *one, "--stop-after", "5s")
+    body = Path(TINY).read_text()
+    assert "data.init_args.total_steps: 4096" in body
+    body = body.replace("data.init_args.total_steps: 4096", "data.init_args.total_steps: 32768")
+    (tmp_path / "s.yaml").write_text(body.replace("output_dir: sweeps/vaco-tiny", f"output_dir: {tmp_path / 'out'}"))
+
+    def sweep(*args):
+        argv = ["sweep", "--config", str(tmp_path / "s.yaml"), "--only", FIRST, *args]
+        return run_cli(*argv, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri}, timeout=900)
+
+    block = sweep("--stop-after", "4s")
     assert block.returncode == 124, block.stdout[-3000:] + block.stderr[-3000:]
-    assert "--stop-after 5s reached: stopping the sweep" in block.stdout
-    assert "stopped: done 0/1" in block.stdout  # a tiny cell takes longer than 5 s
-    rest = _sweep(tmp_path, uri, *one)
+    assert "--stop-after 4s reached: stopping the sweep" in block.stdout
+    assert "stopped: done 0/1" in block.stdout, block.stdout[-3000:]
+    checkpointed = (tmp_path / "out" / FIRST / "checkpoints" / "last.ckpt").is_file()
+    print(f"--stop-after 4s stopped the cell {'with' if checkpointed else 'before'} a checkpoint")
+    rest = sweep()
     assert rest.returncode == 0, rest.stdout[-3000:]
-    runs = cell_runs(uri)
-    assert list(runs) == [FIRST] and [r.info.status for r in runs[FIRST]] == ["FINISHED"]  # resumed or restarted
-    bad = _sweep(tmp_path, uri, *one, "--stop-after", "soon")
+    statuses = sorted(r.info.status for r in cell_runs(uri).get(FIRST, []))
+    if checkpointed:  # stopped at an iteration boundary: resumed in the same MLflow run
+        assert "(resume from checkpoint)" in rest.stdout and statuses == ["FINISHED"]
+    else:  # stopped before its first iteration: started afresh, the unfinished run marked KILLED
+        assert statuses in (["FINISHED"], ["FINISHED", "KILLED"]), statuses
+    bad = sweep("--stop-after", "soon")
     assert bad.returncode == 2 and "--stop-after: invalid duration value: 'soon'" in bad.stderr
-    elsewhere = _sweep(tmp_path, uri, *one, "--launcher", "slurm", "--stop-after", "1h", "--dry-run")
+    elsewhere = sweep("--launcher", "slurm", "--stop-after", "1h", "--dry-run")
     assert elsewhere.returncode == 2 and "`--stop-after` is for the local launcher" in elsewhere.stderr
