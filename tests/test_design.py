@@ -160,7 +160,8 @@ def test_the_contrasts_under_every_scoring_reproduce_the_headline_and_a_floor_fr
     runs = _runs(3)
     rep = R.build_report("design", runs, reps=100, seed=5, step_pairs=PAIRS)
     design = two_by_two(rep)
-    rows = R.sensitivity(rep, R.robustness(rep), design=design).design
+    sens = R.sensitivity(rep, R.robustness(rep), design=design)
+    rows = sens.design
     assert len(rows) == 2 * len(CONTRASTS) * 3 * 2 * 2  # K 4/16 x contrasts x scores x aggregates x scales
     headline = {(c.K, c.name): c for c in design.contrasts}
     declared = [r for r in rows if r.declared]
@@ -194,7 +195,6 @@ def test_the_contrasts_under_every_scoring_reproduce_the_headline_and_a_floor_fr
     words = {}
     for r in rows:
         words.setdefault((r.algorithm, r.K), set()).add(r.verdict.word)
-    sens = R.sensitivity(rep, R.robustness(rep), design=design)
     assert set(sens.scale_dependent(design=True)) == {key for key, w in words.items() if len(w) > 1}
     # the command line prints and writes them
     data = tmp_path / "runs.csv.gz"
