@@ -17,7 +17,7 @@ import pytest
 
 from helpers.mlflow_server import closed_port, mlflow_server
 from helpers.runs import CONFIGS, VACO, run_cli
-from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs
+from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs, parent_run
 from vaco.checkpoint import CheckpointError, load_checkpoint
 
 
@@ -381,10 +381,12 @@ def test_stop_after_ends_a_block_with_124_and_the_same_command_without_it_finish
     assert block.returncode == 124, block.stdout[-3000:] + block.stderr[-3000:]
     assert "--stop-after 4s reached: stopping the sweep" in block.stdout
     assert "stopped: done 0/1" in block.stdout, block.stdout[-3000:]
+    assert parent_run(uri).info.status == "KILLED"  # stopped, to be resumed: not FAILED
     checkpointed = (tmp_path / "out" / FIRST / "checkpoints" / "last.ckpt").is_file()
     print(f"--stop-after 4s stopped the cell {'with' if checkpointed else 'before'} a checkpoint")
     rest = sweep()
     assert rest.returncode == 0, rest.stdout[-3000:]
+    assert parent_run(uri).info.status == "FINISHED"
     statuses = sorted(r.info.status for r in cell_runs(uri).get(FIRST, []))
     if checkpointed:  # stopped at an iteration boundary: resumed in the same MLflow run
         assert "(resume from checkpoint)" in rest.stdout and statuses == ["FINISHED"]

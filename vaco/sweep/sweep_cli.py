@@ -221,7 +221,7 @@ def _run(p: _Plan, args) -> int:
         if rc == 0 and runner.detached:
             status = "RUNNING"  # submitted: the cells report to MLflow themselves
         else:
-            status = {0: "FINISHED", 130: "KILLED"}.get(rc, "FAILED")
+            status = {0: "FINISHED", 130: "KILLED", 124: "KILLED"}.get(rc, "FAILED")  # 124: --stop-after
         return rc
     finally:
         if status != "RUNNING":
