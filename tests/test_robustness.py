@@ -293,3 +293,24 @@ def test_the_2x2_study_figures_come_from_its_committed_data():
     for r in (r for r in rows if r.scale == "min-max"):
         score = r.score if r.score != "last-n" else "last-3"
         assert f"| {r.algorithm} | {r.K} | {score} | {r.aggregate} | {r.difference:.3f} [" in summary, r
+
+
+def test_the_long_2x2_data_are_finished_runs_of_its_sweep_file():
+    """docs/data/lag_2x2_long.csv.gz, the ~1M-step part of results.md section 8 (filled in blocks
+    across sessions), holds only cells of configs/sweeps/lag_2x2_long.yaml, each once, finished and
+    evaluated every 20 iterations up to 983,040 steps; results.md states how many of the sweep's
+    cells it holds."""
+    from vaco import sweep as S
+
+    repo = Path(__file__).resolve().parents[1]
+    cells = {c.id: c for c in S.expand(S.load_sweep(repo / "configs/sweeps/lag_2x2_long.yaml"))}
+    runs = R.read_runs(repo / "docs/data/lag_2x2_long.csv.gz")
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names)) and set(names) <= set(cells), sorted(set(names) - set(cells))
+    for r in runs:
+        cell = cells[r.name]
+        assert (r.algorithm, r.K, r.seed, r.status) == (cell.algorithm, cell.K, cell.seed, "FINISHED"), r.name
+        steps, values = r.histories["eval/return"]
+        assert list(steps) == [81_920 * i for i in range(1, 13)] and np.isfinite(values).all(), r.name
+    text = (repo / "docs/results.md").read_text()
+    assert f"**{len(runs)} of the {len(cells)} runs**" in text
