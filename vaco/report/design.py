@@ -35,7 +35,7 @@ from vaco.report.decision import Verdict, decide
 from vaco.report.robustness import paired_bootstrap, paired_cells
 from vaco.report.scores import Report
 
-__all__ = ["CONTRASTS", "Contrast", "Design", "design_cells", "two_by_two"]
+__all__ = ["CONTRASTS", "WEIGHTS", "Contrast", "Design", "design_cells", "two_by_two"]
 
 #: the contrasts, in the order printed, with the coefficients of (filter_L, clip_L, filter_S, clip_S) drops
 CONTRASTS: dict[str, tuple[float, float, float, float]] = {
@@ -47,7 +47,7 @@ CONTRASTS: dict[str, tuple[float, float, float, float]] = {
 }
 
 
-_WEIGHTS = np.array(list(CONTRASTS.values()))  # contrasts x arms
+WEIGHTS = np.array(list(CONTRASTS.values()))  # contrasts x arms
 
 
 def _combine(*cells: np.ndarray) -> np.ndarray:
@@ -55,7 +55,7 @@ def _combine(*cells: np.ndarray) -> np.ndarray:
     from rliable import metrics
 
     drops = [metrics.aggregate_iqm(cells[2 * i]) - metrics.aggregate_iqm(cells[2 * i + 1]) for i in range(4)]
-    return _WEIGHTS @ np.array(drops)
+    return WEIGHTS @ np.array(drops)
 
 
 @dataclasses.dataclass
@@ -127,7 +127,7 @@ def two_by_two(report: Report) -> Design | None:
         if len(set(counts)) > 1:
             notes.append(f"K={K}: paired seeds per task {dict(zip(tasks, counts))}; cut to {n}")
         point = _combine(*mats)
-        per_seed = np.stack([mats[2 * i] - mats[2 * i + 1] for i in range(4)], axis=-1) @ _WEIGHTS.T  # n x T x C
+        per_seed = np.stack([mats[2 * i] - mats[2 * i + 1] for i in range(4)], axis=-1) @ WEIGHTS.T  # n x T x C
         samples = None
         if n >= report.min_runs:
             samples = paired_bootstrap(mats, _combine, report.reps, report.seed)

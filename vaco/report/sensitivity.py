@@ -32,7 +32,7 @@ from collections import defaultdict
 import numpy as np
 
 from vaco.report.decision import Verdict, decide
-from vaco.report.design import CONTRASTS, Design, design_cells
+from vaco.report.design import CONTRASTS, WEIGHTS, Design, design_cells
 from vaco.report.robustness import Robustness, paired_bootstrap, paired_cells
 from vaco.report.scores import (
     SCORES,
@@ -269,7 +269,7 @@ def design_rows(
     ``values``: the runs' scores per (score, scale), if computed already."""
     if values is None:
         values, _ = _scorings(report, report.last_evals if report.score == "last-n" else DEFAULT_LAST_N)
-    weights = np.array(list(CONTRASTS.values()))  # contrasts x (filter_L, clip_L, filter_S, clip_S)
+    weights = WEIGHTS  # contrasts x (filter_L, clip_L, filter_S, clip_S)
     keys = list(values)
     rows: list[SensitivityRow] = []
     for K in dict.fromkeys(c.K for c in design.contrasts):
