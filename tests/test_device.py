@@ -12,6 +12,7 @@ from helpers.runs import CONFIGS, build_run, run_cli
 from vaco import VacoModule
 from vaco.advantages import VTrace
 from vaco.checkpoint import load_checkpoint
+from vaco.logger import VacoMLFlowLogger
 from vaco.objectives import TVFilter
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
@@ -112,13 +113,19 @@ def test_hardware_configs_compose_with_any_run(name):
 @needs_gpu
 def test_a_gpu_run_trains_and_its_checkpoint_resumes_and_evaluates_on_the_cpu(tmp_path, mlflow_uri):
     objective = SeesDevices(delta=0.2)
-    module, data, trainer = build_run(tmp_path / "gpu", mlflow_uri, objective=objective, accelerator="gpu")
+    # vaco fit's logger: a resumed run may grow its budget (total_steps), but change nothing else it logged
+    kw = dict(logger_cls=VacoMLFlowLogger)
+    module, data, trainer = build_run(tmp_path / "gpu", mlflow_uri, objective=objective, accelerator="gpu", **kw)
     trainer.fit(module, data)
     assert objective.devices == {torch.device("cuda", 0)}
     ckpt = tmp_path / "gpu" / "ckpt" / "last.ckpt"
     out = run_cli("evaluate", "--ckpt", str(ckpt), "--episodes", "2", "--envs", "2")
     assert out.returncode == 0, out.stderr
     longer = {"total_steps": 2 * 64 * 8}
-    module, data, trainer = build_run(tmp_path / "gpu", mlflow_uri, data_kwargs=longer, run_id=trainer.logger.run_id)
+    resumed = SeesDevices(delta=0.2)  # the same objective: the run logged its name
+    module, data, trainer = build_run(
+        tmp_path / "gpu", mlflow_uri, objective=resumed, data_kwargs=longer, run_id=trainer.logger.run_id, **kw
+    )
     trainer.fit(module, data, ckpt_path=str(ckpt))  # the CPU resumes the GPU's run
     assert int(module.version) == 8
+    assert resumed.devices == {torch.device("cpu")}

@@ -325,6 +325,10 @@ def test_bad_input_names_the_field_before_any_step():
         Warp(device="tpu")
     with pytest.raises(ValueError, match=r"`data.collection.cuda_graph`: CUDA graphs need `device: cuda`, got 'cpu'"):
         Warp(device="cpu", cuda_graph=True)
+    assert not Warp(device="cpu").uses_graph and Warp(device="cuda").uses_graph  # null: on cuda only
+    assert not Warp(device="cuda", cuda_graph=False).uses_graph
+    with pytest.raises(ValueError, match=r"`data.collection.cuda_graph` must be null, true or false, got 'yes'"):
+        Warp(device="cuda", cuda_graph="yes")
     with pytest.raises(ValueError, match=r"`cuda_graph`: CUDA graphs need a cuda device"):
         WarpVectorEnv("Hopper-v5", 2, device="cpu", cuda_graph=True)
     if not torch.cuda.is_available():
@@ -338,7 +342,7 @@ def test_the_backend_is_saved_as_plain_values():
     data = RolloutDataModule(env_id="Hopper-v5", collection=Warp(cone="elliptic"))
     assert data.hparams["collection"] == {
         "class_path": "vaco.data.warp.Warp",
-        "init_args": {"device": "cpu", "cone": "elliptic", "evaluate_on": "warp", "cuda_graph": False},
+        "init_args": {"device": "cpu", "cone": "elliptic", "evaluate_on": "warp", "cuda_graph": None},
     }
 
 
@@ -506,3 +510,48 @@ def test_a_run_trained_on_warp_is_evaluated_and_filmed_on_warp(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and "`--envs`: 1,000,000,000 worlds of InvertedPendulum-v5 need about" in bad.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+def test_a_cuda_graph_replays_the_same_physics_as_kernel_by_kernel_stepping():
+    """``cuda_graph`` (on by default on cuda) replays the kernels that plain stepping launches,
+    the solver's loop as a conditional graph node: from the same reset and actions, 50 steps of
+    64 Hopper worlds (some falling and resetting) agree to float32 level, terminations exactly."""
+    plain, graph = (WarpVectorEnv("Hopper-v5", 64, device="cuda", seed=0, cuda_graph=g) for g in (False, True))
+    torch.testing.assert_close(plain.reset(seed=0), graph.reset(seed=0), rtol=0, atol=0)
+    assert graph._use_graph and not plain._use_graph
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ended = 0
+    for _ in range(50):
+        u = torch.rand(64, plain.act_dim, generator=gen, device="cuda")
+        action = plain.action_low + u * (plain.action_high - plain.action_low)
+        a, b = plain.step(action), graph.step(action)
+        assert graph._graph is not None  # captured, not fallen back
+        obs, reward, terminated, truncated, final_obs = a
+        torch.testing.assert_close(b[0], obs, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b[1], reward, rtol=1e-4, atol=1e-4)
+        assert torch.equal(b[2], terminated) and torch.equal(b[3], truncated)
+        torch.testing.assert_close(b[4], final_obs, rtol=1e-4, atol=1e-4)
+        ended += int(terminated.sum())
+    assert ended > 0  # random actions topple some Hoppers within 50 steps: the resets were compared too
+
+
+def test_the_h100_figures_in_the_docs_are_its_measurements():
+    """docs/gpu.md's table of env steps/s on the H100 is docs/data/gpu_h100_2026-11-27's JSON, row
+    for row, with the ratios; the JSON names the card."""
+    import json
+    import re
+
+    data = json.loads((REPO / "docs/data/gpu_h100_2026-11-27/warp_throughput.json").read_text())
+    assert "H100" in data["machine"] and data["device"] == "cuda"
+    text = (REPO / "docs/gpu.md").read_text()
+    for worlds in (64, 512, 4096):
+        plain, graph = data["env"][f"Hopper-v5:{worlds}"], data["env"][f"Hopper-v5:{worlds}:cuda_graph"]
+        row = f"| {worlds:,} | {plain:,.0f} | {graph:,.0f} | {graph / plain:.1f}x |"
+        assert row in text, row
+    stale = json.loads((REPO / "docs/data/gpu_h100_2026-11-27/warp_throughput_graphs_not_engaged.json").read_text())
+    first = ", ".join(
+        f"{stale['env'][f'Hopper-v5:{w}']:,.0f} / {stale['env'][f'Hopper-v5:{w}:cuda_graph']:,.0f}" for w in (64, 512)
+    )
+    assert re.sub(r"\s+", " ", f"({first}") in re.sub(r"\s+", " ", text)

@@ -41,8 +41,10 @@ def build_run(
     accelerator: str = "cpu",
     seed: int = 3,
     experiment: str = "test",
+    logger_cls=MLFlowLogger,
 ):
-    """A real (module, data module, trainer) triple on a tiny InvertedPendulum setting."""
+    """A real (module, data module, trainer) triple on a tiny InvertedPendulum setting
+    (``logger_cls=VacoMLFlowLogger``: the logger of ``vaco fit``, which lets a resumed run grow its budget)."""
     from vaco import RolloutDataModule, VacoModule
     from vaco.advantages import VTrace
     from vaco.callbacks import IterationCheckpoint
@@ -69,7 +71,7 @@ def build_run(
         **model,
     )
     datamodule = RolloutDataModule(**data)
-    logger = MLFlowLogger(experiment_name=experiment, tracking_uri=uri, run_id=run_id, log_model=True)
+    logger = logger_cls(experiment_name=experiment, tracking_uri=uri, run_id=run_id, log_model=True)
     checkpoint = IterationCheckpoint(every_n_iterations=every_n_iterations, dirpath=str(tmp_path / "ckpt"))
     trainer = tiny_trainer(tmp_path, logger, [checkpoint, *callbacks], accelerator=accelerator, devices=devices)
     return module, datamodule, trainer

@@ -142,7 +142,10 @@ def _graphs_supported(wp, wp_device: str) -> bool:
     reasons = []
     if not wp.is_mempool_enabled(wp_device):
         reasons.append("Warp's memory pool is disabled")
-    driver = getattr(getattr(getattr(wp, "context", None), "runtime", None), "driver_version", None)
+    # Warp >= 1.10 has get_cuda_driver_version(); older ones kept it on the runtime object (the
+    # attribute read alone, as this check first did, is None on Warp 1.19: graphs were silently off)
+    get = getattr(wp, "get_cuda_driver_version", None)
+    driver = get() if get else getattr(getattr(getattr(wp, "context", None), "runtime", None), "driver_version", None)
     if driver is None or tuple(driver) < (12, 4):
         reasons.append(f"CUDA driver {driver} < 12.4")
     if reasons:
@@ -164,7 +167,8 @@ class WarpVectorEnv:
             (``wp.ScopedCapture``) and replay the graph (``wp.capture_launch``) instead of
             launching each kernel from Python, as mjlab does. Needs Warp's memory pool and a
             CUDA driver >= 12.4 (conditional graph nodes); where either is missing, or the capture
-            fails, the env warns and launches the kernels one by one. Not yet run on a GPU.
+            fails, the env warns and launches the kernels one by one. On an H100: 12x the env steps/s
+            of kernel-by-kernel stepping at 4,096 Hopper worlds (docs/gpu.md).
     """
 
     def __init__(

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU checks of ../shared/gpu-kit/README.md as one script, for a device call that has just
+# installed the kit (PYTHONPATH=/tmp/site:$PWD). Each check has its own time limit so that one
+# that hangs or compiles for too long still leaves the others' logs under $OUT. Figures it
+# prints go to docs/gpu.md and docs/performance.md with the card's name (info.log).
+#   CHECKS="warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+T_TEST=${T_TEST:-100} T_UPDATE=${T_UPDATE:-75} T_FIT=${T_FIT:-140} T_WARP=${T_WARP:-140}
+GRAPH=${GRAPH:-true} WORLDS=${WORLDS:-64 512 4096}
+step() { echo "== $1 ($(date +%T))"; }
+{
+  step info
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, warp, mujoco_warp, lightning; warp.init(); print('torch', torch.__version__, torch.cuda.get_device_name(0), '| warp', warp.__version__, 'driver', warp.get_cuda_driver_version(), '| lightning', lightning.__version__)"
+  nproc; grep -m1 'model name' /proc/cpuinfo
+} 2>&1 | tee "$OUT/info.log"
+
+warp() {
+  step "Warp env throughput, with and without a CUDA graph"
+  timeout "$T_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds $WORLDS \
+    --out "$OUT/warp_throughput.json" 2>&1 | tee "$OUT/warp_throughput.log"
+  echo "rc=$?" | tee -a "$OUT/warp_throughput.log"
+}
+test() {
+  step "pytest -m gpu"
+  timeout "$T_TEST" python3 -m pytest -q -m gpu tests --ignore=tests/test_notebook.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
+  echo "rc=$?" | tee -a "$OUT/pytest_gpu.log"
+}
+fit() {
+  step "vaco fit on Warp on cuda (Hopper, VACO, 500 x 1,000, cuda_graph $GRAPH)"
+  rm -rf /tmp/run; mkdir -p /tmp/run
+  MLFLOW_TRACKING_URI=sqlite:////tmp/run/mlflow.db timeout "$T_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
+    --config configs/algo/vaco.yaml --config configs/collection/warp.yaml --config configs/hardware/gpu.yaml \
+    --data.init_args.num_envs 500 --data.init_args.num_steps 1000 --data.init_args.collection.init_args.device cuda \
+    --data.init_args.collection.init_args.cuda_graph "$GRAPH" --data.init_args.collection.init_args.evaluate_on gymnasium \
+    --data.init_args.total_steps 1000000 --data.init_args.eval_every 0 --data.init_args.eval_episodes 2 \
+    --trainer.default_root_dir /tmp/run --trainer.enable_progress_bar false 2>&1 | tee "$OUT/fit_warp_cuda.log"
+  echo "rc=$?" | tee -a "$OUT/fit_warp_cuda.log"
+  python3 - <<'PY' 2>&1 | tee -a "$OUT/fit_warp_cuda.log"
+import mlflow
+c = mlflow.MlflowClient("sqlite:////tmp/run/mlflow.db")
+for r in c.search_runs([e.experiment_id for e in c.search_experiments()]):
+    print(r.info.status, {k: round(v, 3) for k, v in sorted(r.data.metrics.items()) if k.startswith(("perf/", "eval/", "train/episode"))})
+    for key in ("perf/collect_seconds", "perf/update_seconds", "perf/sps"):
+        print(key, [round(m.value, 3) for m in c.get_metric_history(r.info.run_id, key)])
+PY
+}
+update() {
+  step "paper-scale update (VACO, 500 x 1,000, learner on cuda)"
+  timeout "$T_UPDATE" python3 benchmarks/profile_update.py --algorithm vaco --num-envs 500 --num-steps 1000 --iterations 2 \
+    --no-profile --device cuda 2>&1 | tee "$OUT/profile_update.log"
+  echo "rc=$?" | tee -a "$OUT/profile_update.log"
+}
+for c in ${CHECKS:-warp test fit update}; do "$c"; done
+step done
