@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlflow
 import pytest
 import yaml
 
@@ -337,6 +338,45 @@ def test_a_failed_cell_shows_its_log_and_the_others_go_on(tmp_path_factory):
     assert s.full_log.count("skip   ") == 4
     for cell in (FIRST, SECOND, *ABLATIONS):
         assert [r.info.status for r in s.cell_runs(cell)] == ["FINISHED"], cell
+
+
+@pytest.mark.slow
+def test_a_sweep_continued_in_a_new_store_counts_the_cells_its_data_files_hold(
+    tmp_path_factory, tmp_path, monkeypatch, capsys
+):
+    """``--finished-in DATA``: a study whose MLflow store is gone goes on in a new one from its
+    exported data: the cells whose FINISHED runs a data file holds are skipped, the others run.
+    A run whose coordinates are not its cell's, or a missing file, is one line naming the flag."""
+    from vaco.report.runs import load_runs, runs_to_frame, save_runs
+
+    s = full_sweep(tmp_path_factory)
+    runs, _ = load_runs(s.experiment, s.uri)
+    two = save_runs([r for r in runs if r.name in (FIRST, SECOND)], tmp_path / "two.csv.gz")
+    every = save_runs(runs, tmp_path / "all.csv.gz")
+    store = tmp_path / "new"
+    store.mkdir()
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    base = ["--config", str(TINY), "--out", str(tmp_path / "out")]
+    assert S.main([*base, "--finished-in", str(two), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "5 cells; 2 finished (skipped), 0 resume from a checkpoint, 3 new" in out
+    assert f"2 of them finished in {two} (--finished-in" in out
+    assert f"finished  {FIRST}" in out and f"finished  {SECOND}" in out and f"new       {BROKEN}" in out
+    # every cell in the files: nothing runs, nothing is written to the new store
+    assert S.main([*base, "--finished-in", str(two), "--finished-in", str(every)]) == 0
+    out = capsys.readouterr().out
+    assert f"skip   {FIRST} (finished, in {two})" in out and "nothing to do: every cell has finished" in out
+    assert mlflow.MlflowClient(uri).get_experiment_by_name(s.experiment) is None
+    # a run that is not its cell: SECOND's run under FIRST's name
+    frame = runs_to_frame([r for r in runs if r.name == SECOND])
+    frame["name"] = FIRST
+    frame.to_csv(tmp_path / "wrong.csv.gz", index=False)
+    wrong = f"its run '{FIRST}' is ppo_clip K=2 seed=1, but this sweep's cell of that name is vaco"
+    for bad, message in ((tmp_path / "wrong.csv.gz", wrong), (tmp_path / "missing.csv.gz", "no file at")):
+        assert S.main([*base, "--finished-in", str(bad), "--dry-run"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"vaco sweep: `--finished-in {bad}`: ") and message in err[0], err
 
 
 @pytest.mark.slow

@@ -39,6 +39,14 @@ def _parser() -> argparse.ArgumentParser:
         "--only", action="append", default=[], metavar="GLOB", help="run only cells whose id matches (repeatable)"
     )
     parser.add_argument(
+        "--finished-in",
+        action="append",
+        default=[],
+        metavar="DATA",
+        help="a `vaco report --save-data` file: cells whose FINISHED runs it holds count as finished "
+        "(a study continued in a new MLflow store; repeatable)",
+    )
+    parser.add_argument(
         "--all-cells", action="store_true", help="--dry-run/--status: list every cell, even in a large sweep"
     )
     launch = parser.add_argument_group("launchers (the sweep file's `launcher` and `resources`, overridden here)")
@@ -65,6 +73,7 @@ class _Plan:
     uri: str
     runner: Launcher | None  # built (and so checked) before anything runs; for --dry-run/--status only if it answers
     states: dict[str, str]
+    from_data: dict[str, str] = dataclasses.field(default_factory=dict)  # cell id -> the --finished-in file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,11 +147,41 @@ def _plan(args) -> _Plan:
     runner = kind.from_args(sweep, uri, resources, args) if kind.answers_status else None
     validate_with_cli(sweep, cells, uri)
     states = plan(sweep, cells, uri, with_running=args.status)
+    from_data = _finished_in(args.finished_in, cells, states)
     if args.status and runner is not None:
         for cell_id, state in runner.job_states().items():
             if states.get(cell_id) != "finished":
                 states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
-    return _Plan(sweep, launcher, resources, cells, uri, runner, states)
+    return _Plan(sweep, launcher, resources, cells, uri, runner, states, from_data)
+
+
+def _finished_in(paths: list[str], cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
+    """``--finished-in``: the cells whose FINISHED run a data file holds (same name, algorithm, K
+    and seed) are marked finished in ``states``; returns cell id -> file. A data file keeps no
+    sweep settings, so that these runs used this file's ``overrides`` is the user's word."""
+    if not paths:
+        return {}
+    from vaco.report.runs import read_runs
+
+    by_id = {c.id: c for c in cells}
+    found: dict[str, str] = {}
+    for path in paths:
+        try:
+            runs = read_runs(path)
+        except (OSError, ValueError) as err:
+            raise SweepError(f"`--finished-in {path}`: {str(err).removeprefix('`--data`: ')}") from None
+        for run in runs:
+            cell = by_id.get(run.name)
+            if cell is None or run.status != "FINISHED" or states[cell.id] == "finished":
+                continue
+            if (run.algorithm, run.K, run.seed) != (cell.algorithm, cell.K, cell.seed):
+                raise SweepError(
+                    f"`--finished-in {path}`: its run {run.name!r} is {run.algorithm} K={run.K} seed={run.seed}, "
+                    f"but this sweep's cell of that name is {cell.algorithm} K={cell.K} seed={cell.seed}"
+                )
+            states[cell.id] = "finished"
+            found[cell.id] = path
+    return found
 
 
 def _say_plan(p: _Plan, args) -> None:
@@ -158,6 +197,9 @@ def _say_plan(p: _Plan, args) -> None:
         + (f", {jobs} at a time" if launcher == "local" else "")
         + f"\n  MLflow: {redact_uri(uri)}  outputs: {sweep.output_dir}"
     )
+    for path in dict.fromkeys(p.from_data.values()):
+        n = sum(1 for v in p.from_data.values() if v == path)
+        say(f"{n} of them finished in {path} (--finished-in; not in this store: report with --data {path} too)")
     if launcher in ("slurm", "ray") and uri.startswith("sqlite:"):
         print(
             f"vaco sweep: warning: a {launcher} sweep with a SQLite store ({redact_uri(uri)}): cells on other hosts cannot "
@@ -195,7 +237,7 @@ def _run(p: _Plan, args) -> int:
     sweep, cells, states, uri, runner = p.sweep, p.cells, p.states, p.uri, p.runner
     for cell in cells:
         if states[cell.id] == "finished":
-            say(f"skip   {cell.id} (finished)")
+            say(f"skip   {cell.id} (finished{', in ' + p.from_data[cell.id] if cell.id in p.from_data else ''})")
     todo = [c for c in cells if states[c.id] != "finished"]
     if not todo:
         closed = close_parent_run(uri, sweep)
