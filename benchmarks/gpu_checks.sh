@@ -50,7 +50,7 @@ PY
 update() {
   step "paper-scale update (VACO, 500 x 1,000, learner on cuda)"
   timeout "$T_UPDATE" python3 benchmarks/profile_update.py --algorithm vaco --num-envs 500 --num-steps 1000 --iterations 2 \
-    --no-profile --device cuda 2>&1 | tee "$OUT/profile_update.log"
+    --no-profile --device cuda --collect-on warp 2>&1 | tee "$OUT/profile_update.log"
   echo "rc=$?" | tee -a "$OUT/profile_update.log"
 }
 for c in ${CHECKS:-warp test fit update}; do "$c"; done
