@@ -17,18 +17,18 @@ step() { echo "== $1 ($(date +%T))"; }
   nproc; grep -m1 'model name' /proc/cpuinfo
 } 2>&1 | tee "$OUT/info.log"
 
-warp() {
+check_warp() {
   step "Warp env throughput, with and without a CUDA graph"
   timeout "$T_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds $WORLDS \
     --out "$OUT/warp_throughput.json" 2>&1 | tee "$OUT/warp_throughput.log"
   echo "rc=$?" | tee -a "$OUT/warp_throughput.log"
 }
-test() {
+check_test() {
   step "pytest -m gpu"
   timeout "$T_TEST" python3 -m pytest -q -m gpu tests --ignore=tests/test_notebook.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
   echo "rc=$?" | tee -a "$OUT/pytest_gpu.log"
 }
-fit() {
+check_fit() {
   step "vaco fit on Warp on cuda (Hopper, VACO, 500 x 1,000, cuda_graph $GRAPH)"
   rm -rf /tmp/run; mkdir -p /tmp/run
   MLFLOW_TRACKING_URI=sqlite:////tmp/run/mlflow.db timeout "$T_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
@@ -47,11 +47,11 @@ for r in c.search_runs([e.experiment_id for e in c.search_experiments()]):
         print(key, [round(m.value, 3) for m in c.get_metric_history(r.info.run_id, key)])
 PY
 }
-update() {
+check_update() {
   step "paper-scale update (VACO, 500 x 1,000, learner on cuda)"
   timeout "$T_UPDATE" python3 benchmarks/profile_update.py --algorithm vaco --num-envs 500 --num-steps 1000 --iterations 2 \
     --no-profile --device cuda --collect-on warp 2>&1 | tee "$OUT/profile_update.log"
   echo "rc=$?" | tee -a "$OUT/profile_update.log"
 }
-for c in ${CHECKS:-warp test fit update}; do "$c"; done
+for c in ${CHECKS:-warp test fit update}; do "check_$c"; done  # check_test: `test` is a shell builtin
 step done
