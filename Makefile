@@ -9,7 +9,8 @@ EXTRAS  ?= test,llm,video,slurm,ray,warp,postgres,envpool
 # Each CI/test process gets one torch thread; env stepping and the learner share two cores.
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
-# the suite runs on two pytest-xdist workers (tests/conftest.py groups the tests); TEST_WORKERS=0 runs it in one process
+# the suite runs on two pytest-xdist workers (tests/conftest.py groups the tests); TEST_WORKERS=0 runs it in one process.
+# `make test` ends with the 30 slowest tests (set-up, call, tear-down apart): where the suite's ~20-minute budget goes
 TEST_WORKERS ?= 2
 PYTEST  := $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
@@ -35,7 +36,7 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 venv install: $(STAMP)
 
 test: $(STAMP)
-	$(PYTEST) tests
+	$(PYTEST) --durations=30 tests
 
 # formatting and lint (ruff, configured in pyproject.toml); .ci/run runs it before the tests
 check: $(STAMP)
