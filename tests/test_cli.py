@@ -111,6 +111,48 @@ def test_fit_ends_with_vacos_summary_not_lightnings_notice(tmp_path):
     assert "vaco evaluate --ckpt" in out.stdout and "vaco ui" in out.stdout
 
 
+def test_a_sqlite_store_keeps_its_runs_artifacts_beside_its_file_not_in_the_working_directory(tmp_path):
+    """MLflow would put the config and the checkpoints in ./mlruns of whichever directory first
+    created the experiment; vaco puts them in mlruns/<experiment> beside the database file."""
+    import mlflow
+
+    store, elsewhere = tmp_path / "store", tmp_path / "elsewhere"
+    store.mkdir(), elsewhere.mkdir()
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    out = run_cli(
+        "fit",
+        "--config",
+        str(CONFIGS / "env" / "inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo" / "ppo_clip.yaml"),
+        "--data.init_args.num_envs",
+        "2",
+        "--data.init_args.num_steps",
+        "64",
+        "--data.init_args.total_steps",
+        "128",
+        "--model.init_args.num_minibatches",
+        "2",
+        "--model.init_args.update_epochs",
+        "1",
+        "--data.init_args.eval_episodes",
+        "1",
+        "--trainer.logger.init_args.experiment_name",
+        "my study/v2",
+        cwd=elsewhere,
+        env={"MLFLOW_TRACKING_URI": uri},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("my study/v2")
+    assert experiment.artifact_location == str(store / "mlruns" / "my_study_v2")
+    (run,) = client.search_runs([experiment.experiment_id])
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert artifacts.is_relative_to(store / "mlruns" / "my_study_v2")
+    assert (artifacts / "config.yaml").is_file() and list(artifacts.rglob("*.ckpt")), sorted(artifacts.rglob("*"))
+    assert not (elsewhere / "mlruns").exists(), sorted((elsewhere / "mlruns").rglob("*"))
+
+
 def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
     import mlflow
 

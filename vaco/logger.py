@@ -31,7 +31,7 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location
 
 __all__ = ["VacoMLFlowLogger", "GROWABLE_PARAMS"]
 
@@ -87,7 +87,11 @@ class VacoMLFlowLogger(MLFlowLogger):
 
         client = mlflow.MlflowClient(self._tracking_uri)
         found = client.get_experiment_by_name(self._experiment_name)
-        experiment_id = found.experiment_id if found else client.create_experiment(self._experiment_name)
+        if found:
+            experiment_id = found.experiment_id
+        else:  # artifacts beside a SQLite store's file, not in this process's directory (tracking.py)
+            where = self._artifact_location or artifact_location(self._tracking_uri, self._experiment_name)
+            experiment_id = client.create_experiment(self._experiment_name, artifact_location=where)
         tags = found.tags if found else {}
         if EXPERIMENT_KIND_TAG not in tags:  # a kind the user chose stays
             client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)

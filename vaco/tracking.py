@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import sqlite3
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ __all__ = [
     "TrackingStoreError",
     "tracking_uri",
     "absolute_tracking_uri",
+    "artifact_location",
     "check_tracking_store",
     "search_all_runs",
     "CELL_TAG",
@@ -132,6 +134,24 @@ def absolute_tracking_uri(uri: str | None = None) -> str:
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         return prefix + str(Path(uri[len(prefix) :]).resolve())
     return uri
+
+
+def artifact_location(uri: str | None, experiment: str) -> str | None:
+    """Where a new experiment of a local SQLite store keeps its runs' artifacts (``config.yaml``,
+    the checkpoints): ``mlruns/<experiment>`` beside the database file.
+
+    MLflow's own default is ``./mlruns`` in whichever directory first created the experiment: a
+    store opened from another directory (a sweep's store, a test's temporary one) then scatters
+    its checkpoints into that directory, where they outlive the database or are lost without it.
+    Beside the file, a store is one folder. ``None`` for other stores (a server, a database):
+    they choose their own."""
+    uri = absolute_tracking_uri(uri)
+    prefix = "sqlite:///"
+    path = uri[len(prefix) :] if uri.startswith(prefix) else ""
+    if not path or path == ":memory:":
+        return None
+    folder = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment).strip("._") or "experiment"
+    return str(Path(path).parent / "mlruns" / folder)
 
 
 def search_all_runs(client, experiment_ids: list[str], filter_string: str = "") -> list:

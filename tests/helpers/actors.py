@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from helpers.runs import tiny_trainer
 from vaco.data.policy_buffer import PolicyVersionBuffer
 from vaco.networks import GaussianActor
+from vaco.tracking import artifact_location
 
 
 def filled_buffer(capacity: int, pushes: int, obs_dim: int = 11, act_dim: int = 3):
@@ -68,7 +69,9 @@ def parallel_run(
     actor_fields = ("num_workers", "mode", "staleness_limit", "backend", "launcher", "tcp_port")
     actors = Actors(**{key: data.pop(key) for key in actor_fields if key in data})
     datamodule = RolloutDataModule(**data, collection=actors)
-    logger = MLFlowLogger(experiment_name="test", tracking_uri=uri, run_id=run_id)
+    logger = MLFlowLogger(
+        experiment_name="test", tracking_uri=uri, run_id=run_id, artifact_location=artifact_location(uri, "test")
+    )
     checkpoint = IterationCheckpoint(every_n_iterations=1, dirpath=str(tmp_path / "ckpt"))
     trainer = tiny_trainer(tmp_path, logger, [checkpoint, *callbacks])
     return module, datamodule, trainer

@@ -10,6 +10,8 @@ import lightning as L
 import mlflow
 from lightning.pytorch.loggers import MLFlowLogger
 
+from vaco.tracking import artifact_location
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 VACO = str(Path(sys.executable).with_name("vaco"))
@@ -71,7 +73,11 @@ def build_run(
         **model,
     )
     datamodule = RolloutDataModule(**data)
-    logger = logger_cls(experiment_name=experiment, tracking_uri=uri, run_id=run_id, log_model=True)
+    # Lightning's own logger would put the artifacts in ./mlruns (the checkout): beside the test's store
+    where = artifact_location(uri, experiment)
+    logger = logger_cls(
+        experiment_name=experiment, tracking_uri=uri, run_id=run_id, log_model=True, artifact_location=where
+    )
     checkpoint = IterationCheckpoint(every_n_iterations=every_n_iterations, dirpath=str(tmp_path / "ckpt"))
     trainer = tiny_trainer(tmp_path, logger, [checkpoint, *callbacks], accelerator=accelerator, devices=devices)
     return module, datamodule, trainer

@@ -251,11 +251,15 @@ def _run(p: _Plan, args) -> int:
         return 2
     import mlflow
 
-    from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+    from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location
 
     client = mlflow.MlflowClient(uri)
     if client.get_experiment_by_name(sweep.experiment) is None:  # once, before cells race to create it
-        client.create_experiment(sweep.experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        client.create_experiment(
+            sweep.experiment,
+            artifact_location=artifact_location(uri, sweep.experiment),
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+        )
     sweep.parent_run_id = parent_run(client, sweep, cells)
     status = "FAILED"
     try:
