@@ -81,25 +81,31 @@ def test_video_without_an_mp4_writer_fails_before_rendering(tmp_path):
     assert time.monotonic() - start < 60
 
 
+# a two-iteration PPO-clip fit on InvertedPendulum (seconds)
+TINY_FIT = (
+    "fit",
+    "--config",
+    str(CONFIGS / "env" / "inverted_pendulum.yaml"),
+    "--config",
+    str(CONFIGS / "algo" / "ppo_clip.yaml"),
+    "--data.init_args.num_envs",
+    "2",
+    "--data.init_args.num_steps",
+    "64",
+    "--data.init_args.total_steps",
+    "128",
+    "--model.init_args.num_minibatches",
+    "2",
+    "--model.init_args.update_epochs",
+    "1",
+    "--data.init_args.eval_episodes",
+    "1",
+)
+
+
 def test_fit_ends_with_vacos_summary_not_lightnings_notice(tmp_path):
     out = run_cli(
-        "fit",
-        "--config",
-        str(CONFIGS / "env" / "inverted_pendulum.yaml"),
-        "--config",
-        str(CONFIGS / "algo" / "ppo_clip.yaml"),
-        "--data.init_args.num_envs",
-        "2",
-        "--data.init_args.num_steps",
-        "64",
-        "--data.init_args.total_steps",
-        "128",
-        "--model.init_args.num_minibatches",
-        "2",
-        "--model.init_args.update_epochs",
-        "1",
-        "--data.init_args.eval_episodes",
-        "1",
+        *TINY_FIT,
         "--trainer.enable_progress_bar",
         "false",
         cwd=tmp_path,
@@ -120,23 +126,7 @@ def test_a_sqlite_store_keeps_its_runs_artifacts_beside_its_file_not_in_the_work
     store.mkdir(), elsewhere.mkdir()
     uri = f"sqlite:///{store / 'mlflow.db'}"
     out = run_cli(
-        "fit",
-        "--config",
-        str(CONFIGS / "env" / "inverted_pendulum.yaml"),
-        "--config",
-        str(CONFIGS / "algo" / "ppo_clip.yaml"),
-        "--data.init_args.num_envs",
-        "2",
-        "--data.init_args.num_steps",
-        "64",
-        "--data.init_args.total_steps",
-        "128",
-        "--model.init_args.num_minibatches",
-        "2",
-        "--model.init_args.update_epochs",
-        "1",
-        "--data.init_args.eval_episodes",
-        "1",
+        *TINY_FIT,
         "--trainer.logger.init_args.experiment_name",
         "my study/v2",
         cwd=elsewhere,
