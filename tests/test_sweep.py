@@ -320,6 +320,17 @@ def test_dry_run_lists_the_cells_and_starts_nothing(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "out").exists() and not (tmp_path / "mlflow.db").exists()
 
 
+def test_the_eta_counts_only_cells_run_from_their_start():
+    """A cell resumed from a checkpoint ran only the rest of its run: a sweep that begins by
+    resuming two cells (a block after a stop) must not take their minute for a cell's time."""
+    from vaco.sweep.local_launcher import estimate_eta
+
+    assert estimate_eta([], [30.0, 10.0], queued=65, jobs=2) is None  # only resumed cells done yet
+    # whole cells of 300 and 420 s (mean 360); running 100 s and 400 s; 10 queued; 2 at a time
+    expected = (10 * 360 + (360 - 100) + 0) / 2
+    assert estimate_eta([300.0, 420.0], [100.0, 400.0], queued=10, jobs=2) == pytest.approx(expected)
+
+
 @pytest.mark.slow
 def test_a_failed_cell_shows_its_log_and_the_others_go_on(tmp_path_factory):
     s = full_sweep(tmp_path_factory)  # one ablation cell was given a torn checkpoint

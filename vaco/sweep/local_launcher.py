@@ -22,7 +22,7 @@ from vaco.sweep.grid import Cell, Sweep
 from vaco.sweep.launcher import Launcher
 from vaco.tracking import CELL_TAG
 
-__all__ = ["LocalLauncher"]
+__all__ = ["LocalLauncher", "estimate_eta"]
 
 
 @dataclasses.dataclass
@@ -77,7 +77,7 @@ class LocalLauncher(Launcher):
         self.jobs, self.grace, self.status_every = jobs, grace, status_every
         self.client = mlflow.MlflowClient(tracking_uri)
         self.running: dict[str, _Job] = {}
-        self.done: list[tuple[Cell, float]] = []
+        self.done: list[tuple[Cell, float, bool]] = []  # (cell, seconds, resumed from a checkpoint)
         self.failed: list[Cell] = []
         self.stop_requested = 0
         self.total = 0
@@ -247,7 +247,7 @@ class LocalLauncher(Launcher):
         code = job.proc.returncode
         finished = code == 0 and any(r.info.status == "FINISHED" for r in self._cell_runs(job.cell))
         if finished:
-            self.done.append((job.cell, seconds))
+            self.done.append((job.cell, seconds, job.resumed))
             say(f"done   {job.cell.id} in {_hms(seconds)}   [{self._status(None)}]")
             return
         if self.stop_requested:
@@ -276,20 +276,38 @@ class LocalLauncher(Launcher):
         done, failed, running = len(self.done), len(self.failed), len(self.running)
         left = self.total - done - failed
         text = f"done {done}/{self.total}, running {running}, failed {failed}"
-        if not eta:
-            pass
-        elif self.done and left > 0:
-            mean = sum(s for _, s in self.done) / len(self.done)
+        if eta and left > 0:
             now = time.monotonic()
-            busy = sum(max(mean - (now - j.started), 0.0) for j in self.running.values())
-            queued = left - running
-            text += f", ETA {_hms((queued * mean + busy) / self.jobs)}"
-        elif left > 0:
-            text += ", ETA after the first cell"
+            seconds = estimate_eta(
+                [s for _, s, resumed in self.done if not resumed],
+                [now - j.started for j in self.running.values()],
+                left - running,
+                self.jobs,
+            )
+            if seconds is not None:
+                text += f", ETA {_hms(seconds)}"
+            elif self.done:  # only resumed cells so far: their times are parts of runs
+                text += ", ETA after the first cell run from its start"
+            else:
+                text += ", ETA after the first cell"
         if detail and self.running:
             now = time.monotonic()
             text += " | " + ", ".join(f"{j.cell.id} {_hms(now - j.started)}" for j in self.running.values())
         return text
+
+
+def estimate_eta(whole: list[float], running: list[float], queued: int, jobs: int) -> float | None:
+    """Seconds until a sweep ends, estimated from ``whole``, the times of the cells done that ran
+    from their start (a cell resumed from a checkpoint ran only the rest of its run: its time would
+    make the estimate too short), ``running`` the seconds each running cell has run so far, ``queued`` cells not started and
+    ``jobs`` at a time; ``None`` until one whole cell is done. A running cell has the mean time
+    left minus what it ran (for a resumed one an upper bound: what it ran before its stop is
+    not known here)."""
+    if not whole:
+        return None
+    mean = sum(whole) / len(whole)
+    busy = sum(max(mean - elapsed, 0.0) for elapsed in running)
+    return (queued * mean + busy) / jobs
 
 
 def parse_duration(text: str) -> float:
