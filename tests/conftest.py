@@ -4,7 +4,10 @@ Helpers that tests import (a tiny real run, the CLI, the cluster services) are i
 `make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). Each test file
 is one group, so a file's module-scoped set-up runs once; the files that start the one-node SLURM
 cluster, PostgreSQL or a local Ray cluster (tests/helpers/services.py starts each once per process)
-share one group, so those services start once per suite and never twice side by side."""
+share one group, so those services start once per suite and never twice side by side.
+
+With ``--durations`` (as `make test` runs it) the summary also gives each file's seconds and each
+worker's: where the suite's time goes by file, and whether the two workers were kept busy alike."""
 
 from __future__ import annotations
 
@@ -22,6 +25,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         stem = item.path.stem
         item.add_marker(pytest.mark.xdist_group("services" if stem in SHARED_SERVICES else stem))
+
+
+_FILE_SECONDS: dict[str, float] = {}
+_WORKER_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Seconds by file and by xdist worker (set-up, call and tear-down of every test)."""
+    path = report.nodeid.split("::")[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    node = getattr(report, "node", None)  # xdist's controller sets it to the worker that ran the test
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    _WORKER_SECONDS[worker] = _WORKER_SECONDS.get(worker, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if not config.getoption("durations", None) or not _FILE_SECONDS:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.write_sep("=", "seconds by test file (set-up + call + tear-down)")
+    ranked = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])
+    for path, seconds in ranked:
+        write(f"{seconds:8.1f}s {path}")
+    total = sum(_FILE_SECONDS.values())
+    busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(_WORKER_SECONDS.items()))
+    write(f"{total:8.1f}s in all; by worker: {busy}")
 
 
 @pytest.fixture(autouse=True)
