@@ -4,6 +4,7 @@ draws the same seeds; the paper's normalisation; several data files and a task f
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from pathlib import Path
@@ -217,6 +218,13 @@ def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys
     )
     assert R.main(["--data", str(tmp_path / "missing.csv.gz"), "--out", str(out)]) == 2
     assert "`--data`: no data file at" in capsys.readouterr().err
+    # a cell run twice (another run id: rerun in a second store, exported again) is refused, not paired twice
+    again = dataclasses.replace(next(r for r in runs if r.seed == 1 and r.algorithm == "vaco"), run_id="rerun")
+    twice = R.save_runs([again], tmp_path / "rerun.csv.gz")
+    assert R.main(["--data", str(first), str(twice), "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("vaco report: `--data`: two different runs of one cell: vaco")
+    assert f"seed 1 ({first} and {twice})" in err and not (tmp_path / "never").exists()
 
 
 def _assert_summary_is_the_datas(rep, path: Path) -> None:

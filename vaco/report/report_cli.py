@@ -62,14 +62,32 @@ __all__ = ["main"]
 
 
 def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
-    """The runs of several data files; a run in more than one file (same run id) is kept once."""
+    """The runs of several data files; a run in more than one file (same run id) is kept once.
+
+    Two different runs of one cell (algorithm, task, K, seed and sweep axes) are refused: a cell
+    run twice and exported from two stores, or files of two studies (another budget or backend)
+    whose coordinates coincide. Keeping both would pair the seed twice; keeping one would drop
+    data without saying which."""
     runs, seen, notes = [], set(), []
+    cells: dict[tuple, tuple[str, str]] = {}  # cell -> (run id, file)
+    clashes: list[str] = []
     for path in paths:
         if not Path(path).is_file():
             raise ValueError(f"`--data`: no data file at {path}")
         new = [r for r in read_runs(path) if r.run_id not in seen]
+        for r in new:
+            cell = (r.algorithm, r.env, r.K, r.seed, tuple(sorted(r.axes.items())))
+            if cell in cells and cells[cell][0] != r.run_id:
+                clashes.append(f"{r.algorithm} {r.env} K={r.K} seed {r.seed} ({cells[cell][1]} and {path})")
+            cells.setdefault(cell, (r.run_id, str(path)))
         seen.update(r.run_id for r in new)
         runs += new
+    if clashes:
+        more = f" and {len(clashes) - 1} more" if len(clashes) > 1 else ""
+        raise ValueError(
+            f"`--data`: two different runs of one cell: {clashes[0]}{more}; a cell run twice, or files of "
+            "different studies (another budget or backend): report them apart, or keep one run per cell"
+        )
     if len(paths) > 1:
         notes.append(f"{len(runs)} runs read from {len(paths)} data files: {', '.join(map(str, paths))}")
     return runs, notes
