@@ -303,6 +303,34 @@ def test_the_2x2_study_figures_come_from_its_committed_data():
         assert f"| {r.algorithm} | {r.K} | {score} | {r.aggregate} | {r.difference:.3f} [" in summary, r
 
 
+def test_the_long_2x2_figures_come_from_its_committed_data():
+    """docs/figures/lag_2x2_long/ was written by the `vaco report` command of results.md section 8's
+    ~1M-step part from the committed data (the five arms at 10 seeds a cell, both tasks, K 1/16:
+    VACO's and PPO-clip's seeds 1-3 from lag_robustness_long.csv.gz, the rest from lag_2x2_long.csv.gz):
+    its bounds, drops, differences of drops and the K = 16 2x2 contrasts are the data's."""
+    from vaco.report.report_cli import read_data_files
+
+    repo = Path(__file__).resolve().parents[1]
+    files = ["lag_robustness_long", "lag_2x2_long"]
+    runs, _ = read_data_files([str(repo / f"docs/data/{name}.csv.gz") for name in files])
+    arms = ("vaco", "ppo_clip", "ppo_clip_large_step", "vaco_tv_matched", "ppo_clip_small_step")
+    runs = [r for r in runs if r.env in ("Hopper-v5", "HalfCheetah-v5") and r.algorithm in arms]
+    pairs = {"vaco": "ppo_clip_large_step", "vaco_tv_matched": "ppo_clip_small_step"}
+    rep = R.build_report("lag_2x2_long", runs, reps=1, baseline="ppo_clip", step_pairs=pairs)
+    cells = {}
+    for r in rep.runs:
+        cells.setdefault((r.algorithm, r.K, r.env), set()).add(r.seed)
+    assert set(cells) == {(a, K, e) for a in arms for K in (1, 16) for e in ("Hopper-v5", "HalfCheetah-v5")}
+    for key, seeds in cells.items():
+        assert seeds == set(range(1, 11)), key
+    _assert_summary_is_the_datas(rep, repo / "docs/figures/lag_2x2_long/summary.md")
+    design = R.two_by_two(rep)
+    summary = (repo / "docs/figures/lag_2x2_long/summary.md").read_text()
+    assert len(design.contrasts) == len(R.CONTRASTS)  # K = 16 only
+    for c in design.contrasts:
+        assert c.K == 16 and f"| {c.K} | {c.name} | {c.estimate:.3f} [" in summary, (c.K, c.name)
+
+
 def test_the_long_2x2_data_are_finished_runs_of_its_sweep_file():
     """docs/data/lag_2x2_long.csv.gz, the ~1M-step part of results.md section 8 (filled in blocks
     across sessions), holds only cells of configs/sweeps/lag_2x2_long.yaml, each once, finished and
