@@ -261,24 +261,33 @@ def test_the_lag_robustness_study_figures_come_from_its_committed_data():
     _assert_summary_is_the_datas(rep, repo / "docs/figures/lag_robustness/summary.md")
 
 
+ARMS_2X2 = ("vaco", "ppo_clip", "ppo_clip_large_step", "vaco_tv_matched", "ppo_clip_small_step")
+
+
+def _two_by_two_report(name: str, files: list[str]):
+    """The report section 8's commands write from these committed data files: the 2x2's five arms on
+    Hopper and HalfCheetah, both step pairs; with the seeds each (algorithm, K, task) cell holds."""
+    from vaco.report.report_cli import read_data_files
+
+    repo = Path(__file__).resolve().parents[1]
+    runs, _ = read_data_files([str(repo / f"docs/data/{f}.csv.gz") for f in files])
+    runs = [r for r in runs if r.env in ("Hopper-v5", "HalfCheetah-v5") and r.algorithm in ARMS_2X2]
+    pairs = {"vaco": "ppo_clip_large_step", "vaco_tv_matched": "ppo_clip_small_step"}
+    rep = R.build_report(name, runs, reps=1, baseline="ppo_clip", step_pairs=pairs)
+    cells: dict[tuple, set[int]] = {}
+    for r in rep.runs:
+        cells.setdefault((r.algorithm, r.K, r.env), set()).add(r.seed)
+    return rep, cells
+
+
 def test_the_2x2_study_figures_come_from_its_committed_data():
     """docs/figures/lag_2x2/ was written by the `vaco report` command in docs/results.md section 8
     from the committed data (the five arms at >= 20 seeds a cell, both tasks, K 1/4/16, and the
     sizing runs' 28 at K 1/4 for three of them): its bounds, drops, differences of drops and 2x2
     contrasts are the data's."""
-    from vaco.report.report_cli import read_data_files
-
     repo = Path(__file__).resolve().parents[1]
-    files = ["five_tasks", "lag_robustness", "lag_2x2"]
-    runs, _ = read_data_files([str(repo / f"docs/data/{name}.csv.gz") for name in files])
-    arms = ("vaco", "ppo_clip", "ppo_clip_large_step", "vaco_tv_matched", "ppo_clip_small_step")
-    runs = [r for r in runs if r.env in ("Hopper-v5", "HalfCheetah-v5") and r.algorithm in arms]
-    pairs = {"vaco": "ppo_clip_large_step", "vaco_tv_matched": "ppo_clip_small_step"}
-    rep = R.build_report("lag_2x2", runs, reps=1, baseline="ppo_clip", step_pairs=pairs)
-    cells = {}
-    for r in rep.runs:
-        cells.setdefault((r.algorithm, r.K, r.env), set()).add(r.seed)
-    for algo in arms:
+    rep, cells = _two_by_two_report("lag_2x2", ["five_tasks", "lag_robustness", "lag_2x2"])
+    for algo in ARMS_2X2:
         for K in (1, 4, 16):
             for env in ("Hopper-v5", "HalfCheetah-v5"):
                 assert cells[(algo, K, env)] >= set(range(1, 21)), (algo, K, env)
@@ -308,19 +317,9 @@ def test_the_long_2x2_figures_come_from_its_committed_data():
     ~1M-step part from the committed data (the five arms at 10 seeds a cell, both tasks, K 1/16:
     VACO's and PPO-clip's seeds 1-3 from lag_robustness_long.csv.gz, the rest from lag_2x2_long.csv.gz):
     its bounds, drops, differences of drops and the K = 16 2x2 contrasts are the data's."""
-    from vaco.report.report_cli import read_data_files
-
     repo = Path(__file__).resolve().parents[1]
-    files = ["lag_robustness_long", "lag_2x2_long"]
-    runs, _ = read_data_files([str(repo / f"docs/data/{name}.csv.gz") for name in files])
-    arms = ("vaco", "ppo_clip", "ppo_clip_large_step", "vaco_tv_matched", "ppo_clip_small_step")
-    runs = [r for r in runs if r.env in ("Hopper-v5", "HalfCheetah-v5") and r.algorithm in arms]
-    pairs = {"vaco": "ppo_clip_large_step", "vaco_tv_matched": "ppo_clip_small_step"}
-    rep = R.build_report("lag_2x2_long", runs, reps=1, baseline="ppo_clip", step_pairs=pairs)
-    cells = {}
-    for r in rep.runs:
-        cells.setdefault((r.algorithm, r.K, r.env), set()).add(r.seed)
-    assert set(cells) == {(a, K, e) for a in arms for K in (1, 16) for e in ("Hopper-v5", "HalfCheetah-v5")}
+    rep, cells = _two_by_two_report("lag_2x2_long", ["lag_robustness_long", "lag_2x2_long"])
+    assert set(cells) == {(a, K, e) for a in ARMS_2X2 for K in (1, 16) for e in ("Hopper-v5", "HalfCheetah-v5")}
     for key, seeds in cells.items():
         assert seeds == set(range(1, 11)), key
     _assert_summary_is_the_datas(rep, repo / "docs/figures/lag_2x2_long/summary.md")
