@@ -349,3 +349,28 @@ def test_the_long_2x2_data_are_finished_runs_of_its_sweep_file():
         assert list(steps) == [81_920 * i for i in range(1, 13)] and np.isfinite(values).all(), r.name
     text = (repo / "docs/results.md").read_text()
     assert f"**{len(runs)} of the {len(cells)} runs**" in text
+
+
+def test_the_second_sizing_steps_runs_wait_apart_until_all_are_in():
+    """The 2x2's second sizing step (results.md section 8, point 5: blocks *_e / *_f of
+    configs/sweeps/lag_2x2.yaml, 192 runs) is read once, when all its runs are in. Until then its
+    finished runs wait in docs/data/lag_2x2_pending.csv.gz, apart from lag_2x2.csv.gz (which the
+    section's reports read): cells of the sweep file the study's data do not hold, each once,
+    finished and evaluated 6 times to 245,760 steps; results.md states how many are in."""
+    from vaco import sweep as S
+
+    repo = Path(__file__).resolve().parents[1]
+    cells = {c.id: c for c in S.expand(S.load_sweep(repo / "configs/sweeps/lag_2x2.yaml"))}
+    done = {r.name for r in R.read_runs(repo / "docs/data/lag_2x2.csv.gz")}
+    step = {name: c for name, c in cells.items() if name not in done}
+    assert len(step) == 192 and all(c.seed >= 21 and c.K in (1, 4) for c in step.values())
+    runs = R.read_runs(repo / "docs/data/lag_2x2_pending.csv.gz")
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names)) and set(names) <= set(step), sorted(set(names) - set(step))
+    for r in runs:
+        cell = step[r.name]
+        assert (r.algorithm, r.K, r.seed, r.status) == (cell.algorithm, cell.K, cell.seed, "FINISHED"), r.name
+        steps, values = r.histories["eval/return"]
+        assert list(steps) == [40_960 * i for i in range(1, 7)] and np.isfinite(values).all(), r.name
+    text = (repo / "docs/results.md").read_text()
+    assert f"**{len(runs)} of its 192 runs**" in text
