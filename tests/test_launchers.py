@@ -258,6 +258,7 @@ def test_an_unreachable_tracking_server_is_refused_before_any_cell(tmp_path):
 def test_an_unknown_launcher_is_refused(tmp_path):
     out = _sweep(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", "--launcher", "kubernetes")
     assert out.returncode == 2 and "`--launcher` must be one of local, ray, slurm or a class path" in out.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # refused before the store is opened (created, migrated)
     body = Path(TINY).read_text() + "launcher: kubernetes\n"
     (tmp_path / "s.yaml").write_text(body.replace("output_dir: sweeps/vaco-tiny", f"output_dir: {tmp_path / 'out'}"))
     out = run_cli(

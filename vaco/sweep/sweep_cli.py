@@ -133,17 +133,19 @@ def _plan(args) -> _Plan:
         cells = [c for c in cells if any(fnmatch.fnmatch(c.id, g) for g in args.only)]
         if not cells:
             raise SweepError(f"`--only {' '.join(args.only)}` matches no cell")
-    uri = resolve_tracking_uri()
-    _check_store(uri)
-    # a launcher that answers --status (SLURM asks the scheduler, writes the script) is built for
-    # --dry-run and --status too: a missing submitit is one line there as well. Others (Ray
-    # connects to its cluster) are built to run only, after the plan is checked.
+    # the launcher's name and flags are checked before the store is opened (a new SQLite store is
+    # created and migrated there: seconds of work that a misspelt launcher should not cost)
     kind = launcher_class(launcher, "--launcher" if args.launcher else "launcher")
     if getattr(args, "stop_after", None) is not None and kind.name != "local":
         raise SweepError(
             f"`--stop-after` is for the local launcher (the {launcher} launcher's cells run on their own: "
             "stop them with Ctrl-C, or give the jobs a time limit such as `--time-min`)"
         )
+    uri = resolve_tracking_uri()
+    _check_store(uri)
+    # a launcher that answers --status (SLURM asks the scheduler, writes the script) is built for
+    # --dry-run and --status too: a missing submitit is one line there as well. Others (Ray
+    # connects to its cluster) are built to run only, after the plan is checked.
     runner = kind.from_args(sweep, uri, resources, args) if kind.answers_status else None
     validate_with_cli(sweep, cells, uri)
     states = plan(sweep, cells, uri, with_running=args.status)
