@@ -330,6 +330,18 @@ def test_the_long_2x2_figures_come_from_its_committed_data():
         assert c.K == 16 and f"| {c.K} | {c.name} | {c.estimate:.3f} [" in summary, (c.K, c.name)
 
 
+def _assert_finished_runs_of(runs, cells: dict, evaluations: list[int]) -> None:
+    """Each run is a cell of ``cells`` (by name), once, FINISHED, with the cell's coordinates and a
+    finite ``eval/return`` at exactly ``evaluations``."""
+    names = [r.name for r in runs]
+    assert len(names) == len(set(names)) and set(names) <= set(cells), sorted(set(names) - set(cells))
+    for r in runs:
+        cell = cells[r.name]
+        assert (r.algorithm, r.K, r.seed, r.status) == (cell.algorithm, cell.K, cell.seed, "FINISHED"), r.name
+        steps, values = r.histories["eval/return"]
+        assert list(steps) == evaluations and np.isfinite(values).all(), r.name
+
+
 def test_the_long_2x2_data_are_finished_runs_of_its_sweep_file():
     """docs/data/lag_2x2_long.csv.gz, the ~1M-step part of results.md section 8 (filled in blocks
     across sessions), holds only cells of configs/sweeps/lag_2x2_long.yaml, each once, finished and
@@ -340,13 +352,7 @@ def test_the_long_2x2_data_are_finished_runs_of_its_sweep_file():
     repo = Path(__file__).resolve().parents[1]
     cells = {c.id: c for c in S.expand(S.load_sweep(repo / "configs/sweeps/lag_2x2_long.yaml"))}
     runs = R.read_runs(repo / "docs/data/lag_2x2_long.csv.gz")
-    names = [r.name for r in runs]
-    assert len(names) == len(set(names)) and set(names) <= set(cells), sorted(set(names) - set(cells))
-    for r in runs:
-        cell = cells[r.name]
-        assert (r.algorithm, r.K, r.seed, r.status) == (cell.algorithm, cell.K, cell.seed, "FINISHED"), r.name
-        steps, values = r.histories["eval/return"]
-        assert list(steps) == [81_920 * i for i in range(1, 13)] and np.isfinite(values).all(), r.name
+    _assert_finished_runs_of(runs, cells, [81_920 * i for i in range(1, 13)])
     text = (repo / "docs/results.md").read_text()
     assert f"**{len(runs)} of the {len(cells)} runs**" in text
 
@@ -365,12 +371,6 @@ def test_the_second_sizing_steps_runs_wait_apart_until_all_are_in():
     step = {name: c for name, c in cells.items() if name not in done}
     assert len(step) == 192 and all(c.seed >= 21 and c.K in (1, 4) for c in step.values())
     runs = R.read_runs(repo / "docs/data/lag_2x2_pending.csv.gz")
-    names = [r.name for r in runs]
-    assert len(names) == len(set(names)) and set(names) <= set(step), sorted(set(names) - set(step))
-    for r in runs:
-        cell = step[r.name]
-        assert (r.algorithm, r.K, r.seed, r.status) == (cell.algorithm, cell.K, cell.seed, "FINISHED"), r.name
-        steps, values = r.histories["eval/return"]
-        assert list(steps) == [40_960 * i for i in range(1, 7)] and np.isfinite(values).all(), r.name
+    _assert_finished_runs_of(runs, step, [40_960 * i for i in range(1, 7)])
     text = (repo / "docs/results.md").read_text()
     assert f"**{len(runs)} of its 192 runs**" in text
