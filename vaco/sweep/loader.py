@@ -72,6 +72,10 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     jobs = raw.get("jobs", 1)
     if not (isinstance(jobs, int) and not isinstance(jobs, bool) and jobs >= 1):
         raise SweepError(f"`jobs` must be an integer >= 1, got {jobs!r}")
+    # the launcher and resources first: they need no torch, and a misspelt one is refused in a second,
+    # not after the algorithms' classes (and so torch and Lightning, ~7 s) are imported
+    launcher = _load_launcher(raw.get("launcher", "local"))
+    resources = _load_resources(raw.get("resources") or {})
     configs_dir = _configs_dir(path, raw.get("configs_dir"))
     algorithms = _load_algorithms(configs_dir)
     envs = _load_envs(configs_dir)
@@ -100,8 +104,8 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
         algorithms=algorithms,
         envs=envs,
         description=str(raw.get("description", "")),
-        launcher=_load_launcher(raw.get("launcher", "local")),
-        resources=_load_resources(raw.get("resources") or {}),
+        launcher=launcher,
+        resources=resources,
     )
 
 

@@ -119,6 +119,8 @@ def _plan(args) -> _Plan:
     each cell's state; raises SweepError naming the field."""
     if args.jobs is not None and args.jobs < 1:
         raise SweepError(f"`--jobs` must be >= 1, got {args.jobs}")
+    if args.launcher is not None:  # before the sweep file: loading it imports torch and Lightning (~7 s)
+        launcher_class(args.launcher, "--launcher")
     sweep = load_sweep(args.config, args.out)
     launcher = args.launcher or sweep.launcher
     if args.status and args.launcher is None and (sweep.output_dir / "submitit" / "jobs.yaml").is_file():
