@@ -282,8 +282,8 @@ def _two_by_two_report(name: str, files: list[str]):
 
 def test_the_2x2_study_figures_come_from_its_committed_data():
     """docs/figures/lag_2x2/ was written by the `vaco report` command in docs/results.md section 8
-    from the committed data (the five arms at >= 20 seeds a cell, both tasks, K 1/4/16, and the
-    sizing runs' 28 at K 1/4 for three of them): its bounds, drops, differences of drops and 2x2
+    from the committed data (the five arms at >= 20 seeds a cell, both tasks, K 1/4/16, and at K 1/4
+    the two sizing steps' 36 seeds of the four 2x2 arms and 28 of PPO-clip): its bounds, drops, differences of drops and 2x2
     contrasts are the data's."""
     repo = Path(__file__).resolve().parents[1]
     rep, cells = _two_by_two_report("lag_2x2", ["five_tasks", "lag_robustness", "lag_2x2"])
@@ -291,10 +291,11 @@ def test_the_2x2_study_figures_come_from_its_committed_data():
         for K in (1, 4, 16):
             for env in ("Hopper-v5", "HalfCheetah-v5"):
                 assert cells[(algo, K, env)] >= set(range(1, 21)), (algo, K, env)
-    for algo in ("vaco", "ppo_clip", "ppo_clip_large_step"):  # the K = 4 sizing runs (section 8, point 5)
-        for K in (1, 4):
-            for env in ("Hopper-v5", "HalfCheetah-v5"):
-                assert cells[(algo, K, env)] >= set(range(1, 29)), (algo, K, env)
+    for K in (1, 4):  # the two sizing steps at K 1 and 4 (section 8, point 5)
+        for env in ("Hopper-v5", "HalfCheetah-v5"):
+            assert cells[("ppo_clip", K, env)] >= set(range(1, 29)), ("ppo_clip", K, env)
+            for algo in ("vaco", "ppo_clip_large_step", "vaco_tv_matched", "ppo_clip_small_step"):
+                assert cells[(algo, K, env)] >= set(range(1, 37)), (algo, K, env)
     _assert_summary_is_the_datas(rep, repo / "docs/figures/lag_2x2/summary.md")
     design = R.two_by_two(rep)
     assert design.large == ("vaco", "ppo_clip_large_step") and design.small == (
@@ -357,20 +358,16 @@ def test_the_long_2x2_data_are_finished_runs_of_its_sweep_file():
     assert f"**{len(runs)} of the {len(cells)} runs**" in text
 
 
-def test_the_second_sizing_steps_runs_wait_apart_until_all_are_in():
-    """The 2x2's second sizing step (results.md section 8, point 5: blocks *_e / *_f of
-    configs/sweeps/lag_2x2.yaml, 192 runs) is read once, when all its runs are in. Until then its
-    finished runs wait in docs/data/lag_2x2_pending.csv.gz, apart from lag_2x2.csv.gz (which the
-    section's reports read): cells of the sweep file the study's data do not hold, each once,
-    finished and evaluated 6 times to 245,760 steps; results.md states how many are in."""
+def test_the_2x2_data_are_every_cell_of_its_sweep_file():
+    """docs/data/lag_2x2.csv.gz (results.md section 8, filled in blocks across sessions; the second
+    sizing step's 192 runs kept apart until all were in, then merged in one step) holds every cell of
+    configs/sweeps/lag_2x2.yaml once, finished and evaluated 6 times to 245,760 steps, and nothing
+    else; results.md states the count."""
     from vaco import sweep as S
 
     repo = Path(__file__).resolve().parents[1]
     cells = {c.id: c for c in S.expand(S.load_sweep(repo / "configs/sweeps/lag_2x2.yaml"))}
-    done = {r.name for r in R.read_runs(repo / "docs/data/lag_2x2.csv.gz")}
-    step = {name: c for name, c in cells.items() if name not in done}
-    assert len(step) == 192 and all(c.seed >= 21 and c.K in (1, 4) for c in step.values())
-    runs = R.read_runs(repo / "docs/data/lag_2x2_pending.csv.gz")
-    _assert_finished_runs_of(runs, step, [40_960 * i for i in range(1, 7)])
-    text = (repo / "docs/results.md").read_text()
-    assert f"**{len(runs)} of its 192 runs**" in text
+    runs = R.read_runs(repo / "docs/data/lag_2x2.csv.gz")
+    _assert_finished_runs_of(runs, cells, [40_960 * i for i in range(1, 7)])
+    assert len(runs) == len(cells) == 768
+    assert f"**all {len(cells)} runs of its sweep file**" in (repo / "docs/results.md").read_text()
