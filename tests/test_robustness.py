@@ -283,8 +283,8 @@ def _two_by_two_report(name: str, files: list[str]):
 def test_the_2x2_study_figures_come_from_its_committed_data():
     """docs/figures/lag_2x2/ was written by the `vaco report` command in docs/results.md section 8
     from the committed data (the five arms at >= 20 seeds a cell, both tasks, K 1/4/16, and at K 1/4
-    the two sizing steps' 36 seeds of the four 2x2 arms and 28 of PPO-clip): its bounds, drops, differences of drops and 2x2
-    contrasts are the data's."""
+    the two sizing steps' 36 seeds of the four 2x2 arms and 28 of PPO-clip): its bounds, drops,
+    differences of drops and 2x2 contrasts are the data's."""
     repo = Path(__file__).resolve().parents[1]
     rep, cells = _two_by_two_report("lag_2x2", ["five_tasks", "lag_robustness", "lag_2x2"])
     for algo in ARMS_2X2:

@@ -119,8 +119,8 @@ def _plan(args) -> _Plan:
     each cell's state; raises SweepError naming the field."""
     if args.jobs is not None and args.jobs < 1:
         raise SweepError(f"`--jobs` must be >= 1, got {args.jobs}")
-    if args.launcher is not None:  # before the sweep file: loading it imports torch and Lightning (~7 s)
-        launcher_class(args.launcher, "--launcher")
+    # a launcher named here is checked before the sweep file, whose loading imports torch and Lightning (~7 s)
+    kind = launcher_class(args.launcher, "--launcher") if args.launcher is not None else None
     sweep = load_sweep(args.config, args.out)
     launcher = args.launcher or sweep.launcher
     if args.status and args.launcher is None and (sweep.output_dir / "submitit" / "jobs.yaml").is_file():
@@ -137,7 +137,8 @@ def _plan(args) -> _Plan:
             raise SweepError(f"`--only {' '.join(args.only)}` matches no cell")
     # the launcher's name and flags are checked before the store is opened (a new SQLite store is
     # created and migrated there: seconds of work that a misspelt launcher should not cost)
-    kind = launcher_class(launcher, "--launcher" if args.launcher else "launcher")
+    if kind is None:  # the file's launcher (or --status's switch to slurm)
+        kind = launcher_class(launcher, "launcher")
     if getattr(args, "stop_after", None) is not None and kind.name != "local":
         raise SweepError(
             f"`--stop-after` is for the local launcher (the {launcher} launcher's cells run on their own: "
