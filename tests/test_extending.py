@@ -212,9 +212,22 @@ BASE = [
 ]
 
 
+LR = 1e-3  # stated, so the schedule below does not lean on the module's default
+
+
+def annealed(i: int, iterations: int) -> float:
+    """CleanRL's linear annealing, written here apart from vaco: iteration i (0-based) of a run of
+    ``iterations`` steps at ``LR * (1 - i / iterations)``."""
+    return LR * (1.0 - i / iterations)
+
+
 def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_cannot_change(tmp_path):
+    """Extending a finished 2-iteration run to 4: the same MLflow run, the budget's history, and
+    the learning rate of the new budget's schedule from the first resumed iteration (it used to
+    train that iteration at the old schedule's end, 0, and barely move: TV ~1e-7)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    first = _run([VACO, "fit", *BASE, "--data.init_args.total_steps", "256"], tmp_path, uri)
+    base = [*BASE, "--model.init_args.lr", str(LR)]
+    first = _run([VACO, "fit", *base, "--data.init_args.total_steps", "256"], tmp_path, uri)
     assert first.returncode == 0, first.stderr[-3000:]
     ckpt = str(next(tmp_path.glob("checkpoints/*/last.ckpt")))
     run_id = next(tmp_path.glob("checkpoints/*")).name
@@ -227,23 +240,54 @@ def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_
         ),
     ):
         out = _run(
-            [VACO, "fit", *BASE, "--data.init_args.total_steps", "512", *change, "--ckpt_path", ckpt], tmp_path, uri
+            [VACO, "fit", *base, "--data.init_args.total_steps", "512", *change, "--ckpt_path", ckpt], tmp_path, uri
         )
         assert out.returncode == 2
         errors = [line for line in out.stderr.splitlines() if "error" in line]
         assert len(errors) == 1 and field in errors[0], out.stderr[-2000:]
         assert mlflow.MlflowClient(uri).get_run(run_id).info.status == "FINISHED"  # a refused resume changes nothing
 
-    longer = _run([VACO, "fit", *BASE, "--data.init_args.total_steps", "512", "--ckpt_path", ckpt], tmp_path, uri)
+    longer = _run([VACO, "fit", *base, "--data.init_args.total_steps", "512", "--ckpt_path", ckpt], tmp_path, uri)
     assert longer.returncode == 0, longer.stderr[-3000:]
+    assert longer.stdout.splitlines()[0] == (
+        "vaco fit: resuming to a budget of 512 env steps (--data.init_args.total_steps; the checkpoint's run had 256)"
+    )
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
     assert [r.info.run_id for r in runs] == [run_id]  # the same MLflow run
     history = metric_histories(uri, run_id)
     assert [s for s, _ in history["train/tv"]] == [128 * i for i in range(1, 5)]  # 2 iterations, then 2 more
     assert history["time/total_steps"] == [(0, 256.0), (256, 512.0)]  # the budget's history
+    # train/lr is the rate each iteration stepped at: 2 of a 2-iteration run, then 2 of a 4-iteration one
+    expected = [annealed(0, 2), annealed(1, 2), annealed(2, 4), annealed(3, 4)]
+    assert [step for step, _ in history["train/lr"]] == [128, 256, 384, 512]
+    assert [lr for _, lr in history["train/lr"]] == pytest.approx(expected, rel=1e-12)
+    assert history["train/tv"][2][1] > 1e-4  # the first resumed iteration moved the policy
     assert runs[0].data.tags["total_steps"] == "512" and "total_steps" not in runs[0].data.params
     assert runs[0].info.status == "FINISHED"
+
+
+def test_resume_without_a_budget_keeps_the_checkpoints_and_says_so(tmp_path):
+    """A resume that does not restate the budget runs to the checkpoint's, not the config file's
+    (inverted_pendulum.yaml's 40,960 steps: it used to extend a 256-step run to 320 iterations)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    unbudgeted = [word for i, word in enumerate(BASE) if not any("total_steps" in w for w in (word, BASE[i - 1]))]
+    assert "384" not in unbudgeted and "--data.init_args.total_steps" not in unbudgeted
+    every = ["--checkpoint.every_n_iterations", "1"]
+    first = _run([VACO, "fit", *unbudgeted, *every, "--data.init_args.total_steps", "256"], tmp_path, uri)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpt = next(tmp_path.glob("checkpoints/*/last.ckpt"))
+    run_id = ckpt.parent.name
+    again = _run([VACO, "fit", *unbudgeted, *every, "--ckpt_path", str(ckpt)], tmp_path, uri, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.splitlines()[0] == (
+        "vaco fit: resuming to the checkpoint's budget of 256 env steps; the config's 40,960 is not used on a "
+        "resume (--data.init_args.total_steps N runs it to N)"
+    )
+    history = metric_histories(uri, run_id)
+    assert [s for s, _ in history["train/tv"]] == [128, 256]  # nothing more was trained
+    assert history["time/total_steps"] == [(0, 256.0)]
+    assert mlflow.MlflowClient(uri).get_run(run_id).data.tags["total_steps"] == "256"
 
 
 def test_resume_with_a_larger_budget_when_the_last_iteration_saved_the_checkpoint(tmp_path):

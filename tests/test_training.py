@@ -7,7 +7,10 @@ subprocesses for the CLI and DDP.
 from __future__ import annotations
 
 import math
+import os
 import re
+import shlex
+import subprocess
 import time
 from pathlib import Path
 
@@ -228,6 +231,8 @@ def test_demo_config_instantiates(mlflow_uri):
 
 # ---------------------------------------------------------------- the CLI, for real
 def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlflow_uri):
+    tmp_path = tmp_path / "my runs"  # a folder with a space: the printed commands must paste as they are
+    tmp_path.mkdir()
     out = run_cli(
         "fit",
         "--config",
@@ -282,7 +287,18 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "config.yaml" in artifacts and "last" in artifacts
     ckpt = next((tmp_path / "checkpoints").glob("*/last.ckpt"))
-    evaluated = run_cli("evaluate", "--ckpt", str(ckpt), "--episodes", "3", "--envs", "3", cwd=tmp_path)
+    # the printed `evaluate it with:` line, pasted into a shell from the run's folder
+    hint = next(line for line in out.stdout.splitlines() if "evaluate it with:" in line).split(": ", 1)[1]
+    assert shlex.split(hint)[-2:] == ["--ckpt", str(ckpt)]
+    evaluated = subprocess.run(
+        f"{hint} --episodes 3 --envs 3",
+        shell=True,
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert "InvertedPendulum-v5: return" in evaluated.stdout and "over 3 episodes" in evaluated.stdout
     assert evaluated.stdout.startswith("evaluating InvertedPendulum-v5: 3 episodes")

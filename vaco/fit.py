@@ -28,7 +28,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from vaco.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow, VacoProgressBar
 from vaco.checkpoint import CheckpointError, load_checkpoint
 from vaco.config_errors import ConfigurationError, check_config_files, config_files, file_of_key, one_line
-from vaco.hints import vaco_command
+from vaco.hints import shell, vaco_command
 from vaco.learner import Learner, same_run_problem
 from vaco.logger import VacoMLFlowLogger
 from vaco.tracking import (
@@ -73,6 +73,8 @@ class VacoCLI(LightningCLI):
     """
 
     def __init__(self, args=None, run: bool = True) -> None:
+        self._argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else sys.argv[1:])]
+        self._budget_line: str | None = None
         super().__init__(
             model_class=Learner,  # any vaco learner (vaco.learner.Learner): the two shipped, or your own
             datamodule_class=L.LightningDataModule,
@@ -125,6 +127,8 @@ class VacoCLI(LightningCLI):
         """
         config = self.config.get(self.config.get("subcommand") or "", None) if self.config.get("subcommand") else None
         self._resume_state = _read_resume_checkpoint(config) if config is not None else None
+        if self._resume_state is not None:
+            self._budget_line = _resume_budget(config, self._resume_state, self._argv)
 
     def _set_seed(self) -> None:
         """The checks that need no object, before Lightning prints "Seed set to" and before any
@@ -133,6 +137,8 @@ class VacoCLI(LightningCLI):
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         _early_checks(config)
         _check_tracking(config)
+        if self._budget_line is not None:  # a resume's first line: the budget it runs to, and why
+            print(self._budget_line, flush=True)
         super()._set_seed()
 
     def before_instantiate_classes(self) -> None:
@@ -203,10 +209,10 @@ class VacoCLI(LightningCLI):
             uri = getattr(logger, "_tracking_uri", tracking_uri())
             lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
             lines.append(
-                f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {redact_uri(uri)}")
+                f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {shell(redact_uri(uri))}")
             )
         if ckpt and model.evaluable:  # `vaco evaluate` runs MuJoCo policies
-            lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {ckpt}")
+            lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {shell(ckpt)}")
         print("\n".join(lines), flush=True)
 
     def _after_stop(self, signum: int) -> None:
@@ -225,7 +231,7 @@ class VacoCLI(LightningCLI):
                     print(f"vaco: could not mark the MLflow run {run_id} KILLED: {err}", file=sys.stderr, flush=True)
             print(
                 f"vaco: stopped by {name} after iteration {int(self.model.version)}; checkpoint {ckpt}; "
-                f"resume with: {vaco_command()} fit ... --ckpt_path {ckpt}",
+                f"resume with: {vaco_command()} fit ... --ckpt_path {shell(ckpt)}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -273,6 +279,41 @@ def _read_resume_checkpoint(config) -> dict | None:
         return load_checkpoint(str(ckpt_path), field="ckpt_path")
     except CheckpointError as err:
         raise ConfigurationError(str(err)) from None
+
+
+#: the checkpoint's record of a run's budget -> the data field that sets it (MuJoCo: env steps; the
+#: LLM track: optimiser steps)
+BUDGET_FIELDS = {"total_steps": "total_steps", "num_steps": "num_steps"}
+
+
+def _resume_budget(config, state: dict, argv: list[str]) -> str | None:
+    """A resume runs to the checkpoint's budget unless the command line names another.
+
+    The budget in the config files is the one the run was started from, or a file's default
+    (``configs/env/hopper.yaml``'s 1M): taking it would extend a run silently. Only the budget field
+    given on this command line (``--data.init_args.total_steps N`` or ``--data.total_steps N``)
+    changes it. Returns the line ``vaco fit`` prints first, saying which budget and why."""
+    saved = state.get("vaco", {})
+    key = next((k for k in BUDGET_FIELDS if isinstance(saved.get(k), int)), None)
+    data = config.get("data")
+    init = data.get("init_args") if hasattr(data, "get") else None
+    if key is None or init is None or not hasattr(init, "get"):
+        return None
+    field, before = BUDGET_FIELDS[key], saved[key]
+    flags = {f"--data.init_args.{field}", f"--data.{field}"}
+    asked = any(word.split("=", 1)[0] in flags for word in argv)
+    unit = "env steps" if field == "total_steps" else "optimiser steps"
+    if asked:
+        now = init.get(field)
+        had = "as the checkpoint's run had" if now == before else f"the checkpoint's run had {before:,}"
+        return f"vaco fit: resuming to a budget of {now:,} {unit} (--data.init_args.{field}; {had})"
+    config_value = init.get(field)
+    init[field] = before
+    note = "" if config_value in (None, before) else f"; the config's {config_value:,} is not used on a resume"
+    return (
+        f"vaco fit: resuming to the checkpoint's budget of {before:,} {unit}{note} "
+        f"(--data.init_args.{field} N runs it to N)"
+    )
 
 
 def _logger_config(config):

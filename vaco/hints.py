@@ -7,12 +7,21 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["vaco_command"]
+__all__ = ["shell", "vaco_command"]
+
+
+def shell(*words: object) -> str:
+    """A command line the user can paste: each word quoted for a POSIX shell where it needs it
+    (a path with a space, a URI with ``&``), bare where it does not (``vaco ui``)."""
+    import shlex
+
+    return " ".join(shlex.quote(str(word)) for word in words)
 
 
 def vaco_command() -> str:
-    """How the user can run vaco from where they are: ``vaco`` when it is on PATH (this install's),
-    else the script's path (``.venv/bin/vaco`` after ``make demo``, relative where shorter)."""
+    """How the user can run vaco from where they are, quoted for the shell: ``vaco`` when it is on
+    PATH (this install's), else the script's path (``.venv/bin/vaco`` after ``make demo``, relative
+    where shorter)."""
     import shutil
 
     script = Path(sys.executable).with_name("vaco")
@@ -23,4 +32,4 @@ def vaco_command() -> str:
         relative = os.path.relpath(script)
     except ValueError:
         relative = str(script)
-    return relative if len(relative) < len(str(script)) else str(script)
+    return shell(relative if len(relative) < len(str(script)) else str(script))

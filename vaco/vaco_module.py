@@ -180,6 +180,19 @@ class VacoModule(MinibatchUpdate, Learner):
         return [optimizer], [schedule]
 
     # ------------------------------------------------------------------ fit hooks
+    def on_train_start(self) -> None:
+        """A resumed run steps at its schedule's learning rate from its first iteration.
+
+        Lightning restores the optimiser with the rate the old schedule set after the saved
+        iteration; an extended run's schedule is the new budget's (iteration i of N uses
+        ``lr * (1 - i / N)``, as a run planned with N iterations from the start would at i), so the
+        rate is set again from the schedule of this run's budget (after a finished run it was 0)."""
+        scheduler = self.lr_schedulers()
+        if scheduler is None or not self._restored:
+            return
+        for group, base, factor in zip(self.optimizers().param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(scheduler.last_epoch)
+
     def on_fit_start(self) -> None:
         data = self.data
         if not self._restored:  # a resumed run keeps the generator state of its checkpoint
@@ -253,6 +266,7 @@ class VacoModule(MinibatchUpdate, Learner):
         flat.set("value_target", batch["value_target"].reshape(-1))
         explained_var = _explained_variance(flat["state_value"], flat["value_target"])
 
+        lr = self.optimizers().param_groups[0]["lr"]  # the rate this iteration's update steps at
         means = self.update(batch, flat)
 
         # -- after the update: forward lag, new normaliser statistics, a new policy version
@@ -268,6 +282,7 @@ class VacoModule(MinibatchUpdate, Learner):
 
         lag = {
             "train/explained_variance": explained_var,
+            "train/lr": lr,
             "lag/backward_tv": backward_tv,
             "lag/forward_tv": forward_tv,
             "lag/policy_age_mean": float(age.mean()),
@@ -290,7 +305,7 @@ class VacoModule(MinibatchUpdate, Learner):
         metrics.update(
             {
                 "train/explained_variance": lag["train/explained_variance"],
-                "train/lr": self.optimizers().param_groups[0]["lr"],
+                "train/lr": lag["train/lr"],
                 "train/advantage_std": float(flat["advantage"].std()),
                 **{key: value for key, value in lag.items() if key.startswith("lag/")},
                 "perf/sps": rows * world / (collect + update),

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from vaco.files import write_text_atomic
+from vaco.hints import shell, vaco_command
 from vaco.sweep.grid import Cell, Sweep, cell_config
 from vaco.tracking import redact_uri
 
@@ -38,7 +39,7 @@ def prepare_cell(sweep: Sweep, cell: Cell, tracking_uri: str) -> Path:
     header = (
         "# A cell of `vaco sweep`. The tracking store is not written here (a URI may hold credentials):\n"
         f"# the sweep ran it with MLFLOW_TRACKING_URI={redact_uri(tracking_uri)}. To rerun the cell by hand:\n"
-        f"#   MLFLOW_TRACKING_URI=... vaco fit --config {cell_dir / 'config.yaml'}\n"
+        f"#   MLFLOW_TRACKING_URI=... vaco fit --config {shell(cell_dir / 'config.yaml')}\n"
     )
     write_text_atomic(cell_dir / "config.yaml", header + yaml.safe_dump(cell_config(sweep, cell), sort_keys=False))
     return cell_dir
@@ -46,10 +47,22 @@ def prepare_cell(sweep: Sweep, cell: Cell, tracking_uri: str) -> Path:
 
 def cell_command(cell_dir: Path) -> list[str]:
     """``vaco fit`` for the cell, resuming from its checkpoint when there is one (decided now, so
-    a requeued or retried job resumes)."""
-    command = [sys.executable, "-m", "vaco.cli", "fit", "--config", str(cell_dir / "config.yaml")]
+    a requeued or retried job resumes). A resume restates the cell's budget on the command line:
+    ``vaco fit`` otherwise keeps the checkpoint's, and the sweep file is what declares it."""
+    config = cell_dir / "config.yaml"
+    command = [sys.executable, "-m", "vaco.cli", "fit", "--config", str(config)]
     ckpt = cell_dir / "checkpoints" / "last.ckpt"
-    return command + ["--ckpt_path", str(ckpt)] if ckpt.is_file() else command
+    if not ckpt.is_file():
+        return command
+    data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+    init = (data.get("init_args") or {}) if isinstance(data, dict) else {}
+    budget = [
+        arg
+        for field in ("total_steps", "num_steps")  # the MuJoCo and LLM budgets (num_steps cannot change in MuJoCo)
+        if isinstance(init.get(field), int)
+        for arg in (f"--data.init_args.{field}", str(init[field]))
+    ]
+    return command + budget + ["--ckpt_path", str(ckpt)]
 
 
 def cell_env(tracking_uri: str) -> dict[str, str]:
@@ -119,10 +132,8 @@ def cell_result(code: int, cell_dir: str) -> int:
 
 def see_results(sweep: Sweep) -> str:
     """The closing hint of a sweep: the commands that show its results, runnable from here."""
-    from vaco.hints import vaco_command
-
     vaco = vaco_command()
-    return f"see the results: {vaco} report --experiment {sweep.experiment}   (or browse the runs: {vaco} ui)"
+    return f"see the results: {vaco} report --experiment {shell(sweep.experiment)}   (or browse the runs: {vaco} ui)"
 
 
 def say(message: str) -> None:

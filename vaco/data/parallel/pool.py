@@ -43,6 +43,7 @@ from vaco.data.parallel.torchrl_compat import (
     stop_weight_receivers,
 )
 from vaco.data.policy_buffer import PolicyVersionBuffer
+from vaco.hints import shell
 
 __all__ = ["ActorPool", "ActorFailure", "split_envs", "validate_mode"]
 
@@ -242,7 +243,7 @@ class ActorPool(BaseCollector):
         path = self.last_checkpoint() if self.last_checkpoint is not None else ""
         return ActorFailure(
             f"an actor process stopped: {err} The run stops here and the other actors are shut down. "
-            f"The last checkpoint is intact: resume with `--ckpt_path {path or '<checkpoint dir>/last.ckpt'}`."
+            f"The last checkpoint is intact: resume with `--ckpt_path {shell(path) if path else '<checkpoint dir>/last.ckpt'}`."
         )
 
     # ------------------------------------------------------------------ iteration
