@@ -3,6 +3,9 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+# `make demo` needs none of the extras: the core package alone (torch, Lightning, TorchRL, gymnasium's
+# MuJoCo, MLflow, rliable); `make test` and the other targets install every extra on top of it
+BASE    := $(VENV)/.installed-core
 # torch must come first: the pinned CPU wheel is on disk; an unpinned torch pulls GBs of CUDA.
 TORCH   := torch==2.13.0
 EXTRAS  ?= test,llm,video,slurm,ray,warp,postgres,envpool
@@ -28,8 +31,12 @@ $(BIN)/python:
 	$(BIN)/pip install --upgrade pip >/dev/null
 
 # constraints.txt pins every package to the versions the tests passed with (`make constraints` refreshes it)
-$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+$(BASE): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install -c constraints.txt -e .
+	touch $(BASE)
+
+$(STAMP): $(BASE)
 	$(BIN)/pip install -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
@@ -55,7 +62,7 @@ constraints: $(BIN)/python
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow" tests
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(BIN)/vaco fit --config configs/demo.yaml
 
 # the analysis notebook, headless, as Jupyter runs it (kernel in notebooks/); VACO_EXPERIMENT,
