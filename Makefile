@@ -68,6 +68,7 @@ demo: $(BASE)
 # the analysis notebook, headless, as Jupyter runs it (kernel in notebooks/); VACO_EXPERIMENT,
 # MLFLOW_TRACKING_URI or VACO_DATA say what it reads (docs/sweeps.md); writes analysis-run.ipynb
 notebook: $(STAMP)
+	@$(BIN)/python scripts/notebook_inputs.py
 	$(BIN)/python -c "import nbformat, nbclient; nb = nbformat.read('notebooks/analysis.ipynb', 4); \
 	  nbclient.NotebookClient(nb, timeout=1800, kernel_name='python3', resources={'metadata': {'path': 'notebooks'}}).execute(); \
 	  nbformat.write(nb, 'analysis-run.ipynb')"

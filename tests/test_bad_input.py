@@ -189,7 +189,8 @@ def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_rend
         (("evaluate", "--ckpt", "."), "vaco evaluate: error: `--ckpt`: no checkpoint at ."),
         (
             ("evaluate", "--ckpt", "tab.yaml"),
-            "vaco evaluate: error: `--ckpt`: tab.yaml is truncated or not a checkpoint",
+            "vaco evaluate: error: `--ckpt`: tab.yaml is a text file (a config?), not a checkpoint: vaco writes "
+            "checkpoints as checkpoints/<run id>/last.ckpt",
         ),
     ],
     ids=[

@@ -69,7 +69,8 @@ def test_checkpoints_load_with_any_map_location(tmp_path, mlflow_uri):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
-def test_asking_for_a_gpu_without_one_is_one_line_before_any_work(tmp_path):
+@pytest.mark.parametrize("hardware", ["gpu", "gpu_ddp"])
+def test_asking_for_a_gpu_without_one_is_one_line_before_any_work(tmp_path, hardware):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = run_cli(
         "fit",
@@ -78,13 +79,14 @@ def test_asking_for_a_gpu_without_one_is_one_line_before_any_work(tmp_path):
         "--config",
         str(CONFIGS / "algo" / "vaco.yaml"),
         "--config",
-        str(CONFIGS / "hardware" / "gpu.yaml"),
+        str(CONFIGS / "hardware" / f"{hardware}.yaml"),
         cwd=tmp_path,
         env={"MLFLOW_TRACKING_URI": uri},
     )
     assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "`trainer.accelerator` (gpu)" in errors[0] and "--trainer.accelerator cpu" in errors[0]
+    assert f"hardware/{hardware}.yaml is for machines with a GPU" in errors[0]  # the file given, not another
     assert not (tmp_path / "checkpoints").exists()
     if (tmp_path / "mlflow.db").exists():  # MLflow's client makes the empty store; no run is in it
         import mlflow

@@ -444,9 +444,11 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, finis
         assert sorted(set(resumed[key])) == values, key
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2, signal.SIGINT])
 def test_sigterm_mid_run_checkpoints_at_the_stop_and_the_resume_repeats_nothing(tmp_path, sig):
-    """What SLURM sends before preempting (SIGTERM; SIGUSR2 with vaco's --signal=USR2@90): the run stops
+    """What SLURM sends before preempting (SIGTERM; SIGUSR2 with vaco's --signal=USR2@90) and Ctrl-C
+    (SIGINT: it was Lightning's "Detected KeyboardInterrupt", exit 1, a FAILED run and no checkpoint at
+    the stop): the run stops
     at the next iteration boundary with a checkpoint there, even with the default interval of 10
     iterations, is marked KILLED and exits 128 + signal; the resume logs every (metric, step) once."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -59,3 +59,27 @@ def test_the_notebook_runs_as_jupyter_starts_it_on_a_committed_data_file(tmp_pat
     assert "vaco vs ppo_clip, K=4: difference of drops" in text and "-> undecided" in text
     assert (tmp_path / "report" / "summary.md").is_file()
     assert not stray.exists()
+
+
+def test_make_notebook_after_the_demo_says_in_one_line_which_variable_to_set(tmp_path):
+    """Right after `make demo` the store holds only `vaco-demo`: `make notebook`'s first step names
+    the variables and the experiments there, one line, exit 2 (it was the notebook's 55-line traceback)."""
+    import os
+    import subprocess
+    import sys
+
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.MlflowClient(uri).create_experiment("vaco-demo", artifact_location=str(tmp_path / "mlruns"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VACO_")}
+    script = [sys.executable, str(REPO / "scripts" / "notebook_inputs.py")]
+    out = subprocess.run(script, env=dict(env, MLFLOW_TRACKING_URI=uri), capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert "no experiment 'vaco-laptop'" in line and "vaco-demo" in line and "VACO_EXPERIMENT" in line
+    assert "VACO_DATA=docs/data/five_tasks.csv.gz make notebook" in line
+    ok = subprocess.run(script, env=dict(env, MLFLOW_TRACKING_URI=uri, VACO_EXPERIMENT="vaco-demo"))
+    assert ok.returncode == 0
+    data = subprocess.run(script, env=dict(env, VACO_DATA="docs/data/five_tasks.csv.gz"))
+    assert data.returncode == 0

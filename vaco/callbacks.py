@@ -20,13 +20,14 @@ __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfig
 
 #: the signals that stop a run at the next iteration boundary with a checkpoint: what SLURM sends
 #: before preempting or requeueing a job (SIGTERM; ``--signal=USR2@90`` in vaco's sbatch script)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)  # SIGINT: Ctrl-C, once (twice stops at once)
 
 
 class IterationCheckpoint(ModelCheckpoint):
     """Keeps ``last.ckpt`` up to date every ``every_n_iterations`` rollout batches and at the end.
 
-    SIGTERM or SIGUSR2 (:data:`STOP_SIGNALS`) stops the run at the next iteration boundary: the
+    SIGTERM, SIGUSR2 or a Ctrl-C (SIGINT; :data:`STOP_SIGNALS`) stops the run at the next iteration
+    boundary (a second Ctrl-C stops at once): the
     iteration in progress finishes, ``last.ckpt`` is written (atomically) and training ends;
     ``vaco fit`` then marks the MLflow run KILLED and exits with ``128 + signal``. A resume from
     that checkpoint repeats no iteration. (The LLM track's iteration is a generation batch of N
@@ -57,11 +58,15 @@ class IterationCheckpoint(ModelCheckpoint):
     def _on_signal(self, signum, frame) -> None:
         if self._requested is None:
             self._requested = signum
+            again = " (Ctrl-C again stops at once, without one)" if signum == signal.SIGINT else ""
             print(
-                f"vaco: received {signal.Signals(signum).name}; stopping after this iteration with a checkpoint",
+                f"vaco: received {signal.Signals(signum).name}; stopping after this iteration with a checkpoint{again}",
                 file=sys.stderr,
                 flush=True,
             )
+        elif signum == signal.SIGINT:  # a second Ctrl-C: the user does not want to wait for the iteration
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
 
     def on_train_start(self, trainer, pl_module) -> None:
         # after Lightning's own handlers (its SIGTERM notifier only acts at the end of the run's one epoch)

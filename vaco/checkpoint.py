@@ -66,6 +66,11 @@ def load_checkpoint(path: str | os.PathLike, *, field: str = "checkpoint", map_l
     if size == 0:
         raise CheckpointError(f"`{field}`: {path} is empty (0 bytes): the write that made it never finished")
     if not zipfile.is_zipfile(path):
+        if _is_text(path):  # a config or a log passed by mistake: "use an earlier checkpoint" would mislead
+            raise CheckpointError(
+                f"`{field}`: {path} is a text file (a config?), not a checkpoint: vaco writes checkpoints as "
+                "checkpoints/<run id>/last.ckpt (the path `vaco fit` prints at its end)"
+            )
         raise CheckpointError(
             f"`{field}`: {path} is truncated or not a checkpoint ({size} bytes, no zip end record): "
             "use an earlier checkpoint"
@@ -84,6 +89,17 @@ def load_checkpoint(path: str | os.PathLike, *, field: str = "checkpoint", map_l
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"`{field}`: {path} is corrupted ({first}): use an earlier checkpoint") from None
+
+
+def _is_text(path: Path) -> bool:
+    """Whether the file's first KiB is UTF-8 text without NUL bytes (a checkpoint never is)."""
+    with open(path, "rb") as f:
+        head = f.read(1024)
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\0" not in head
 
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> None:

@@ -175,9 +175,12 @@ class VacoCLI(LightningCLI):
             return super()._instantiate_trainer(config, callbacks)
         except MisconfigurationException as err:  # e.g. `--trainer.accelerator gpu` on a machine without one
             accelerator = config.get("accelerator")
+            on_line = any(word.split("=", 1)[0] == "--trainer.accelerator" for word in self._argv)
+            where = None if on_line else file_of_key("`trainer.accelerator`", _CONFIG_FILES)
+            given = f"{where} is for machines with a GPU" if where else "it was given on the command line"
             raise ConfigurationError(
                 f"`trainer.accelerator` ({accelerator}): {str(err).splitlines()[0]} To train on the CPU, "
-                "leave it out or pass --trainer.accelerator cpu (configs/hardware/gpu.yaml is for machines with a GPU)"
+                f"leave it out or pass --trainer.accelerator cpu ({given})"
             ) from None
 
     def instantiate_classes(self) -> None:

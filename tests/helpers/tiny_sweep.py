@@ -170,7 +170,7 @@ def full_sweep(tmp_path_factory) -> TinySweep:
     sweep = interrupted_sweep(tmp_path_factory)
     broken = sweep.out / BROKEN / "checkpoints" / "last.ckpt"
     broken.parent.mkdir(parents=True)
-    broken.write_bytes(b"not a checkpoint")
+    broken.write_bytes(b"PK\x03\x04\x14\x00\x00\x00torn")  # a zip cut after its first header
     sweep.failing_rc, sweep.failing_log = _run(["--jobs", "2"], sweep, "failing.log")
     broken.unlink()
     sweep.full_rc, sweep.full_log = _run(["--jobs", "2"], sweep, "full.log")

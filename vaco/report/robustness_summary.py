@@ -37,10 +37,15 @@ def _robustness_section(
         "",
         f"- **drop** at K = IQM(K={k_ref}) - IQM(K) of the {score_words(report)}, the score declared for this "
         f"report (`--score {report.score}`); **ratio** = IQM(K) / IQM(K={k_ref}).",
-        f"- **difference of drops** = drop({data.baseline}) - drop(algorithm): above 0 the algorithm loses "
-        f"less than {data.baseline}. **P(drop smaller)**: the probability that a run of the algorithm drops "
-        f"less than a run of {data.baseline} on a task drawn at random (rliable's probability of improvement "
-        "on the per-seed drops; 0.5: no difference).",
+    ]
+    if data.baseline:  # the LLM track (one objective family) has no baseline to compare drops with
+        s += [
+            f"- **difference of drops** = drop({data.baseline}) - drop(algorithm): above 0 the algorithm loses "
+            f"less than {data.baseline}. **P(drop smaller)**: the probability that a run of the algorithm drops "
+            f"less than a run of {data.baseline} on a task drawn at random (rliable's probability of improvement "
+            "on the per-seed drops; 0.5: no difference).",
+        ]
+    s += [
         f"- Runs are paired by seed; 95% intervals from a paired stratified bootstrap ({report.reps} resamples, "
         f"seed {report.seed}): per resample and task, one draw of seeds for every cell compared.",
         f"- **verdict**, by a rule fixed before the data, at the declared margin M = {report.margin:g} (normalised "

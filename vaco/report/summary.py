@@ -207,10 +207,20 @@ def _normalisation_section(report: Report, save: _Figures) -> list[str]:
     s.append(
         _table(
             ["task", "min", "max"],
-            [(t, f"{lo:.1f}", f"{hi:.1f}") for t, (lo, hi) in sorted(report.bounds.items())],
+            [
+                (t, f"{lo:.{_decimals(report)}f}", f"{hi:.{_decimals(report)}f}")
+                for t, (lo, hi) in sorted(report.bounds.items())
+            ],
         )
     )
     return s
+
+
+def _decimals(report: Report) -> int:
+    """Decimals for raw scores: 1 for returns (hundreds, thousands), 3 for a score in [0, 1] (the LLM
+    track's accuracy, which one decimal would round to 0.3 or 0.4)."""
+    values = [abs(v) for v in report.final.values() if np.isfinite(v)]
+    return 3 if values and max(values) <= 1.0 else 1
 
 
 def _robustness_part(
@@ -251,15 +261,16 @@ def _final_scores_section(report: Report, save: _Figures, scores) -> list[str]:
     )
     s += [f"- {n}" for n in notes]
     final_returns, per_seed = defaultdict(list), defaultdict(list)
+    d = _decimals(report)
     for r in sorted(main, key=lambda r: r.seed):
         final_returns[(r.env, r.algorithm, r.K)].append(report.final[r.run_id])
-        per_seed[(r.env, r.algorithm, r.K)].append(f"s{r.seed}: {report.final[r.run_id]:.1f}")
+        per_seed[(r.env, r.algorithm, r.K)].append(f"s{r.seed}: {report.final[r.run_id]:.{d}f}")
     s += ["", f"Final {report.score_metric} (raw), mean +- sample SD (ddof = 1) over seeds, and each seed's:", ""]
     s.append(
         _table(
             ["task", "algorithm", "K", "return", "runs", "per seed"],
             [
-                (t, a, K, f"{np.mean(v):.1f} +- {_sd(v):.1f}", len(v), ", ".join(per_seed[(t, a, K)]))
+                (t, a, K, f"{np.mean(v):.{d}f} +- {_sd(v):.{d}f}", len(v), ", ".join(per_seed[(t, a, K)]))
                 for (t, a, K), v in sorted(
                     final_returns.items(), key=lambda x: (x[0][0], report.algorithms.index(x[0][1]), x[0][2])
                 )

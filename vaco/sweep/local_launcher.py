@@ -84,6 +84,7 @@ class LocalLauncher(Launcher):
         self.zygote = zygote  # the preloaded process that forks the cells (vaco.sweep.zygote)
         self.stop_after = stop_after  # seconds from launch, then stop as on Ctrl-C (a block of a long study)
         self.timed_out = False
+        self.stop_signal = signal.SIGINT  # the first signal that stopped the sweep (its exit code is 128 + it)
 
     @classmethod
     def add_arguments(cls, group) -> None:
@@ -133,6 +134,8 @@ class LocalLauncher(Launcher):
 
     def _on_signal(self, signum, _frame) -> None:
         self.stop_requested += 1
+        if self.stop_requested == 1:
+            self.stop_signal = signum
         name = signal.Signals(signum).name
         if self.stop_requested == 1:
             say(f"{name}: stopping the sweep (running cells are terminated; rerun the same command to resume)")
@@ -173,7 +176,7 @@ class LocalLauncher(Launcher):
                 signal.signal(s, handler)
         if self.stop_requested:
             say(f"stopped: {self._status(len(pending), eta=False)}. Rerun the same command to resume.")
-            return 124 if self.timed_out else 130
+            return 124 if self.timed_out else 128 + int(self.stop_signal)
         say(f"sweep finished: {self._status(0)}")
         if self.failed:
             say("failed cells: " + ", ".join(c.id for c in self.failed))

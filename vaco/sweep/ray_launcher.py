@@ -71,7 +71,7 @@ class RayLauncher(Launcher):
         stop = {"signal": 0}
 
         def on_signal(signum, _frame):
-            stop["signal"] = signum
+            stop["signal"] = stop["signal"] or signum  # the first signal decides the exit code
 
         old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -101,7 +101,7 @@ class RayLauncher(Launcher):
                     f"stopped: done {len(cells) - len(pending) - failed}/{len(cells)}, failed {failed}; "
                     "rerun the same command to resume"
                 )
-                return 130
+                return 128 + int(stop["signal"])
             say(f"sweep finished: done {len(cells) - failed}/{len(cells)}, failed {failed} (ray)")
             say(see_results(self.sweep))
             return 1 if failed else 0

@@ -197,7 +197,10 @@ def exit_with_parent(parent_pid: int) -> None:
     """Worker init hook: die with the learner even if it is SIGKILLed (Linux), so no actor is orphaned.
 
     Without it an actor notices a dead learner only when it next reads its pipe, after a rollout.
+    An actor also ignores Ctrl-C (the terminal sends SIGINT to the whole process group): the
+    learner stops at its next iteration boundary and shuts its actors down itself.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
 
