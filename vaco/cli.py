@@ -81,6 +81,14 @@ def main(argv: list[str] | None = None) -> int | None:
     # included: into the terminal and every sweep cell's train.log. vaco prints its own pointer
     # (`vaco ui`), with the URI redacted. (A user may set the variable to false to have MLflow's.)
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    if command == "fit":  # a bad --config file (missing, a tab, an alias bomb) is refused before torch imports
+        from vaco.config_errors import ConfigurationError, check_config_files, config_files
+
+        try:
+            check_config_files(config_files(argv[1:]))
+        except ConfigurationError as err:
+            print(f"vaco fit: error: {err}", file=sys.stderr)
+            sys.exit(2)
     module = importlib.import_module(COMMANDS[command][0])
     return module.main(argv[1:])
 

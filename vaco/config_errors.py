@@ -116,8 +116,11 @@ def config_files(argv: list[str]) -> list[str]:
 def check_config_files(paths: list[str]) -> dict[str, object]:
     """Read each ``--config`` file before the parser does, so a missing or unreadable file, a tab,
     or broken indentation is one line naming the file, the line and what is wrong (jsonargparse
-    says ``"<unicode string>", line 4``). Returns file -> its parsed content."""
+    says ``"<unicode string>", line 4``), and so is an alias bomb (:func:`vaco.files.load_yaml`).
+    Returns file -> its parsed content."""
     import yaml
+
+    from vaco.files import YAMLTooLarge, load_yaml
 
     loaded = {}
     for path in paths:
@@ -133,7 +136,9 @@ def check_config_files(paths: list[str]) -> dict[str, object]:
                 f"`--config {path}`: cannot be read ({getattr(err, 'strerror', None) or err})"
             ) from None
         try:
-            loaded[path] = yaml.safe_load(text)
+            loaded[path] = load_yaml(text)
+        except YAMLTooLarge as err:
+            raise ConfigurationError(f"`--config {path}`: {err}") from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             line = mark.line + 1 if mark is not None else None

@@ -10,7 +10,50 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["current_umask", "write_text_atomic"]
+__all__ = ["MAX_YAML_VALUES", "YAMLTooLarge", "current_umask", "load_yaml", "write_text_atomic"]
+
+#: the most values a YAML file vaco reads may hold once its aliases are expanded (vaco's largest
+#: config holds a few hundred; a nine-level alias bomb holds 9^9)
+MAX_YAML_VALUES = 100_000
+
+
+class YAMLTooLarge(ValueError):
+    """A YAML document whose aliases expand it past :data:`MAX_YAML_VALUES` values."""
+
+
+def load_yaml(text: str):
+    """``yaml.safe_load`` that refuses a document whose aliases expand it past
+    :data:`MAX_YAML_VALUES` values (an "alias bomb": ``&a [*b, *b, ...]`` nested a few levels).
+
+    PyYAML builds aliases as shared references, so loading is cheap; whatever then walks the
+    result as a tree (jsonargparse, ``copy.deepcopy``, a dump) expands it, gigabytes for a
+    1 KiB file. The expanded size is counted here on the shared structure, without expanding it.
+    Raises :class:`yaml.YAMLError` for a syntax error and :class:`YAMLTooLarge` for a bomb."""
+    import yaml
+
+    document = yaml.safe_load(text)
+    sizes: dict[int, int] = {}
+
+    def size(node) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        key = id(node)
+        if key not in sizes:
+            sizes[key] = 0  # a self-referencing alias counts once: it cannot be expanded anyway
+            children = node.values() if isinstance(node, dict) else node
+            total = 1
+            for child in children:
+                total += size(child)
+                if total > MAX_YAML_VALUES:
+                    break
+            sizes[key] = total
+        return sizes[key]
+
+    if size(document) > MAX_YAML_VALUES:
+        raise YAMLTooLarge(
+            f"its aliases expand it to more than {MAX_YAML_VALUES:,} values (an alias bomb?); vaco does not read it"
+        )
+    return document
 
 
 def current_umask() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from vaco.files import write_text_atomic
+from vaco.files import load_yaml, write_text_atomic
 from vaco.hints import shell, vaco_command
 from vaco.sweep.grid import Cell, Sweep, cell_config
 from vaco.tracking import redact_uri
@@ -54,7 +54,7 @@ def cell_command(cell_dir: Path) -> list[str]:
     ckpt = cell_dir / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
         return command
-    data = (yaml.safe_load(config.read_text()) or {}).get("data") or {}
+    data = (load_yaml(config.read_text()) or {}).get("data") or {}
     init = (data.get("init_args") or {}) if isinstance(data, dict) else {}
     budget = [
         arg

@@ -15,8 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from vaco.files import load_yaml
 from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, _fmt, cell_config
 from vaco.sweep.schema import (
     _AXIS_DEFAULTS,
@@ -156,7 +155,7 @@ def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
 
     out = {}
     for file in sorted((configs_dir / "algo").glob("*.yaml")):
-        config = yaml.safe_load(file.read_text())
+        config = load_yaml(file.read_text())
         init = config["model"]["init_args"]
         objective, advantage = init["objective"]["class_path"], (init.get("advantage") or {}).get("class_path")
         module = _checked_class(
@@ -187,7 +186,7 @@ def _checked_class(class_path: str, base: type, where: str) -> type:
 
 
 def _load_envs(configs_dir: Path) -> dict[str, dict]:
-    return {file.stem: yaml.safe_load(file.read_text()) for file in sorted((configs_dir / "env").glob("*.yaml"))}
+    return {file.stem: load_yaml(file.read_text()) for file in sorted((configs_dir / "env").glob("*.yaml"))}
 
 
 def declared_axes(algorithms: dict[str, Algorithm]) -> dict[str, list[str]]:

@@ -10,7 +10,7 @@ import sys
 
 import yaml
 
-from vaco.files import write_text_atomic
+from vaco.files import YAMLTooLarge, load_yaml, write_text_atomic
 from vaco.sweep.cells import cell_dirs, cell_result, run_cell, say
 from vaco.sweep.grid import Cell, Sweep
 from vaco.sweep.launcher import Launcher
@@ -243,8 +243,8 @@ class SlurmLauncher(Launcher):
         if not record.is_file():
             return {}
         try:
-            jobs = yaml.safe_load(record.read_text()) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            jobs = load_yaml(record.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError, YAMLTooLarge) as err:
             first = str(err).strip().splitlines()[0]
             raise RuntimeError(
                 f"{record} is damaged ({first}): restore it from the submission's logs or, once no job of this "
