@@ -20,7 +20,7 @@ PYTEST  := $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TES
 .PHONY: help venv install test test-fast check constraints demo bench notebook clean
 
 help:
-	@echo "make demo   - create .venv, install, train VACO (K=4) on Hopper-v5 (~1.5 min on 2 CPU cores)"
+	@echo "make demo   - create .venv, install the core package, train VACO (K=4) on Hopper-v5 (measured times: README)"
 	@echo "make test   - create .venv, install, run the test suite"
 	@echo "make check  - ruff format --check and ruff check (what CI runs first)"
 	@echo "make notebook - run notebooks/analysis.ipynb headless (e.g. VACO_DATA=docs/data/five_tasks.csv.gz make notebook)"

@@ -173,14 +173,32 @@ def test_actor_state_round_trips_exactly_as_tensors_and_plain_values():
     assert back["episodes"].tolist() == [0, 1, 2]
 
 
+def _overwrite_tensor_bytes(data: bytes) -> bytes:
+    """The archive with 8 bytes in the middle of its largest tensor member flipped (same length,
+    every zip record intact: only the member's CRC-32 can tell)."""
+    import io
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        member = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    name_len, extra_len = struct.unpack("<HH", data[member.header_offset + 26 : member.header_offset + 30])
+    start = member.header_offset + 30 + name_len + extra_len + member.file_size // 2
+    return data[:start] + bytes(b ^ 0xFF for b in data[start : start + 8]) + data[start + 8 :]
+
+
 # ---------------------------------------------------------------- truncated, empty, interrupted writes
-@pytest.mark.parametrize("damage", ["truncated", "empty"])
+@pytest.mark.parametrize("damage", ["truncated", "empty", "overwritten"])
 def test_damaged_checkpoint_is_reported_naming_the_file(tmp_path, finished_run, damage):
+    """Overwritten tensor bytes used to load silently as other numbers (torch does not check the CRC)."""
     _, _, good = finished_run
     data = good.read_bytes()
     bad = tmp_path / f"{damage}.ckpt"
-    bad.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
-    expected = "truncated" if damage == "truncated" else "empty"
+    damaged = {"truncated": data[: len(data) // 2], "empty": b"", "overwritten": _overwrite_tensor_bytes(data)}
+    bad.write_bytes(damaged[damage])
+    if damage == "overwritten":
+        assert len(damaged[damage]) == len(data) and torch.load(bad, weights_only=True)  # torch alone loads it
+    expected = {"truncated": "truncated", "empty": "empty", "overwritten": "fails its CRC-32 check"}[damage]
     out = run_cli("evaluate", "--ckpt", str(bad), cwd=tmp_path)
     assert out.returncode == 2 and expected in out.stderr and str(bad) in out.stderr
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

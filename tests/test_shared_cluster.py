@@ -200,6 +200,35 @@ def test_locks_on_shared_filesystems_say_what_happened(tmp_path):
         lock(Path("/proc/self/vaco-cannot-be-here"))
 
 
+def test_symlinks_where_a_sweep_writes_are_refused_and_their_targets_untouched(tmp_path):
+    """In a shared sweep folder, a `.sweep.lock` that is a link had its target truncated to 0 bytes,
+    and a cell's `train.log` that is a link was appended to its target: both are refused in one line
+    naming the file, the target unchanged; the cell's own log still works where it is a plain file."""
+    from vaco.files import SymlinkRefused, open_append
+
+    target = tmp_path / "someone_elses.txt"
+    target.write_text("precious\n")
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / ".sweep.lock").symlink_to(target)
+    with pytest.raises(SweepError, match=r"^`output_dir`: .*\.sweep\.lock is a symbolic link: vaco does not write"):
+        lock(out)
+    cell = out / "cell"
+    cell.mkdir()
+    (cell / "train.log").symlink_to(target)
+    with pytest.raises(SymlinkRefused, match="train.log is a symbolic link"):
+        open_append(cell / "train.log")
+    assert target.read_text() == "precious\n"
+    (cell / "train.log").unlink()
+    with open_append(cell / "train.log") as fh:
+        fh.write("a line\n")
+    with open_append(cell / "train.log") as fh:
+        fh.write("another\n")
+    assert (cell / "train.log").read_text() == "a line\nanother\n"
+    (out / ".sweep.lock").unlink()
+    lock(out).close()
+
+
 def test_module_shadowing_the_working_directory_never_shadows_installed_packages(tmp_path):
     """A stray yaml.py in the working directory: `vaco report --help` imports the real PyYAML."""
     (tmp_path / "yaml.py").write_text("raise SystemExit('the stray yaml.py was imported')\n")

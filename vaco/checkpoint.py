@@ -75,6 +75,12 @@ def load_checkpoint(path: str | os.PathLike, *, field: str = "checkpoint", map_l
             f"`{field}`: {path} is truncated or not a checkpoint ({size} bytes, no zip end record): "
             "use an earlier checkpoint"
         )
+    damaged = _damaged_member(path)
+    if damaged is not None:
+        raise CheckpointError(
+            f"`{field}`: {path} is corrupted ({damaged} fails its CRC-32 check: its bytes changed after it was "
+            "written): use an earlier checkpoint"
+        )
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -89,6 +95,17 @@ def load_checkpoint(path: str | os.PathLike, *, field: str = "checkpoint", map_l
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"`{field}`: {path} is corrupted ({first}): use an earlier checkpoint") from None
+
+
+def _damaged_member(path: Path) -> str | None:
+    """The first member of the archive whose bytes do not match the CRC-32 the writer recorded
+    (torch's own reader does not check it: overwritten tensor bytes would load as other numbers)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"the archive ({first})"
 
 
 def _is_text(path: Path) -> bool:

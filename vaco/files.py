@@ -6,11 +6,49 @@ Imports nothing heavy (the sweep's launchers use it; ``vaco sweep --help`` stays
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["MAX_YAML_VALUES", "YAMLTooLarge", "current_umask", "load_yaml", "write_text_atomic"]
+__all__ = [
+    "MAX_YAML_VALUES",
+    "SymlinkRefused",
+    "YAMLTooLarge",
+    "current_umask",
+    "load_yaml",
+    "open_append",
+    "open_for_lock",
+    "write_text_atomic",
+]
+
+
+class SymlinkRefused(OSError):
+    """A file vaco writes in an output folder is a symbolic link (in a shared folder, anyone's)."""
+
+
+def _open_no_follow(path: str | os.PathLike, flags: int) -> int:
+    """``os.open`` that never follows a final symlink: on a shared sweep folder a link planted where
+    vaco writes would truncate or append to its target (another user's file)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP or (os.path.islink(path) and err.errno in (errno.EMLINK, errno.ENOTDIR)):
+            raise SymlinkRefused(
+                errno.ELOOP, f"{path} is a symbolic link: vaco does not write through one (remove it)"
+            ) from None
+        raise
+
+
+def open_append(path: str | os.PathLike):
+    """A log opened for appending (created 0666 less the umask), never through a symlink."""
+    return os.fdopen(_open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
+
+
+def open_for_lock(path: str | os.PathLike):
+    """A lock file opened for ``flock`` (created if absent, never truncated), never through a symlink."""
+    return os.fdopen(_open_no_follow(path, os.O_WRONLY | os.O_CREAT), "w")
+
 
 #: the most values a YAML file vaco reads may hold once its aliases are expanded (vaco's largest
 #: config holds a few hundred; a nine-level alias bomb holds 9^9)

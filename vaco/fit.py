@@ -442,6 +442,10 @@ def _quiet() -> None:
         )
 
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(keep)
+    # "Creating initial MLflow database tables..." / "Updating database tables" on a new SQLite store:
+    # MLflow's bookkeeping, printed into the first run of every user (warnings and errors still show)
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from vaco.files import load_yaml, write_text_atomic
+from vaco.files import load_yaml, open_append, write_text_atomic
 from vaco.hints import shell, vaco_command
 from vaco.sweep.grid import Cell, Sweep, cell_config
 from vaco.tracking import redact_uri
@@ -83,7 +83,7 @@ def run_cell(cell_dir: str, tracking_uri: str) -> int:
     folder = Path(cell_dir)
     command = cell_command(folder)
     (folder / "worker.pid").write_text(str(os.getpid()))
-    with open(folder / "train.log", "a") as fh:
+    with open_append(folder / "train.log") as fh:
         log_header(fh, command)
         proc = subprocess.Popen(
             command,

@@ -17,6 +17,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from vaco.files import SymlinkRefused, open_append
 from vaco.sweep.cells import cell_command, cell_env, log_header, prepare_cell, say, see_results, set_pdeathsig
 from vaco.sweep.grid import Cell, Sweep
 from vaco.sweep.launcher import Launcher
@@ -190,14 +191,19 @@ class LocalLauncher(Launcher):
         if not resumed:
             self._close_stale_runs(cell)
         log = cell_dir / "train.log"
-        with open(log, "a") as fh:
-            log_header(fh, command)
+        try:
+            with open_append(log) as fh:
+                log_header(fh, command)
+        except SymlinkRefused as err:  # a link planted in a shared sweep folder: this cell fails, the others go on
+            self.failed.append(cell)
+            say(f"FAILED {cell.id}: {err.strerror}")
+            return
         if self.zygote is not None and self.zygote.alive():  # `vaco fit` without its imports
             proc = self.zygote.start(command[3:], os.getcwd(), cell_env(self.uri), str(log))
             self.running[cell.id] = _Job(cell, proc, log, time.monotonic(), resumed)
             say(f"start  {cell.id}{' (resume from checkpoint)' if resumed else ''}   [{self._status(None)}]")
             return
-        with open(log, "a") as fh:
+        with open_append(log) as fh:
             proc = subprocess.Popen(
                 command,
                 stdout=fh,

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from vaco.files import SymlinkRefused, open_for_lock
 from vaco.sweep.grid import Cell, Sweep, expand
 from vaco.sweep.schema import SweepError
 from vaco.tracking import CELL_TAG, PARENT_TAG, SETTINGS_TAG, absolute_tracking_uri, search_all_runs
@@ -70,7 +71,9 @@ def lock(output_dir: Path):
     path = output_dir / ".sweep.lock"
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "w")
+        handle = open_for_lock(path)
+    except SymlinkRefused as err:
+        raise SweepError(f"`output_dir`: {err.strerror}") from None
     except OSError as err:
         raise SweepError(f"`output_dir`: cannot write the sweep's lock file {path} ({err.strerror})") from None
     try:
