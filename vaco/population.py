@@ -1,0 +1,264 @@
+"""The update of a population: S runs of one config that differ only by seed, as one computation.
+
+A population's members have their own weights, optimiser state and data; batching them puts a
+leading member dimension ``S`` on every tensor, so that one kernel call does the work of S. The
+point of this module is that it changes no member's numbers: member ``m``'s update here is **bit
+for bit** :meth:`vaco.update.MinibatchUpdate.update` of that run alone (tested in
+``tests/test_population.py`` on VACO, PPO-clip, PPO-KL and SPO, for S = 1 and S > 1). Measured on
+this machine's torch 2.13 CPU build, that holds because each piece keeps the solo path's
+arithmetic per member:
+
+* **networks**: one ``baddbmm`` per ``Linear`` layer over the members' stacked weights, with the
+  weight as the same transposed view ``nn.Linear`` multiplies by, and a backward written out
+  (:class:`_BatchedLinear`) that computes each member's gradients as ``nn.Linear``'s does
+  (autograd's own backward of ``baddbmm`` forms the first layer's weight gradient in another
+  order: ~1e-8 apart);
+* **objectives, unchanged**: written for one run, they reach the population through
+  ``torch.func.vmap``, so every reduction is per member (``vmap`` of the objective alone is exact;
+  ``vmap`` of ``functional_call`` on the networks is not);
+* **minibatches**: each member draws its permutation from its own generator, in the solo order;
+* **gradient clipping** per member, as ``torch.nn.utils.clip_grad_norm_`` computes it (the norms
+  of the actor's then the critic's parameters, their norm, ``max_norm / (total + 1e-6)``);
+* **Adam** on the stacked parameters: elementwise, so the same step as S optimisers; a member whose
+  loss is not finite has its step undone alone (its weights and Adam state restored).
+
+What it is not yet: ``vaco fit --population`` (collection of S x N envs, one MLflow run and one
+checkpoint per member, the sweep's packing) is issue 45's remaining work; this is the update it
+will call, and ``benchmarks/population_update.py`` measures it against S solo updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from vaco.networks import gaussian_entropy, gaussian_log_prob
+
+__all__ = ["BatchedMLP", "PopulationUpdate", "stack_parameters"]
+
+#: the keys of a member's training data (``[N]`` or ``[N, dim]`` per member, ``[S, N, ...]`` stacked)
+TRAIN_KEYS = (
+    "observation",
+    "action",
+    "behavior_log_prob",
+    "behavior_loc",
+    "behavior_scale",
+    "advantage",
+    "value_target",
+    "state_value",
+)
+
+
+class _BatchedLinear(torch.autograd.Function):
+    """``y[s] = x[s] @ W[s].T + b[s]`` for every member s, with ``nn.Linear``'s backward per member
+    (``dx = dy @ W``, ``dW = dy.T @ x``, ``db = dy.sum(0)``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        if weight.shape[1] == 1 and weight.shape[0] > 1:
+            # a single output (the critic's head): nn.Linear's matrix-vector product rounds
+            # otherwise than a batched product does, so each member takes its own
+            return torch.stack([nn.functional.linear(x[s], weight[s], bias[s]) for s in range(weight.shape[0])])
+        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
+class BatchedMLP:
+    """The members' copies of one ``nn.Sequential`` of ``Linear`` and ``Tanh`` layers, applied to
+    ``[S, B, in]`` with the stacked parameters ``params[f"{prefix}{i}.weight"]`` (``[S, out, in]``)."""
+
+    def __init__(self, template: nn.Sequential, prefix: str) -> None:
+        for module in template:
+            if not isinstance(module, (nn.Linear, nn.Tanh)) or (isinstance(module, nn.Linear) and module.bias is None):
+                raise TypeError(
+                    f"a population needs MLPs of Linear (with bias) and Tanh layers, got {type(module).__name__}"
+                )
+        self.layers = [(f"{prefix}{i}." if isinstance(m, nn.Linear) else None) for i, m in enumerate(template)]
+
+    def __call__(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        for name in self.layers:
+            x = (
+                torch.tanh(x)
+                if name is None
+                else _BatchedLinear.apply(x, params[name + "weight"], params[name + "bias"])
+            )
+        return x
+
+
+def stack_parameters(modules: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
+    """The members' parameters stacked on a leading dimension, by ``named_parameters`` name."""
+    names = [name for name, _ in modules[0].named_parameters()]
+    return {name: torch.stack([dict(m.named_parameters())[name].detach() for m in modules]) for name in names}
+
+
+class PopulationUpdate:
+    """Epochs x minibatches of one objective for S members at once (see the module docstring).
+
+    Args:
+        actors, critics: each member's ``GaussianActor`` and ``Critic`` (their weights are read once
+            here and written back by :meth:`write_back`).
+        objectives: each member's objective module: one class and settings; its adaptive state
+            (PPO-KL's ``kl_coef`` buffer) is the member's own and adapts in
+            ``update_coefficients`` with the member's own means, as in a solo run.
+        generators: each member's CPU generator (the minibatch permutations).
+        update_epochs, num_minibatches, max_grad_norm, lr, adam_eps: the run's hyperparameters.
+    """
+
+    def __init__(
+        self,
+        actors: Sequence[nn.Module],
+        critics: Sequence[nn.Module],
+        objectives: Sequence[nn.Module],
+        generators: Sequence[torch.Generator],
+        *,
+        update_epochs: int,
+        num_minibatches: int,
+        max_grad_norm: float | None,
+        lr: float,
+        adam_eps: float,
+    ) -> None:
+        if not (len(actors) == len(critics) == len(objectives) == len(generators) >= 1):
+            raise ValueError(
+                f"a population needs one actor, critic, objective and generator per member, got {len(actors)}, "
+                f"{len(critics)}, {len(objectives)}, {len(generators)}"
+            )
+        if objectives[0].reestimate_advantage:
+            raise ValueError(f"{type(objectives[0]).__name__} re-estimates its advantage every step: not batched yet")
+        self.size = len(actors)
+        self.objectives = list(objectives)
+        self.generators = list(generators)
+        self.update_epochs, self.num_minibatches, self.max_grad_norm = update_epochs, num_minibatches, max_grad_norm
+        self.actor_net = BatchedMLP(actors[0].mean, "actor.mean.")
+        self.critic_net = BatchedMLP(critics[0].net, "critic.net.")
+        actor, critic = stack_parameters(actors), stack_parameters(critics)
+        # the solo optimiser's order: the actor's parameters, then the critic's
+        self.names = [f"actor.{n}" for n in actor] + [f"critic.{n}" for n in critic]
+        stacked = {**{f"actor.{n}": p for n, p in actor.items()}, **{f"critic.{n}": p for n, p in critic.items()}}
+        self.params = {name: stacked[name].clone().requires_grad_() for name in self.names}
+        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr, eps=adam_eps, fused=True)
+
+    # ------------------------------------------------------------------ the members' forward
+    def _forward(self, obs: torch.Tensor, action: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The learner's quantities on ``[S, B, ...]`` minibatches (``MinibatchUpdate._minibatch``)."""
+        loc = self.actor_net(self.params, obs)
+        scale = self.params["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
+        return {
+            "loc": loc,
+            "scale": scale,
+            "log_prob": gaussian_log_prob(action, loc, scale),
+            "entropy": gaussian_entropy(scale),
+            "value": self.critic_net(self.params, obs).squeeze(-1),
+        }
+
+    def _losses(self, minibatch: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
+        """Each member's summed ``loss_*`` ``[S]`` and its outputs ``{key: [S]}``: the objective,
+        written for one run, vmapped over the members (with each member's own buffers)."""
+        objective = self.objectives[0]
+
+        def one(mb, own):
+            out = torch.func.functional_call(objective, own, (mb,), {"check_finite": False})
+            values = dict(out.items())
+            return sum(v for k, v in values.items() if k.startswith("loss_")), values
+
+        return torch.func.vmap(one)(minibatch, buffers)
+
+    # ------------------------------------------------------------------ one iteration
+    def update(self, train: Mapping[str, torch.Tensor], normalize: Callable[[torch.Tensor], torch.Tensor]):
+        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`TRAIN_KEYS`);
+        ``normalize`` maps raw ``[S, B, obs]`` observations to the networks' inputs, per member.
+        Returns each member's outputs averaged over the steps (a dict per member, as the solo
+        update returns) and whether each member's every step was finite (a member that was not
+        stops, as its solo run would: its Adam step count is shared with the others from then on).
+        Each member's objective then adapts its coefficients to its own means."""
+        buffers = {
+            name: torch.stack([dict(o.named_buffers())[name] for o in self.objectives])
+            for name, _ in self.objectives[0].named_buffers()
+        }
+        n = train["observation"].shape[1]
+        size = n // self.num_minibatches
+        members = torch.arange(self.size).unsqueeze(1)
+        sums: dict[str, torch.Tensor] = {}
+        finite_all = torch.ones(self.size, dtype=torch.bool)
+        steps = 0
+        for _epoch in range(self.update_epochs):
+            # each member's permutation from its own generator, drawn as its solo run draws it
+            orders = torch.stack([torch.randperm(n, generator=g) for g in self.generators])
+            for k in range(self.num_minibatches):
+                idx = orders[:, k * size : (k + 1) * size]
+                minibatch = {key: value[members, idx] for key, value in train.items()}
+                minibatch.update(self._forward(normalize(minibatch["observation"]), minibatch["action"]))
+                loss, out = self._losses(minibatch, buffers)
+                finite = torch.isfinite(loss)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.sum().backward()  # each member's gradient is its own loss's
+                if self.max_grad_norm is not None:
+                    self._clip(self.max_grad_norm)
+                self._step(finite)
+                finite_all &= finite
+                for key, value in out.items():
+                    sums[key] = sums.get(key, 0.0) + value.detach()
+                steps += 1
+        # one transfer, then Python floats divided as the solo update divides them
+        totals = torch.stack([value.float() for value in sums.values()]).cpu().T.tolist()  # [S][keys]
+        means = [{key: total / steps for key, total in zip(sums, member)} for member in totals]
+        for objective, member_means in zip(self.objectives, means):
+            objective.update_coefficients(member_means)
+        return means, finite_all.tolist()
+
+    @torch.no_grad()
+    def _clip(self, max_norm: float) -> None:
+        """``clip_grad_norm_`` per member: the norm of the norms, in the solo optimiser's order."""
+        grads = [self.params[name].grad for name in self.names]
+        norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2, dim=1) for g in grads], dim=1)
+        total = torch.linalg.vector_norm(norms, 2, dim=1)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
+
+    def _step(self, finite: torch.Tensor) -> None:
+        """Adam on the stacked parameters; a member with a non-finite loss keeps its weights and
+        Adam state (the solo run skips that step on the device)."""
+        bad = (~finite).nonzero().flatten().tolist()
+        if not bad:
+            self.optimizer.step()
+            return
+        saved = {
+            name: (
+                p.detach()[bad].clone(),
+                {k: v[bad].clone() for k, v in self.optimizer.state.get(p, {}).items() if v.dim() > 0},
+            )
+            for name, p in self.params.items()
+        }
+        for p in self.params.values():
+            if p.grad is not None:
+                p.grad[bad] = 0.0  # NaN gradients would poison the fused kernel's shared arithmetic
+        self.optimizer.step()
+        with torch.no_grad():
+            for name, p in self.params.items():
+                weights, state = saved[name]
+                p[bad] = weights
+                for k, v in state.items():
+                    self.optimizer.state[p][k][bad] = v
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next iteration (the members share the config's schedule)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    @torch.no_grad()
+    def write_back(self, actors: Sequence[nn.Module], critics: Sequence[nn.Module]) -> None:
+        """Copy the members' updated weights into their own modules (for collection, evaluation, checkpoints)."""
+        for m, (actor, critic) in enumerate(zip(actors, critics)):
+            for prefix, module in (("actor.", actor), ("critic.", critic)):
+                for name, p in module.named_parameters():
+                    p.copy_(self.params[prefix + name][m])
