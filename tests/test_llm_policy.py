@@ -139,3 +139,59 @@ def test_run_on_completions_end_at_their_stop_string(tokenizer):
     assert "Tom" not in kept
     # the cut is a prefix of the mask, and nothing is cut with no stop strings
     assert not (cut & ~mask).any() and torch.equal(cut_at_stop_strings(tokenizer, ids, mask, ())[0], mask)
+
+
+def _cut(tokenizer, out, stops):
+    """What the learner keeps of a generation: each completion ended at its first stop string."""
+    from vaco.llm.policy import cut_at_stop_strings
+
+    mask, stopped = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], stops)
+    return {
+        "completion_ids": out["completion_ids"].masked_fill(~mask, tokenizer.pad_token_id),
+        "behavior_log_prob": out["behavior_log_prob"].masked_fill(~mask, 0.0),
+        "completion_mask": mask,
+        "truncated": out["truncated"] & ~stopped,
+    }
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_rows_end_at_their_stop_string_during_generation_with_the_same_samples(model, tokenizer, temperature):
+    """Generation used to run every row to max_new_tokens and cut at the stop strings afterwards.
+    Now a row ends when its decoded text first holds a stop string, and the batch ends when every row
+    has: the same tokens, log-probs and masks as the old path cut afterwards, for the same seed,
+    in fewer decoding steps."""
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    ids, mask, _ = encode_prompts(tokenizer, prompts, 64)
+
+    def run(stops):
+        return generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=40,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            temperature=temperature,
+            generator=torch.Generator().manual_seed(3),
+            tokenizer=tokenizer,
+            stop_strings=stops,
+        )
+
+    full = run(())
+    texts = [tokenizer.decode(r, skip_special_tokens=False) for r in full["completion_ids"].tolist()]
+    # a stop string that ends row 0 early, and one that ends every row (the space nearly all have)
+    early = texts[0][2:4]
+    for stops in ((early,), (early, " ", "e")):
+        ref = _cut(tokenizer, full, stops)
+        out = run(stops)
+        T = out["completion_ids"].shape[1]
+        got = _cut(tokenizer, out, stops)
+        assert torch.equal(got["completion_mask"], out["completion_mask"])  # already ended at the stops
+        for key in ("completion_ids", "behavior_log_prob", "completion_mask"):
+            assert torch.equal(got[key], ref[key][:, :T]), key
+        assert not ref["completion_mask"][:, T:].any()  # nothing kept was left out
+        assert torch.equal(got["truncated"], ref["truncated"])
+        assert int(ref["completion_mask"][0].sum()) < 40  # row 0 did end early
+    assert T < full["completion_ids"].shape[1]  # every row ended: the batch stopped sooner
+    with pytest.raises(ValueError, match="stop strings need the tokenizer"):
+        generate(model, ids, mask, max_new_tokens=2, eos_token_id=0, pad_token_id=0, stop_strings=("x",))

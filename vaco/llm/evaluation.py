@@ -64,6 +64,8 @@ def answer(
                     pad_token_id=tokenizer.pad_token_id,
                     temperature=temperature,
                     generator=generator,
+                    tokenizer=tokenizer,
+                    stop_strings=stop_strings,
                 )
             cut, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], stop_strings)
             completion_ids = out["completion_ids"].masked_fill(~cut, tokenizer.pad_token_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -134,13 +135,26 @@ def generate(
     pad_token_id: int,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
+    tokenizer=None,
+    stop_strings: Sequence[str] = (),
 ) -> dict[str, torch.Tensor]:
     """Sample completions (``temperature`` 0: greedy) and record each token's log-prob when it was drawn.
 
+    A row ends at EOS or, with ``tokenizer`` and ``stop_strings``, at the token whose decoded prefix
+    first holds a stop string (the decode of the whole prefix, as :func:`cut_at_stop_strings` does:
+    tokenizer-safe where a character spans tokens); the loop ends when every row has ended. The
+    rows that ended stay in the batch (padding), so the other rows' numbers and the generator's
+    draws are those of a run without the stop strings: cutting that run's completions at their
+    stop strings gives the same completions, log-probs and rewards, only sooner.
+
     Returns:
         ``completion_ids`` and ``behavior_log_prob`` ``[B, T]``, ``completion_mask`` ``[B, T]``
-        (bool, EOS included), ``truncated`` ``[B]`` (no EOS within ``max_new_tokens``).
+        (bool, EOS included), ``truncated`` ``[B]`` (neither EOS nor a stop string within
+        ``max_new_tokens``).
     """
+    stops = [text for text in stop_strings if text]
+    if stops and tokenizer is None:
+        raise ValueError("generate: stop strings need the tokenizer that decodes the completions")
     B = prompt_ids.shape[0]
     attention = prompt_mask.long()
     positions = _positions(prompt_mask)
@@ -162,7 +176,10 @@ def generate(
         tokens.append(torch.where(finished, pad_token_id, token))
         log_probs.append(torch.where(finished, 0.0, log_prob))
         valid.append(~finished)
-        finished = finished | (token == eos_token_id)
+        ended = token == eos_token_id
+        if stops:
+            ended = ended | _completes_a_stop(tokenizer, tokens, finished | ended, stops)
+        finished = finished | ended
         if bool(finished.all()):
             break
         attention = torch.cat([attention, attention.new_ones(B, 1)], dim=-1)
@@ -181,6 +198,20 @@ def generate(
         "completion_mask": torch.stack(valid, -1),
         "truncated": ~finished,
     }
+
+
+def _completes_a_stop(tokenizer, tokens: list[torch.Tensor], skip: torch.Tensor, stops: list[str]) -> torch.Tensor:
+    """``[B]``: whether each row not in ``skip`` holds a stop string in the decode of its tokens so far
+    (its previous prefix did not, or the row would have ended there)."""
+    found = torch.zeros_like(skip)
+    rows = [i for i in range(skip.shape[0]) if not bool(skip[i])]
+    if not rows:
+        return found
+    so_far = torch.stack(tokens, -1)[rows].tolist()
+    for i, row in zip(rows, so_far):
+        text = tokenizer.decode(row, skip_special_tokens=False)
+        found[i] = any(stop in text for stop in stops)
+    return found
 
 
 def completion_log_probs(

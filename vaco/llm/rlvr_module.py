@@ -395,6 +395,8 @@ class RLVRModule(Learner):
                     pad_token_id=self.tokenizer.pad_token_id,
                     temperature=self.hparams.temperature,
                     generator=self._generator,
+                    tokenizer=self.tokenizer,  # a chunk ends when each row has met EOS or a stop string
+                    stop_strings=self.stop_strings,
                 )
                 for i in range(0, prompt_ids.shape[0], chunk)
             ]
