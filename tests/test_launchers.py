@@ -127,7 +127,8 @@ def test_slurm_dry_run_without_submitit_is_one_line_too(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["vaco-a-K1-s1: '123\nvaco-b-K1", "- 1\n- 2\n"], ids=["truncated", "not-a-mapping"])
-def test_a_damaged_jobs_record_is_one_line_naming_it(tmp_path, damage):
+@pytest.mark.parametrize("mode", ["--status", "--dry-run"])  # a dry run exited 0 and planned a submission
+def test_a_damaged_jobs_record_is_one_line_naming_it(tmp_path, damage, mode):
     record = tmp_path / "out" / "submitit" / "jobs.yaml"
     record.parent.mkdir(parents=True)
     record.write_text(damage)
@@ -137,7 +138,7 @@ def test_a_damaged_jobs_record_is_one_line_naming_it(tmp_path, damage):
         str(TINY),
         "--out",
         str(tmp_path / "out"),
-        "--status",
+        mode,
         "--slurm-executor",
         "local",
         cwd=tmp_path,

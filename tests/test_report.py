@@ -437,6 +437,45 @@ def test_step_size_pairs_are_compared_per_task_and_k_against_a_float64_loop(tmp_
     assert "Step size held" not in plain
 
 
+def test_step_size_by_phase_flags_an_arm_that_matches_on_average_but_not_early_or_late(tmp_path):
+    """The clip arm moves 30% further in the first third of each run and 30% less in the last: its
+    run average matches the filter arm's (held), its thirds do not. Checked against thirds and
+    ratios computed here in float64 loops (7 iterations: thirds of 3, 2 and 2)."""
+    rng = np.random.default_rng(5)
+    runs, tvs = [], {}
+    shape = {"filter": [1.0] * 7, "clip": [1.3, 1.3, 1.3, 1.0, 1.0, 0.55, 0.55]}  # mean ~1.0 over the run
+    for algorithm in ("filter", "clip"):
+        for seed in (1, 2, 3, 4):
+            tv = [0.1 * f * (1 + 0.02 * rng.standard_normal()) for f in shape[algorithm]]
+            tvs[(algorithm, seed)] = tv
+            runs.append(_tv_run(algorithm, "A-v0", 4, seed, tv, float(rng.uniform(0, 100))))
+    report = R.build_report("x", runs, reps=50, step_pairs={"filter": "clip"})
+    (average,) = R.step_size_matching(report)
+    assert not average.drifts  # the run average hides it
+    phases = R.step_size_by_phase(report)
+    assert [p.phase for p in phases] == list(R.PHASES)
+    bounds = [(0, 3), (3, 5), (5, 7)]
+    for p, (lo, hi) in zip(phases, bounds):
+        per_seed = {}
+        for arm in ("filter", "clip"):
+            for seed in (1, 2, 3, 4):
+                total = 0.0
+                for value in tvs[(arm, seed)][lo:hi]:
+                    total += float(value)
+                per_seed[(arm, seed)] = total / (hi - lo)
+        filter_tv = sum(per_seed[("filter", s)] for s in (1, 2, 3, 4)) / 4
+        clip_tv = sum(per_seed[("clip", s)] for s in (1, 2, 3, 4)) / 4
+        ratios = [per_seed[("clip", s)] / per_seed[("filter", s)] for s in (1, 2, 3, 4)]
+        mean = sum(ratios) / 4
+        sd = (sum((r - mean) ** 2 for r in ratios) / 3) ** 0.5
+        assert p.filter_tv == pytest.approx(filter_tv, rel=1e-12) and p.clip_tv == pytest.approx(clip_tv, rel=1e-12)
+        assert p.ratio_sd == pytest.approx(sd, rel=1e-9) and p.seeds == 4
+        assert p.drifts == (abs(clip_tv / filter_tv - 1) > 0.10)
+    assert [p.drifts for p in phases] == [True, False, True]
+    summary = R.write_report(report, tmp_path).read_text()
+    assert "By phase" in summary and summary.count("| **leaves +-10%** |") == 2
+
+
 def test_step_pairs_naming_no_runs_are_refused_in_one_line(tmp_path):
     import subprocess
 

@@ -14,8 +14,12 @@ from vaco.report.runs import Run
 from vaco.report.scores import Report, Scores, groups_of, iqm_estimates
 
 __all__ = [
+    "PHASES",
     "STEP_TOLERANCE",
     "StepMatch",
+    "StepPhase",
+    "phase_means",
+    "step_size_by_phase",
     "step_size_matching",
     "Ablation",
     "ablation_scores",
@@ -91,6 +95,78 @@ def step_size_matching(report: Report) -> list[StepMatch]:
                 if f and c:
                     out.append(
                         StepMatch(task, K, filter_arm, clip_arm, float(np.mean(f)), float(np.mean(c)), len(f), len(c))
+                    )
+    return out
+
+
+#: the parts of a run the step-size check looks at apart (thirds: early, middle, late)
+PHASES = ("first third", "middle third", "last third")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPhase:
+    """One phase of one (task, K) of a step-size pair: each arm's ``lag/forward_tv`` over that part
+    of its runs (per run, the mean over the phase's iterations; per arm, the mean over runs), and the
+    spread across seeds of the per-seed ratio (the seeds both arms ran)."""
+
+    task: str
+    K: int
+    filter_arm: str
+    clip_arm: str
+    phase: str
+    filter_tv: float
+    clip_tv: float
+    ratio_sd: float  # sample SD (ddof 1) of clip / filter over the paired seeds; NaN below 2
+    seeds: int
+
+    @property
+    def ratio(self) -> float:
+        return self.clip_tv / self.filter_tv if self.filter_tv > 0 else math.nan
+
+    @property
+    def drifts(self) -> bool:
+        return not abs(self.ratio - 1.0) <= STEP_TOLERANCE
+
+
+def phase_means(values: np.ndarray, phases: int = len(PHASES)) -> list[float]:
+    """The mean of each of ``phases`` consecutive, nearly equal parts of a run's history (the
+    first ``len % phases`` parts one iteration longer), NaN for an empty part."""
+    return [float(part.mean()) if len(part) else math.nan for part in np.array_split(values, phases)]
+
+
+def step_size_by_phase(report: Report) -> list[StepPhase]:
+    """:func:`step_size_matching` per third of the run: an arm that moves further early and less
+    late can match on the run average and still not hold the step. Every run of an arm counts."""
+
+    def arm_phases(algorithm: str, task: str, K: int) -> dict[int, list[float]]:
+        return {
+            r.seed: phase_means(r.history("lag/forward_tv")[1])
+            for r in report.runs
+            if r.algorithm == algorithm and r.env == task and r.K == K and len(r.history("lag/forward_tv")[1])
+        }
+
+    out = []
+    for filter_arm, clip_arm in report.step_pairs.items():
+        for task in report.tasks:
+            for K in report.ks:
+                f, c = arm_phases(filter_arm, task, K), arm_phases(clip_arm, task, K)
+                if not (f and c):
+                    continue
+                seeds = sorted(set(f) & set(c))
+                for i, phase in enumerate(PHASES):
+                    ratios = [c[s][i] / f[s][i] for s in seeds if f[s][i] > 0]
+                    out.append(
+                        StepPhase(
+                            task,
+                            K,
+                            filter_arm,
+                            clip_arm,
+                            phase,
+                            float(np.mean([v[i] for v in f.values()])),
+                            float(np.mean([v[i] for v in c.values()])),
+                            float(np.std(ratios, ddof=1)) if len(ratios) >= 2 else math.nan,
+                            len(seeds),
+                        )
                     )
     return out
 

@@ -6,6 +6,7 @@ handed to the figure functions; the text only formats them.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Mapping
@@ -18,6 +19,7 @@ from vaco.report.ablations import (
     ablation_scores,
     ablations,
     fraction_table,
+    step_size_by_phase,
     step_size_matching,
     tv_table,
 )
@@ -497,6 +499,30 @@ def _step_size_part(report: Report) -> list[str]:
             ],
         )
     )
+    phases = step_size_by_phase(report)
+    s += [
+        "",
+        "By phase: the same ratio over each third of the runs (an arm can match on the run average and still "
+        "move further early and less late), with the spread across seeds of the per-seed ratio (sample SD over the "
+        f"seeds both arms ran). **leaves +-{STEP_TOLERANCE:.0%}**: that phase does not hold the step.",
+        "",
+        _table(
+            ["pair", "task", "K", "phase", "clip / filter", "SD over seeds", "seeds", "step size"],
+            [
+                (
+                    f"{p.filter_arm} / {p.clip_arm}",
+                    p.task,
+                    p.K,
+                    p.phase,
+                    f"{p.ratio:.3f}",
+                    "-" if math.isnan(p.ratio_sd) else f"{p.ratio_sd:.3f}",
+                    p.seeds,
+                    f"**leaves +-{STEP_TOLERANCE:.0%}**" if p.drifts else "held",
+                )
+                for p in phases
+            ],
+        ),
+    ]
     return s
 
 

@@ -153,7 +153,7 @@ def _plan(args) -> _Plan:
     validate_with_cli(sweep, cells, uri)
     states = plan(sweep, cells, uri, with_running=args.status)
     from_data = _finished_in(args.finished_in, cells, states)
-    if args.status and runner is not None:
+    if (args.status or args.dry_run) and runner is not None:  # a dry run refuses what the real run would
         for cell_id, state in runner.job_states().items():
             if states.get(cell_id) != "finished":
                 states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
