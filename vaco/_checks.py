@@ -11,7 +11,15 @@ import math
 
 import torch
 
-__all__ = ["same_shape", "all_finite", "NonFiniteInputError", "positive", "in_closed_interval"]
+__all__ = [
+    "same_shape",
+    "all_finite",
+    "NonFiniteInputError",
+    "positive",
+    "in_closed_interval",
+    "available_memory",
+    "fits_in_memory",
+]
 
 
 class NonFiniteInputError(ValueError):
@@ -70,3 +78,31 @@ def in_closed_interval(low: float, high: float, **values: float) -> None:
     for name, value in values.items():
         if not (isinstance(value, (int, float)) and low <= value <= high):
             raise ValueError(f"`{name}` must be in [{low}, {high}], got {value!r}")
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still give (``MemAvailable`` of /proc/meminfo), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def fits_in_memory(needed: float, what: str) -> None:
+    """Refuse, naming the fields in ``what``, a setting whose smallest allocation (``needed``
+    bytes, a lower bound) exceeds the memory this machine has available: one line before any
+    run exists, not a traceback from a failed allocation partway into one."""
+    free = available_memory()
+    if free is not None and needed > free:
+        raise ValueError(f"{what} needs at least {_bytes(needed)}, more than this machine's {_bytes(free)} available")
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} bytes"

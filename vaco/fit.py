@@ -137,9 +137,24 @@ class VacoCLI(LightningCLI):
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         _early_checks(config)
         _check_tracking(config)
+        self._validate_classes()
         if self._budget_line is not None:  # a resume's first line: the budget it runs to, and why
             print(self._budget_line, flush=True)
         super()._set_seed()
+
+    def _validate_classes(self) -> None:
+        """Every constructor's own checks, once, before Lightning prints "Seed set to" and before
+        the trainer's logger exists (Lightning's MLflow logger opens its client, and so creates a
+        SQLite store, in its constructor). The objects are dropped; the run's own are made after
+        seeding, as LightningCLI makes them."""
+        config = self.config.clone()
+        trainer = (config.get(self.subcommand) if self.subcommand else config).get("trainer")
+        if trainer is not None:
+            trainer["logger"] = False
+        try:
+            self.parser.instantiate_classes(config)
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(_config_error(err)) from err
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config

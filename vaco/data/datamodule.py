@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torchrl.collectors import BaseCollector
 
+from vaco import _checks
 from vaco.data.collection import Collection, InProcess
 from vaco.data.envs import EnvSpec
 from vaco.data.episodes import learner_policy, run_episodes
@@ -91,6 +92,15 @@ class RolloutDataModule(L.LightningDataModule):
                 raise ValueError(f"`data.{name}` must be an integer >= {low}, got {value!r}")
         if not (isinstance(policy_buffer_size, int) and policy_buffer_size >= 1):
             raise ValueError(f"`data.policy_buffer_size` (K) must be an integer >= 1, got {policy_buffer_size!r}")
+        # lower bounds, before any env exists: a rollout holds >= 8 float32 numbers per transition
+        # (observation, action, log-prob, reward, value, ...), and each of the K policy versions
+        # >= the smallest actor's ~4,500 float32 weights (64-64 hidden units)
+        _checks.fits_in_memory(
+            num_envs * num_steps * 8 * 4, f"`data.num_envs` x `data.num_steps` ({num_envs:,} x {num_steps:,})"
+        )
+        _checks.fits_in_memory(
+            policy_buffer_size * 4_500 * 4, f"`data.policy_buffer_size` (K = {policy_buffer_size:,})"
+        )
         if total_steps < num_envs * num_steps:
             raise ValueError(
                 f"`data.total_steps` ({total_steps}) is smaller than one batch "

@@ -380,8 +380,9 @@ class _Parsed(Exception):
 
 
 def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> None:
-    """Parse one cell per (algorithm, env) with ``vaco fit``'s own parser: unknown or mistyped
-    override fields fail here, before anything starts, with jsonargparse's message."""
+    """Parse one cell per (algorithm, env, K) with ``vaco fit``'s own parser and constructors:
+    unknown or mistyped override fields, and values a constructor refuses (a size that cannot fit
+    in memory), fail here, before anything starts."""
     from vaco.fit import VacoCLI
 
     class ParseOnly(VacoCLI):
@@ -395,7 +396,8 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     seen = set()
     for cell in cells:
-        key = (cell.algorithm, cell.env, tuple(axis for axis, _ in cell.settings))
+        # each K too: the constructors check that a size fits in memory (K policy versions)
+        key = (cell.algorithm, cell.env, cell.K, tuple(axis for axis, _ in cell.settings))
         if key in seen:
             continue
         seen.add(key)
