@@ -138,7 +138,7 @@ def test_a_damaged_jobs_record_is_one_line_naming_it(tmp_path, damage, mode):
         str(TINY),
         "--out",
         str(tmp_path / "out"),
-        mode,
+        *([mode] if mode == "--status" else [mode, "--launcher", "slurm"]),  # --status reads SLURM's record
         "--slurm-executor",
         "local",
         cwd=tmp_path,
