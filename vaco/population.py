@@ -4,7 +4,8 @@ A population's members have their own weights, optimiser state and data; batchin
 leading member dimension ``S`` on every tensor, so that one kernel call does the work of S. The
 point of this module is that it changes no member's numbers: member ``m``'s update here is **bit
 for bit** :meth:`vaco.update.MinibatchUpdate.update` of that run alone (tested in
-``tests/test_population.py`` on VACO, PPO-clip, PPO-KL and SPO, for S = 1 and S > 1). Measured on
+``tests/test_population.py`` on VACO, PPO-clip, adaptive PPO-KL and SPO for S = 1, 2 and 4, and by
+``benchmarks/population_update.py`` on the study cell's Hopper data for S = 1 to 8). Measured on
 this machine's torch 2.13 CPU build, that holds because each piece keeps the solo path's
 arithmetic per member:
 
@@ -19,7 +20,10 @@ arithmetic per member:
 * **minibatches**: each member draws its permutation from its own generator, in the solo order;
 * **gradient clipping** per member, as ``torch.nn.utils.clip_grad_norm_`` computes it (the norms
   of the actor's then the critic's parameters, their norm, ``max_norm / (total + 1e-6)``);
-* **Adam** on the stacked parameters: elementwise, so the same step as S optimisers; a member whose
+* **Adam** (fused, as the learner's) on the stacked parameters: elementwise, so the same step as S
+  optimisers, provided each member's slice meets the kernel's vector lanes as the solo tensor does:
+  a parameter of fewer than :data:`ALIGN` numbers a member (``log_std``, the output biases) stays one
+  tensor per member (stacked, Hopper's 3-number biases drifted ~1e-11 at 4 members); a member whose
   loss is not finite has its step undone alone (its weights and Adam state restored).
 
 What it is not yet: ``vaco fit --population`` (collection of S x N envs, one MLflow run and one
@@ -37,6 +41,10 @@ from torch import nn
 from vaco.networks import gaussian_entropy, gaussian_log_prob
 
 __all__ = ["BatchedMLP", "PopulationUpdate", "stack_parameters"]
+
+#: members' slices of a stacked parameter must hold a multiple of this many numbers (the CPU
+#: kernels' vector width, with room): see :class:`PopulationUpdate`
+ALIGN = 64
 
 #: the keys of a member's training data (``[N]`` or ``[N, dim]`` per member, ``[S, N, ...]`` stacked)
 TRAIN_KEYS = (
@@ -144,20 +152,38 @@ class PopulationUpdate:
         # the solo optimiser's order: the actor's parameters, then the critic's
         self.names = [f"actor.{n}" for n in actor] + [f"critic.{n}" for n in critic]
         stacked = {**{f"actor.{n}": p for n, p in actor.items()}, **{f"critic.{n}": p for n, p in critic.items()}}
-        self.params = {name: stacked[name].clone().requires_grad_() for name in self.names}
-        self.optimizer = torch.optim.Adam(list(self.params.values()), lr=lr, eps=adam_eps, fused=True)
+        # a parameter whose member slices hold a multiple of ALIGN numbers is one stacked leaf; a
+        # smaller one (log_std, the output biases) stays one leaf per member, so that the fused
+        # Adam kernel runs its vector lanes and scalar tail over each member's numbers exactly as
+        # over the solo tensor (a slice that starts mid-lane rounds otherwise: ~1e-11 apart)
+        self.leaves: dict[str, torch.Tensor | list[torch.Tensor]] = {
+            name: (
+                stacked[name].clone().requires_grad_()
+                if stacked[name][0].numel() % ALIGN == 0
+                else [row.clone().requires_grad_() for row in stacked[name]]
+            )
+            for name in self.names
+        }
+        tensors = [t for leaf in self.leaves.values() for t in (leaf if isinstance(leaf, list) else [leaf])]
+        self.optimizer = torch.optim.Adam(tensors, lr=lr, eps=adam_eps, fused=True)
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        """Every parameter stacked ``[S, ...]`` (with gradient: the networks' inputs)."""
+        return {name: torch.stack(leaf) if isinstance(leaf, list) else leaf for name, leaf in self.leaves.items()}
 
     # ------------------------------------------------------------------ the members' forward
     def _forward(self, obs: torch.Tensor, action: torch.Tensor) -> dict[str, torch.Tensor]:
         """The learner's quantities on ``[S, B, ...]`` minibatches (``MinibatchUpdate._minibatch``)."""
-        loc = self.actor_net(self.params, obs)
-        scale = self.params["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
+        params = self.params
+        loc = self.actor_net(params, obs)
+        scale = params["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
         return {
             "loc": loc,
             "scale": scale,
             "log_prob": gaussian_log_prob(action, loc, scale),
             "entropy": gaussian_entropy(scale),
-            "value": self.critic_net(self.params, obs).squeeze(-1),
+            "value": self.critic_net(params, obs).squeeze(-1),
         }
 
     def _losses(self, minibatch: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
@@ -218,12 +244,21 @@ class PopulationUpdate:
     @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
         """``clip_grad_norm_`` per member: the norm of the norms, in the solo optimiser's order."""
-        grads = [self.params[name].grad for name in self.names]
-        norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2, dim=1) for g in grads], dim=1)
-        total = torch.linalg.vector_norm(norms, 2, dim=1)
+        norms = []
+        for name in self.names:
+            leaf = self.leaves[name]
+            if isinstance(leaf, list):
+                norms.append(torch.stack([torch.linalg.vector_norm(t.grad, 2) for t in leaf]))
+            else:
+                norms.append(torch.linalg.vector_norm(leaf.grad.flatten(1), 2, dim=1))
+        total = torch.linalg.vector_norm(torch.stack(norms, dim=1), 2, dim=1)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coef.view(-1, *[1] * (g.dim() - 1)))
+        for leaf in self.leaves.values():
+            if isinstance(leaf, list):
+                for m, t in enumerate(leaf):
+                    t.grad.mul_(coef[m])
+            else:
+                leaf.grad.mul_(coef.view(-1, *[1] * (leaf.dim() - 1)))
 
     def _step(self, finite: torch.Tensor) -> None:
         """Adam on the stacked parameters; a member with a non-finite loss keeps its weights and
@@ -232,23 +267,30 @@ class PopulationUpdate:
         if not bad:
             self.optimizer.step()
             return
-        saved = {
-            name: (
-                p.detach()[bad].clone(),
-                {k: v[bad].clone() for k, v in self.optimizer.state.get(p, {}).items() if v.dim() > 0},
+        # (tensor, rows of it to keep): a stacked leaf's bad rows, or a bad member's own leaf whole
+        kept = []
+        for leaf in self.leaves.values():
+            if isinstance(leaf, list):
+                kept += [(leaf[m], slice(None)) for m in bad]
+            else:
+                kept.append((leaf, bad))
+        saved = [
+            (
+                t.detach()[rows].clone(),
+                {k: v[rows].clone() for k, v in self.optimizer.state.get(t, {}).items() if v.dim() > 0},
             )
-            for name, p in self.params.items()
-        }
-        for p in self.params.values():
-            if p.grad is not None:
-                p.grad[bad] = 0.0  # NaN gradients would poison the fused kernel's shared arithmetic
+            for t, rows in kept
+        ]
+        with torch.no_grad():
+            for t, rows in kept:
+                if t.grad is not None:
+                    t.grad[rows] = 0.0  # NaN gradients would poison the fused kernel's shared arithmetic
         self.optimizer.step()
         with torch.no_grad():
-            for name, p in self.params.items():
-                weights, state = saved[name]
-                p[bad] = weights
+            for (t, rows), (weights, state) in zip(kept, saved):
+                t[rows] = weights
                 for k, v in state.items():
-                    self.optimizer.state[p][k][bad] = v
+                    self.optimizer.state[t][k][rows] = v
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next iteration (the members share the config's schedule)."""
@@ -261,4 +303,5 @@ class PopulationUpdate:
         for m, (actor, critic) in enumerate(zip(actors, critics)):
             for prefix, module in (("actor.", actor), ("critic.", critic)):
                 for name, p in module.named_parameters():
-                    p.copy_(self.params[prefix + name][m])
+                    leaf = self.leaves[prefix + name]
+                    p.copy_(leaf[m])
