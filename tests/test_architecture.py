@@ -20,7 +20,6 @@ PACKAGE = REPO / "vaco"
 LAYERS = {
     1: (
         "vaco._checks",
-        "vaco._moved",
         "vaco.tracking",
         "vaco.files",
         "vaco.config_errors",
@@ -181,48 +180,17 @@ def test_the_learners_keep_the_contract():
         Incomplete(PPOClip(), "x")
 
 
-def test_the_deprecated_spellings_are_gone_by_the_release_they_name():
-    """Fails once the package reaches REMOVED_IN with the shims still there: remove them then."""
-    from importlib.metadata import version
-
-    from packaging.version import Version
-
-    from vaco._moved import REMOVED_IN
-
-    assert Version(version("vaco")) < Version(REMOVED_IN), (
-        f"vaco {version('vaco')} still ships the shims due for removal in {REMOVED_IN}: delete vaco/_moved.py's "
-        "MOVED entries and vaco/data/parallel/legacy.py"
-    )
-
-
-def test_old_module_paths_still_import_and_old_checkpoints_define_the_same_run():
-    """Configs, user code and checkpoints written before the renames keep working."""
+def test_no_compatibility_layer_is_shipped():
+    """An untagged 0.1 project keeps no shims for old module paths or spellings: the old names fail
+    to import (they used to resolve through an import hook, with a FutureWarning)."""
     import importlib
-    import sys
 
-    from vaco._moved import MOVED
-    from vaco.learner import same_run_problem
+    for old in ("vaco.module", "vaco.data.module", "vaco._moved", "vaco.data.parallel.legacy", "vaco.sweep.launchers"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    import vaco.data
 
-    for old, new in MOVED.items():
-        sys.modules.pop(old, None)
-        with pytest.warns(FutureWarning, match=f"`{old}` is now `{new}`; the old path will be removed in vaco 0.3.0"):
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new)
-    from vaco.data.module import RolloutDataModule  # the old spelling of a class path in a YAML
-
-    assert RolloutDataModule.__module__ == "vaco.data.datamodule"
-
-    saved = {
-        "data.init_args.collection": {"class_path": "vaco.data.parallel.module.Actors", "num_workers": 2},
-        "model.init_args.objective": "vaco.objectives.tv_filter.TVFilter",
-    }
-    now = {
-        "data.init_args.collection": {"class_path": "vaco.data.parallel.backend.Actors", "num_workers": 2},
-        "model.init_args.objective": "vaco.objectives.tv_filter.TVFilter",
-    }
-    assert same_run_problem(saved, now) is None
-    changed = {**now, "data.init_args.collection": {**now["data.init_args.collection"], "num_workers": 4}}
-    assert "`data.init_args.collection` cannot change" in same_run_problem(saved, changed)
+    assert not hasattr(vaco.data, "ParallelRolloutDataModule")
 
 
 def test_the_iteration_walk_in_the_architecture_doc_names_functions_that_exist():

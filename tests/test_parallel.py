@@ -150,55 +150,6 @@ def test_a_backend_is_saved_as_plain_values(tmp_path):
     assert "collection" not in RolloutDataModule(env_id=ENV).hparams  # the default backend: nothing saved
 
 
-def test_parallel_data_module_is_the_actors_backend_under_its_old_name():
-    """The older spelling keeps its fields and messages, and defines the same run as the new one."""
-    from vaco.advantages import VTrace
-    from vaco.data import ParallelRolloutDataModule, RolloutDataModule
-    from vaco.data.parallel import Actors
-    from vaco.objectives import TVFilter
-    from vaco.vaco_module import VacoModule
-
-    with pytest.raises(ValueError, match=r"`data.num_workers` \(3\) must divide `data.num_envs` \(4\)"):
-        ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=3)
-    with pytest.raises(ValueError, match=r"`data.staleness_limit` only applies to `data.mode: async`"):
-        ParallelRolloutDataModule(env_id=ENV, num_envs=4, staleness_limit=1)
-    with pytest.warns(
-        FutureWarning,
-        match=r"ParallelRolloutDataModule is deprecated.*vaco\.data\.parallel\.Actors.*removed in vaco 0\.3\.0",
-    ):
-        old = ParallelRolloutDataModule(env_id=ENV, num_envs=4, num_workers=2, mode="async")
-    new = RolloutDataModule(env_id=ENV, num_envs=4, collection=Actors(num_workers=2, mode="async"))
-    assert isinstance(old.collection, Actors) and (old.num_workers, old.mode) == (2, "async")
-    module = VacoModule(objective=TVFilter(delta=0.2), advantage=VTrace(gamma=0.99, lmbda=0.95))
-    assert module.run_definition(old) == module.run_definition(new)
-    assert module.run_definition(new)["data.init_args.collection"] == {
-        "class_path": "vaco.data.parallel.backend.Actors",
-        "num_workers": 2,
-        "mode": "async",
-        "backend": "mp",
-    }
-
-
-def test_parallel_data_module_config_reads_rollout_arguments_through_kwargs():
-    """LightningCLI (jsonargparse) sees the old spelling's full argument list: its own, then
-    RolloutDataModule's through ``**kwargs`` (all but ``collection``), with its old defaults."""
-    import inspect
-
-    from jsonargparse import ArgumentParser
-
-    from vaco.data import ParallelRolloutDataModule, RolloutDataModule
-
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(ParallelRolloutDataModule, "data")
-    cfg = parser.parse_object({"data": {"env_id": ENV, "num_steps": 32, "mode": "async"}})
-    rollout = set(inspect.signature(RolloutDataModule).parameters) - {"collection"}
-    fields = set(vars(cfg.data))
-    assert rollout <= fields and "collection" not in fields
-    assert (cfg.data.env_id, cfg.data.num_steps, cfg.data.mode, cfg.data.num_envs) == (ENV, 32, "async", 2)
-    with pytest.raises(Exception, match="collection"):
-        parser.parse_object({"data": {"collection": {"class_path": "vaco.data.parallel.Actors"}}})
-
-
 class _StopAt(Callback):
     def __init__(self, iteration: int) -> None:
         self.iteration = iteration

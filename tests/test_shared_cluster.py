@@ -82,7 +82,7 @@ def test_credentials_in_the_uri_are_refused_no_more_the_check_sends_them_as_basi
 def test_credentials_leak_cell_configs_hold_no_tracking_uri(tmp_path, monkeypatch):
     """A sweep cell's config.yaml (on shared storage) never holds the tracking URI: the launcher
     gives the cell MLFLOW_TRACKING_URI in its environment."""
-    from vaco.sweep.launchers import cell_env, prepare_cell
+    from vaco.sweep.cells import cell_env, prepare_cell
 
     uri = f"postgresql://vaco:{SECRET}@db.example/mlflow"
     sweep = load_sweep(TINY, str(tmp_path / "out"))

@@ -11,10 +11,6 @@ __version__ = "0.1.0"
 
 __all__ = ["VacoModule", "RolloutDataModule"]
 
-from vaco import _moved
-
-_moved.install()  # old module paths (vaco.module, vaco.data.module, ...) still import
-
 
 def __getattr__(name):  # lazy: `import vaco.objectives` must not pull in Lightning and MuJoCo
     if name == "VacoModule":

@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 import lightning as L
 import torch
 
-from vaco._moved import current_path
 from vaco.objectives import Objective
 from vaco.tracking import VARIANT_PARAM
 
@@ -229,12 +228,7 @@ class Learner(L.LightningModule, ABC):
 
 
 def same_run_problem(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """The first run-defining field that differs between a checkpoint and the config, as a message.
-
-    A class path saved under a module's old name (``vaco.data.parallel.module.Actors``) equals its
-    new one.
-    """
-    saved = {key: _current(value) for key, value in saved.items()}
+    """The first run-defining field that differs between a checkpoint and the config, as a message."""
     for key in sorted(set(saved) | set(now)):
         if saved.get(key) != now.get(key):
             return (
@@ -243,11 +237,3 @@ def same_run_problem(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
                 "may change. Start a new run for a different setting"
             )
     return None
-
-
-def _current(value: Any) -> Any:
-    if isinstance(value, str):
-        return current_path(value)
-    if isinstance(value, dict) and isinstance(value.get("class_path"), str):
-        return {**value, "class_path": current_path(value["class_path"])}
-    return value

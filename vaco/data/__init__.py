@@ -1,6 +1,6 @@
 """Envs, the policy-version buffer, the rollout collector and the data module."""
 
-__all__ = ["RolloutDataModule", "ParallelRolloutDataModule", "Collection", "InProcess"]
+__all__ = ["RolloutDataModule", "Collection", "InProcess"]
 
 
 def __getattr__(name):
@@ -9,10 +9,6 @@ def __getattr__(name):
         from vaco.data.datamodule import RolloutDataModule
 
         return RolloutDataModule
-    if name == "ParallelRolloutDataModule":  # deprecated: collection: vaco.data.parallel.Actors
-        from vaco.data.parallel.legacy import ParallelRolloutDataModule
-
-        return ParallelRolloutDataModule
     if name in ("Collection", "InProcess"):  # the collection backends (vaco.data.warp.Warp is another)
         from vaco.data import collection
 

@@ -3,8 +3,7 @@
 * :class:`ActorCollector` (actors.py): the collector TorchRL builds in each worker process;
 * :class:`ActorPool` (pool.py): W actors behind ``MultiSyncCollector`` / ``MultiAsyncCollector``,
   with the policy-version buffer shipped by TorchRL's weight-sync scheme;
-* :class:`Actors` (backend.py): the collection backend (``data.collection``), ``mode: sync | async``;
-* :class:`ParallelRolloutDataModule` (legacy.py): deprecated, the older spelling as a data module.
+* :class:`Actors` (backend.py): the collection backend (``data.collection``), ``mode: sync | async``.
 
 See docs/async.md. Imports are lazy: an actor process needs only actors.py (no Lightning).
 """
@@ -15,7 +14,6 @@ __all__ = [
     "ActorFailure",
     "ActorPool",
     "ActorSpec",
-    "ParallelRolloutDataModule",
     "actor_seed",
     "split_envs",
 ]
@@ -27,7 +25,6 @@ _WHERE = {
     "ActorFailure": "pool",
     "ActorPool": "pool",
     "split_envs": "pool",
-    "ParallelRolloutDataModule": "legacy",
     "Actors": "backend",
 }
 
