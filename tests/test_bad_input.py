@@ -275,7 +275,7 @@ def test_load_yaml_counts_what_aliases_expand_to_and_reads_ordinary_files():
         (("--data.init_args.total_steps", "0"), "`data.total_steps` must be an integer >= 1, got 0"),
         (("--data.init_args.eval_episodes", "-1"), "`data.eval_episodes` must be an integer >= 1, got -1"),
         (
-            ("--data.init_args.num_steps", "100000000000"),
+            ("--data.init_args.num_steps", "100000000000", "--data.init_args.total_steps", "100000000000"),
             "`data.num_envs` x `data.num_steps` (1 x 100,000,000,000) needs at least 3.2 TB",
         ),
         (
@@ -300,3 +300,28 @@ def test_a_refused_value_prints_only_its_line_and_touches_no_store(tmp_path, ove
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"vaco fit: error: {message}"), line
     assert list(tmp_path.iterdir()) == []  # no store, no checkpoint folder
+
+
+def test_a_value_given_on_the_command_line_is_not_blamed_on_a_config_file(tmp_path, monkeypatch):
+    """`--data.init_args.total_steps=1e30` was reported "(in .../inverted_pendulum.yaml)", the file
+    that also sets the field; a file's own bad value still names the file."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env = str(REPO / "configs/env/inverted_pendulum.yaml")
+    argv = ["--config", env, "--config", str(REPO / "configs/algo/vaco.yaml")]
+    from vaco import fit
+
+    for given in (["--data.init_args.total_steps=1e30"], ["--data.total_steps", "1e30"]):
+        fit._CONFIG_FILES.clear()
+        fit._CONFIG_FILES.update(fit.check_config_files([env]))
+        fit._ARGV[:] = [*argv, *given]
+        message = _refused([*argv, *given])
+        assert "total_steps" in message and "inverted_pendulum.yaml" not in message, message
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data:\n  init_args:\n    total_steps: 1.0e+30\n")
+    fit._CONFIG_FILES.clear()
+    fit._CONFIG_FILES.update(fit.check_config_files([str(bad)]))
+    fit._ARGV[:] = [*argv, "--config", str(bad)]
+    message = _refused([*argv, "--config", str(bad)])
+    assert f"(in {bad})" in message, message
+    fit._CONFIG_FILES.clear()
+    fit._ARGV.clear()

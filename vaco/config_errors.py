@@ -171,6 +171,18 @@ def _flat_keys(tree, prefix: str = "") -> set[str]:
     return keys
 
 
+def given_on_command_line(message: str, argv: list[str]) -> bool:
+    """Whether the field a one-line error names (```a.b.c`: ...``) was set on the command line (in
+    its long or ``init_args``-less spelling): then the value is the command line's, not a file's."""
+    found = re.match(r"`([^`]+)`", message)
+    if not found:
+        return False
+    short = found.group(1).replace(".init_args.", ".")
+    return any(
+        word.startswith("--") and word[2:].split("=", 1)[0].replace(".init_args.", ".") == short for word in argv
+    )
+
+
 def file_of_key(message: str, loaded: dict[str, object]) -> str | None:
     """The ``--config`` file that holds the field a one-line error names (```a.b.c`: ...``)."""
     found = re.match(r"`([^`]+)`", message)

@@ -27,7 +27,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vaco.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow, VacoProgressBar
 from vaco.checkpoint import CheckpointError, load_checkpoint
-from vaco.config_errors import ConfigurationError, check_config_files, config_files, file_of_key, one_line
+from vaco.config_errors import (
+    ConfigurationError,
+    check_config_files,
+    config_files,
+    file_of_key,
+    given_on_command_line,
+    one_line,
+)
 from vaco.hints import shell, vaco_command
 from vaco.learner import Learner, same_run_problem
 from vaco.logger import VacoMLFlowLogger
@@ -43,6 +50,7 @@ __all__ = ["VacoCLI", "ConfigurationError", "main", "DEFAULT_TRACKING_URI", "tra
 
 
 _CONFIG_FILES: dict[str, object] = {}  # the --config files of this `vaco fit`, read by main()
+_ARGV: list[str] = []  # this `vaco fit`'s arguments, read by main(): a value given there is not a file's
 
 
 class VacoArgumentParser(LightningArgumentParser):
@@ -58,10 +66,10 @@ class VacoArgumentParser(LightningArgumentParser):
         options = [o for action in self._actions for o in action.option_strings]
         prog = "vaco fit"
         text = one_line(message, options)
-        where = file_of_key(text, _CONFIG_FILES)
+        where = None if given_on_command_line(text, _ARGV) else file_of_key(text, _CONFIG_FILES)
         if where is not None:
             text += f" (in {where})"
-        print(f"{prog}: error: {text}\n(`{prog} --help` lists the fields)", file=sys.stderr)
+        print(f"{prog}: error: {text} (`{prog} --help` lists the fields)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -475,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _CONFIG_FILES.clear()
         _CONFIG_FILES.update(check_config_files(config_files(argv)))
+        _ARGV[:] = argv
         VacoCLI(args=["fit", *argv])
     except (ConfigurationError, CheckpointError, TrackingStoreError) as err:
         print(f"vaco fit: error: {err}", file=sys.stderr)

@@ -20,6 +20,17 @@ from vaco.data.policy_buffer import PolicyVersionBuffer
 __all__ = ["RolloutDataModule", "learner_policy", "run_episodes"]
 
 
+def check_memory(num_envs: int, num_steps: int, policy_buffer_size: int) -> None:
+    """Refuse sizes whose smallest allocation cannot fit in this machine's available memory (one
+    line naming the fields). Lower bounds, before any env exists: a rollout holds >= 8 float32
+    numbers per transition (observation, action, log-prob, reward, value, ...), and each of the K
+    policy versions >= the smallest actor's ~4,500 float32 weights (64-64 hidden units)."""
+    _checks.fits_in_memory(
+        num_envs * num_steps * 8 * 4, f"`data.num_envs` x `data.num_steps` ({num_envs:,} x {num_steps:,})"
+    )
+    _checks.fits_in_memory(policy_buffer_size * 4_500 * 4, f"`data.policy_buffer_size` (K = {policy_buffer_size:,})")
+
+
 class RolloutDataModule(L.LightningDataModule):
     """Rollouts of a MuJoCo task collected by a mixture of the last K policies.
 
@@ -92,15 +103,6 @@ class RolloutDataModule(L.LightningDataModule):
                 raise ValueError(f"`data.{name}` must be an integer >= {low}, got {value!r}")
         if not (isinstance(policy_buffer_size, int) and policy_buffer_size >= 1):
             raise ValueError(f"`data.policy_buffer_size` (K) must be an integer >= 1, got {policy_buffer_size!r}")
-        # lower bounds, before any env exists: a rollout holds >= 8 float32 numbers per transition
-        # (observation, action, log-prob, reward, value, ...), and each of the K policy versions
-        # >= the smallest actor's ~4,500 float32 weights (64-64 hidden units)
-        _checks.fits_in_memory(
-            num_envs * num_steps * 8 * 4, f"`data.num_envs` x `data.num_steps` ({num_envs:,} x {num_steps:,})"
-        )
-        _checks.fits_in_memory(
-            policy_buffer_size * 4_500 * 4, f"`data.policy_buffer_size` (K = {policy_buffer_size:,})"
-        )
         if total_steps < num_envs * num_steps:
             raise ValueError(
                 f"`data.total_steps` ({total_steps}) is smaller than one batch "
@@ -121,6 +123,7 @@ class RolloutDataModule(L.LightningDataModule):
                 f"`data.collection` must be a vaco.data.collection.Collection, got {type(collection).__name__}"
             )
         self.collection.validate(self)  # the env id and the backend's own settings, before any work
+        check_memory(num_envs, num_steps, policy_buffer_size)  # after the backend's own, finer estimate
         if collection is not None:
             self.hparams["collection"] = self.collection.config()
         self._spec: EnvSpec | None = None

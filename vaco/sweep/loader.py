@@ -7,6 +7,7 @@ is imported only to validate the cells' configs.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import os
@@ -379,10 +380,26 @@ class _Parsed(Exception):
     pass
 
 
+def _check_memory(sweep: Sweep, cell: Cell, tracking_uri: str) -> None:
+    """A MuJoCo cell's sizes against the memory here (``vaco.data.datamodule.check_memory``)."""
+    from vaco.data.datamodule import RolloutDataModule, check_memory
+
+    config = cell_config(sweep, cell, tracking_uri)
+    init = (config.get("data") or {}).get("init_args") or {}
+    defaults = inspect.signature(RolloutDataModule).parameters
+    sizes = [init.get(k, defaults[k].default) for k in ("num_envs", "num_steps", "policy_buffer_size")]
+    if "env_id" not in init or not all(isinstance(v, int) for v in sizes):
+        return  # not a MuJoCo cell (the LLM track's data), or a mistyped size the parser names
+    try:
+        check_memory(*sizes)
+    except ValueError as err:
+        raise SweepError(f"cell {cell.id}: {err}") from None
+
+
 def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> None:
-    """Parse one cell per (algorithm, env, K) with ``vaco fit``'s own parser and constructors:
-    unknown or mistyped override fields, and values a constructor refuses (a size that cannot fit
-    in memory), fail here, before anything starts."""
+    """Parse one cell per (algorithm, env) with ``vaco fit``'s own parser: unknown or mistyped
+    override fields fail here, before anything starts, with jsonargparse's message; and every
+    cell's sizes (num_envs x num_steps, K) must fit in this machine's memory."""
     from vaco.fit import VacoCLI
 
     class ParseOnly(VacoCLI):
@@ -390,14 +407,18 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
             kwargs["exit_on_error"] = False
             return super().init_parser(**kwargs)
 
+        def _validate_classes(self) -> None:
+            """Parsing only: a constructor may check the machine (a model folder, a CUDA device) that
+            runs the cell, not the one that plans the sweep."""
+
         def before_instantiate_classes(self) -> None:
             raise _Parsed
 
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     seen = set()
     for cell in cells:
-        # each K too: the constructors check that a size fits in memory (K policy versions)
-        key = (cell.algorithm, cell.env, cell.K, tuple(axis for axis, _ in cell.settings))
+        _check_memory(sweep, cell, tracking_uri)
+        key = (cell.algorithm, cell.env, tuple(axis for axis, _ in cell.settings))
         if key in seen:
             continue
         seen.add(key)
