@@ -39,24 +39,13 @@ import torch
 from torch import nn
 
 from vaco.networks import gaussian_entropy, gaussian_log_prob
+from vaco.update import TRAIN_KEYS
 
-__all__ = ["BatchedMLP", "PopulationUpdate", "stack_parameters"]
+__all__ = ["BatchedMLP", "PopulationUpdate", "TRAIN_KEYS", "stack_parameters"]
 
 #: members' slices of a stacked parameter must hold a multiple of this many numbers (the CPU
 #: kernels' vector width, with room): see :class:`PopulationUpdate`
 ALIGN = 64
-
-#: the keys of a member's training data (``[N]`` or ``[N, dim]`` per member, ``[S, N, ...]`` stacked)
-TRAIN_KEYS = (
-    "observation",
-    "action",
-    "behavior_log_prob",
-    "behavior_loc",
-    "behavior_scale",
-    "advantage",
-    "value_target",
-    "state_value",
-)
 
 
 class _BatchedLinear(torch.autograd.Function):

@@ -18,7 +18,19 @@ from vaco._checks import NonFiniteInputError
 from vaco.learner import NonFiniteLossError
 from vaco.networks import gaussian_entropy, gaussian_log_prob
 
-__all__ = ["MinibatchUpdate", "skip_step_on_device"]
+__all__ = ["MinibatchUpdate", "TRAIN_KEYS", "skip_step_on_device"]
+
+#: the per-sample quantities an update trains on (``[N, ...]`` per run; ``[S, N, ...]`` in a population)
+TRAIN_KEYS = (
+    "observation",
+    "action",
+    "behavior_log_prob",
+    "behavior_loc",
+    "behavior_scale",
+    "advantage",
+    "value_target",
+    "state_value",
+)
 
 
 class MinibatchUpdate:
@@ -32,19 +44,7 @@ class MinibatchUpdate:
         """Epochs x minibatches of the objective on one batch; returns the objective's outputs
         averaged over the optimiser steps. Adam steps with gradient-norm clipping; the learning
         rate is annealed once per iteration; a non-finite loss stops the run (see :meth:`_diagnose`)."""
-        train = {
-            key: flat[key]
-            for key in (
-                "observation",
-                "action",
-                "behavior_log_prob",
-                "behavior_loc",
-                "behavior_scale",
-                "advantage",
-                "value_target",
-                "state_value",
-            )
-        }
+        train = {key: flat[key] for key in TRAIN_KEYS}
         sums: dict[str, torch.Tensor] = {}
         steps = 0
         optimizer = self.optimizers()
