@@ -15,8 +15,10 @@ import sys
 __all__ = ["load_policy", "main"]
 
 
-def load_policy(ckpt_path: str):
-    """The learner of a checkpoint as ``(env_id, policy)``; ``policy`` maps raw obs to (loc, scale)."""
+def load_policy(ckpt_path: str, member: int | None = None):
+    """The learner of a checkpoint as ``(env_id, policy)``; ``policy`` maps raw obs to (loc, scale).
+    A population's checkpoint (``vaco fit --population``) holds its members' learners: ``member``
+    picks one (required there, refused elsewhere)."""
     from vaco.checkpoint import CheckpointError, load_checkpoint
     from vaco.data.episodes import learner_policy
     from vaco.data.normalization import RunningMeanStd
@@ -29,6 +31,19 @@ def load_policy(ckpt_path: str):
         raise CheckpointError(f"`--ckpt`: {ckpt_path} is not a vaco MuJoCo checkpoint (no env_spec)")
     actor = GaussianActor(spec["obs_dim"], spec["act_dim"], tuple(hparams.get("hidden_sizes", (64, 64))))
     state = ckpt["state_dict"]
+    seeds = ckpt.get("vaco", {}).get("population_seeds")
+    if seeds:
+        if member is None:
+            raise CheckpointError(
+                f"`--ckpt`: {ckpt_path} is a population of {len(seeds)} members (seeds {seeds}); pass --member M "
+                f"(0..{len(seeds) - 1}) to play one"
+            )
+        if not 0 <= member < len(seeds):
+            raise CheckpointError(f"`--member` ({member}) must be in 0..{len(seeds) - 1} (the population's members)")
+        prefix = f"members.{member}."
+        state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    elif member is not None:
+        raise CheckpointError(f"`--member`: {ckpt_path} is a single run, not a population; leave --member out")
     actor.load_state_dict({k[len("actor.") :]: v for k, v in state.items() if k.startswith("actor.")})
     actor.eval()
     if hparams.get("normalize_observation", True):
@@ -65,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
         "--ckpt",
         required=True,
         help="a checkpoint written by `vaco fit` (loaded safely: tensors and plain values only)",
+    )
+    parser.add_argument(
+        "--member", type=int, default=None, help="a population's checkpoint (vaco fit --population): the member to play"
     )
     parser.add_argument("--episodes", type=int, default=10, help="episodes to run (E)")
     parser.add_argument("--envs", type=int, default=10, help="envs run side by side")
@@ -114,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(1)
-        env_id, policy = load_policy(args.ckpt)
+        env_id, policy = load_policy(args.ckpt, args.member)
         if args.backend == "warp":
             from vaco.data.warp.env import check_worlds
 
@@ -125,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     from vaco.data.episodes import episode_returns
 
     num_envs = min(args.envs, args.episodes)
-    print(f"evaluating {env_id}: {args.episodes} episodes on {num_envs} envs ...", flush=True)
+    seeds = ckpt.get("vaco", {}).get("population_seeds")
+    who = f" member {args.member} (seed {seeds[args.member]})" if seeds else ""
+    print(f"evaluating {env_id}{who}: {args.episodes} episodes on {num_envs} envs ...", flush=True)
     if args.backend == "warp":
         from vaco.data.warp.env import WarpVectorEnv
 

@@ -117,6 +117,14 @@ class VacoCLI(LightningCLI):
             help="torch intra-op threads. 1 by default: env stepping shares the cores, and two torch "
             "threads competing with it made an update 20x slower on a 2-core machine.",
         )
+        parser.add_argument(
+            "--population",
+            type=int | list[int],
+            default=1,
+            help="train S runs that differ only by seed in one process: S seeds from seed_everything on, or "
+            "a list of seeds. Member m is the run `--seed_everything s_m` alone, bit for bit, with its own "
+            "MLflow run; one update computes all members' (vaco.population_module).",
+        )
         parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
         parser.add_lightning_class_args(VacoProgressBar, "progress_bar")
         parser.link_arguments("seed_everything", "data.init_args.seed")
@@ -160,9 +168,17 @@ class VacoCLI(LightningCLI):
         if trainer is not None:
             trainer["logger"] = False
         try:
-            self.parser.instantiate_classes(config)
+            made = self.parser.instantiate_classes(config)
         except (ValueError, TypeError) as err:
             raise ConfigurationError(_config_error(err)) from err
+        made = made.get(self.subcommand, made) if self.subcommand else made
+        if made.get("population", 1) != 1:
+            from vaco.population_module import PopulationModule
+
+            try:
+                PopulationModule.check_model(made.get("model"))
+            except ValueError as err:
+                raise ConfigurationError(str(err)) from None
 
     def before_instantiate_classes(self) -> None:
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
@@ -212,6 +228,51 @@ class VacoCLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, TypeError) as err:
             raise ConfigurationError(_config_error(err)) from err
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        population = config.get("population", 1)
+        if population != 1:
+            self._make_population(config, population)
+
+    def _make_population(self, config, population) -> None:
+        """``--population``: the model and data become the members' (one copy per seed), and the
+        trainer logs to one MLflow run per member (the trainer's logger is member 0's)."""
+        from vaco.population_module import MEMBER_TAG, POPULATION_TAG, PopulationModule, population_seeds
+
+        try:
+            seeds = population_seeds(population, int(config.get("seed_everything")))
+            self.model, self.datamodule = PopulationModule.from_run(self.model, self.datamodule, seeds)
+        except ValueError as err:
+            raise ConfigurationError(str(err)) from None
+        saved = (self._resume_state or {}).get("vaco", {})
+        if saved.get("population_id"):
+            self.model.population_id = saved["population_id"]
+        logger = self.trainer.logger
+        if not isinstance(logger, VacoMLFlowLogger):
+            return
+        run_ids = [m.get("mlflow_run_id") for m in saved.get("members", [])] or [None] * len(seeds)
+        loggers = []
+        for m, (member, data) in enumerate(zip(self.model.members, self.datamodule.members)):
+            if m == 0:
+                member_logger = logger
+            else:
+                member_logger = VacoMLFlowLogger(
+                    experiment_name=logger._experiment_name,
+                    tracking_uri=logger._tracking_uri,
+                    tags=dict(logger.tags or {}),
+                    log_model=logger._log_model,
+                    prefix=logger._prefix,
+                    artifact_location=logger._artifact_location,
+                    run_id=run_ids[m] if m < len(run_ids) else None,
+                )
+            member_logger.tags = {
+                **(member_logger.tags or {}),
+                POPULATION_TAG: self.model.population_id,
+                MEMBER_TAG: str(m),
+            }
+            member_logger.default_run_name = member.default_run_name(data)
+            member.member_logger = member_logger
+            loggers.append(member_logger)
+        self.trainer.loggers = loggers
 
     def after_fit(self) -> None:
         stopped = next(
@@ -231,13 +292,30 @@ class VacoCLI(LightningCLI):
         if ckpt:
             lines.append(f"  checkpoint: {ckpt}")
         run_id = getattr(logger, "run_id", None)
-        if run_id:
+        members = getattr(model, "seeds", None)
+        if run_id and members:
+            uri = getattr(logger, "_tracking_uri", tracking_uri())
+            ids = ", ".join(
+                f"s{seed} {getattr(each, 'run_id', None)}" for seed, each in zip(members, self.trainer.loggers)
+            )
+            lines.append(
+                f"  MLflow runs of population {model.population_id} in experiment "
+                f"'{getattr(logger, '_experiment_name', '')}': {ids}"
+            )
+            lines.append(
+                f"  open them with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {shell(redact_uri(uri))}")
+            )
+        elif run_id:
             uri = getattr(logger, "_tracking_uri", tracking_uri())
             lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
             lines.append(
                 f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {shell(redact_uri(uri))}")
             )
-        if ckpt and model.evaluable:  # `vaco evaluate` runs MuJoCo policies
+        if ckpt and model.evaluable and members:
+            lines.append(
+                f"  evaluate member m (0..{len(members) - 1}) with: {vaco} evaluate --ckpt {shell(ckpt)} --member m"
+            )
+        elif ckpt and model.evaluable:  # `vaco evaluate` runs MuJoCo policies
             lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {shell(ckpt)}")
         print("\n".join(lines), flush=True)
 
@@ -246,15 +324,18 @@ class VacoCLI(LightningCLI):
         (not FINISHED: it has more to do), one line says how to resume, and the exit code is 128 + signal."""
         import signal
 
-        logger, name = self.trainer.logger, signal.Signals(signum).name
+        name = signal.Signals(signum).name
         ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
         if self.trainer.global_rank == 0:
-            run_id = getattr(logger, "run_id", None)
-            if isinstance(logger, VacoMLFlowLogger) and run_id:
-                try:
-                    logger.experiment.set_terminated(run_id, "KILLED")
-                except Exception as err:  # noqa: BLE001 - the checkpoint is on disk; say what could not be marked
-                    print(f"vaco: could not mark the MLflow run {run_id} KILLED: {err}", file=sys.stderr, flush=True)
+            for each in self.trainer.loggers:  # a population: every member's run
+                run_id = getattr(each, "run_id", None)
+                if isinstance(each, VacoMLFlowLogger) and run_id:
+                    try:
+                        each.experiment.set_terminated(run_id, "KILLED")
+                    except Exception as err:  # noqa: BLE001 - the checkpoint is on disk; say what could not be marked
+                        print(
+                            f"vaco: could not mark the MLflow run {run_id} KILLED: {err}", file=sys.stderr, flush=True
+                        )
             print(
                 f"vaco: stopped by {name} after iteration {int(self.model.version)}; checkpoint {ckpt}; "
                 f"resume with: {vaco_command()} fit ... --ckpt_path {shell(ckpt)}",
@@ -270,6 +351,14 @@ def _early_checks(config) -> None:
         raise ConfigurationError(
             f"`seed_everything` must be an integer in [0, 2^32 - 1] (or true for a random one), got {seed!r}"
         )
+    population = config.get("population", 1)
+    if population != 1:
+        from vaco.population_module import population_seeds
+
+        try:
+            population_seeds(population, seed if isinstance(seed, int) and not isinstance(seed, bool) else 0)
+        except ValueError as err:
+            raise ConfigurationError(str(err)) from None
     data = config.get("data")
     init = (data.get("init_args") if hasattr(data, "get") else None) or {}
     env_id = init.get("env_id") if hasattr(init, "get") else None

@@ -98,6 +98,7 @@ class Learner(L.LightningModule, ABC):
         self.progress: dict[str, str] = {}
         self.last_metrics: dict[str, float] = {}
         self._restored = False  # set when a checkpoint's state was loaded (a resumed run)
+        self.member_logger = None  # a population's member logs to its own MLflow run (vaco.population_module)
 
     # ------------------------------------------------------------------ what a learner provides
     @abstractmethod
@@ -158,6 +159,11 @@ class Learner(L.LightningModule, ABC):
         return None if math.isnan(score) else f"final {self.score_metric}: {score:{self.score_format}}"
 
     # ------------------------------------------------------------------ shared behaviour
+    @property
+    def logger(self):
+        """The trainer's logger, or, for a member of a population, the member's own (its MLflow run)."""
+        return self.member_logger if self.member_logger is not None else super().logger
+
     def setup(self, stage: str) -> None:
         """Meet the data module (the one place the learner looks it up, through the trainer):
         build what depends on the task, then ``data.bind(self)``; from here on each holds the

@@ -15,6 +15,7 @@ the objective module (PPO-clip, PPO-KL, SPO, IMPALA, TV filter):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import math
 import random
@@ -37,10 +38,24 @@ from vaco.objectives import Objective
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, REALIGNED_PARAM, SCORE_PARAM, declared_axes
 from vaco.update import MinibatchUpdate
 
-__all__ = ["VacoModule", "NonFiniteLossError", "default_algorithm_name", "plain_fields"]
+__all__ = ["VacoModule", "IterationData", "NonFiniteLossError", "default_algorithm_name", "plain_fields"]
 
 # the chunk of the batch evaluated at once outside the minibatch loop (bounds peak memory)
 _CHUNK = 65_536
+
+
+@dataclasses.dataclass
+class IterationData:
+    """What :meth:`VacoModule.begin_iteration` hands the update and :meth:`VacoModule.end_iteration`:
+    the batch (``[N, T]`` and flat), the iteration's lag and value figures, and the seconds spent
+    (collection, and the learner's own so far)."""
+
+    batch: TensorDictBase
+    flat: TensorDictBase
+    backward_tv: float
+    explained_var: float
+    collect_seconds: float
+    seconds: float
 
 
 def default_algorithm_name(objective: Objective, advantage: AdvantageModule) -> str:
@@ -248,10 +263,23 @@ class VacoModule(MinibatchUpdate, Learner):
 
     # ------------------------------------------------------------------ the iteration
     def training_step(self, dataloader_iter) -> None:
-        """One iteration of Algorithm 1: the learner pass and the advantage once, the update
-        (:meth:`update`), then a new policy version and the iteration's metrics (:meth:`telemetry`)."""
+        """One iteration of Algorithm 1: the learner pass and the advantage once
+        (:meth:`begin_iteration`), the update (:meth:`update`), then a new policy version and the
+        iteration's metrics (:meth:`end_iteration`). A population (:mod:`vaco.population_module`)
+        runs the same two halves per member around one batched update."""
         # no prefetching: the next batch is collected only after this update has been pushed
         batch, _, _ = next(dataloader_iter)
+        step = self.begin_iteration(batch)
+        lr = self.optimizers().param_groups[0]["lr"]  # the rate this iteration's update steps at
+        start = time.perf_counter()
+        means = self.update(step.batch, step.flat)
+        step.seconds += time.perf_counter() - start
+        self.end_iteration(step, means, lr)
+
+    def begin_iteration(self, batch: TensorDictBase) -> IterationData:
+        """Before the update: the batch on the learner's device, the normaliser frozen, critic
+        values and pi_T's log-probs once, backward lag and the advantage (``advantage``,
+        ``value_target`` on the flat batch)."""
         collect_seconds = self.data.collector.last_collect_seconds
         start = time.perf_counter()
         batch = self.transfer_batch(batch)
@@ -265,11 +293,13 @@ class VacoModule(MinibatchUpdate, Learner):
         flat.set("advantage", batch["advantage"].reshape(-1))
         flat.set("value_target", batch["value_target"].reshape(-1))
         explained_var = _explained_variance(flat["state_value"], flat["value_target"])
+        return IterationData(batch, flat, backward_tv, explained_var, collect_seconds, time.perf_counter() - start)
 
-        lr = self.optimizers().param_groups[0]["lr"]  # the rate this iteration's update steps at
-        means = self.update(batch, flat)
-
-        # -- after the update: forward lag, new normaliser statistics, a new policy version
+    def end_iteration(self, step: IterationData, means: dict[str, float], lr: float) -> None:
+        """After the update: forward lag, new normaliser statistics, a new policy version, the
+        iteration's metrics (:meth:`telemetry`), the evaluation when due, and the log."""
+        start = time.perf_counter()
+        flat = step.flat
         with torch.no_grad():
             final_log_prob = self._log_prob(flat["observation"], flat["action"])
         forward_tv = self._tv(final_log_prob, flat["behavior_log_prob"])
@@ -278,17 +308,17 @@ class VacoModule(MinibatchUpdate, Learner):
             self._update_obs_rms(flat["observation"])
         self.version += 1
         self.data.push_policy(self.actor, self.obs_rms.mean, self.obs_rms.var, int(self.version))
-        update_seconds = time.perf_counter() - start
+        update_seconds = step.seconds + time.perf_counter() - start
 
         lag = {
-            "train/explained_variance": explained_var,
+            "train/explained_variance": step.explained_var,
             "train/lr": lr,
-            "lag/backward_tv": backward_tv,
+            "lag/backward_tv": step.backward_tv,
             "lag/forward_tv": forward_tv,
             "lag/policy_age_mean": float(age.mean()),
             "lag/policy_age_max": float(age.max()),
         }
-        metrics, env_steps = self.telemetry(flat, means, lag, collect_seconds, update_seconds)
+        metrics, env_steps = self.telemetry(flat, means, lag, step.collect_seconds, update_seconds)
         if self.should_evaluate():
             metrics.update(self.evaluate())
         self.log_metrics(metrics, env_steps)

@@ -1,0 +1,177 @@
+"""``vaco fit --population``: each member is its seed's run alone, bit for bit (weights, normaliser,
+every logged metric but the timings), and stays so across a resume; one MLflow run per member,
+tagged with the population; a checkpoint from which ``vaco evaluate`` plays any member; bad values
+are one line.
+
+Real runs of ``vaco fit`` (in this process: Lightning Trainer, gymnasium MuJoCo envs, a SQLite MLflow
+store), K = 3 stale policies so that the mixture of versions acts, 2 envs x 64 steps per iteration.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import mlflow
+import pytest
+import torch
+
+from helpers.runs import CONFIGS, VACO, metric_histories
+from vaco.checkpoint import load_checkpoint
+from vaco.population_module import MEMBER_TAG, POPULATION_TAG
+
+ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
+BATCH = 2 * 64
+
+
+def _fit(tmp_path, algo: str, *args: str) -> None:
+    from vaco.fit import main
+
+    argv = [
+        "--config",
+        ENV,
+        "--config",
+        str(CONFIGS / "algo" / f"{algo}.yaml"),
+        "--data.init_args.num_envs",
+        "2",
+        "--data.init_args.num_steps",
+        "64",
+        "--data.init_args.policy_buffer_size",
+        "3",
+        "--data.init_args.eval_every",
+        "2",
+        "--data.init_args.eval_episodes",
+        "2",
+        "--data.init_args.eval_envs",
+        "2",
+        "--model.init_args.update_epochs",
+        "2",
+        "--model.init_args.num_minibatches",
+        "4",
+        "--checkpoint.every_n_iterations",
+        "1",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        *args,
+    ]
+    assert main(argv) == 0
+
+
+def _runs(uri: str) -> list:
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("vaco")
+    return client.search_runs([experiment.experiment_id], max_results=100)
+
+
+def _state(ckpt, prefix: str = "") -> dict[str, torch.Tensor]:
+    state = ckpt["state_dict"]
+    return {
+        k[len(prefix) :]: v
+        for k, v in state.items()
+        if k.startswith(prefix) and k[len(prefix) :].split(".")[0] in ("actor", "critic", "obs_rms", "version")
+    }
+
+
+def _last(tmp_path, run_id: str):
+    return load_checkpoint(str(tmp_path / "checkpoints" / run_id / "last.ckpt"))
+
+
+@pytest.mark.parametrize("algo", ["vaco", "ppo_clip"])
+def test_each_member_is_its_seed_run_alone_bit_for_bit_and_across_a_resume(tmp_path, mlflow_uri, algo):
+    """A population of seeds 5 and 6 against the solo runs of 5 and 6: 2 iterations, then each
+    extended to 3 by a resume. Weights, normaliser and every metric (but perf/) must be equal."""
+    pop, solo = tmp_path / "pop", tmp_path / "solo"
+    _fit(pop, algo, "--population", "2", "--seed_everything", "5", "--data.init_args.total_steps", str(2 * BATCH))
+    (population,) = {r.data.tags[POPULATION_TAG] for r in _runs(mlflow_uri)}
+    members = sorted(_runs(mlflow_uri), key=lambda r: int(r.data.tags[MEMBER_TAG]))
+    assert [r.data.params["seed"] for r in members] == ["5", "6"]
+    assert [r.info.run_name for r in members] == [
+        f"{members[0].data.params['algorithm']} InvertedPendulum-v5 K=3 s{s}" for s in (5, 6)
+    ]
+    assert all(r.info.status == "FINISHED" and r.data.params["population"] == "2" for r in members)
+    ckpt_path = pop / "checkpoints" / members[0].info.run_id / "last.ckpt"
+    _fit(
+        pop,
+        algo,
+        "--population",
+        "2",
+        "--seed_everything",
+        "5",
+        "--ckpt_path",
+        str(ckpt_path),
+        "--data.init_args.total_steps",
+        str(3 * BATCH),
+    )
+    for seed in (5, 6):
+        _fit(solo / str(seed), algo, "--seed_everything", str(seed), "--data.init_args.total_steps", str(2 * BATCH))
+    solo_runs = {r.data.params["seed"]: r for r in _runs(mlflow_uri) if POPULATION_TAG not in r.data.tags}
+    for seed in (5, 6):
+        run_id = solo_runs[str(seed)].info.run_id
+        _fit(
+            solo / str(seed),
+            algo,
+            "--seed_everything",
+            str(seed),
+            "--ckpt_path",
+            str(solo / str(seed) / "checkpoints" / run_id / "last.ckpt"),
+            "--data.init_args.total_steps",
+            str(3 * BATCH),
+        )
+    together = load_checkpoint(str(ckpt_path))
+    assert {r.data.tags[POPULATION_TAG] for r in _runs(mlflow_uri) if POPULATION_TAG in r.data.tags} == {population}
+    for m, seed in enumerate((5, 6)):
+        alone = _last(solo / str(seed), solo_runs[str(seed)].info.run_id)
+        mine, theirs = _state(together, f"members.{m}."), _state(alone)
+        assert mine.keys() == theirs.keys() and int(theirs["version"]) == 3
+        for key in theirs:
+            assert torch.equal(mine[key], theirs[key]), (algo, seed, key)
+        member_histories = metric_histories(mlflow_uri, members[m].info.run_id)
+        solo_histories = metric_histories(mlflow_uri, solo_runs[str(seed)].info.run_id)
+        assert member_histories == solo_histories, (algo, seed)
+        assert len(member_histories["eval/return"]) == 2  # iterations 2 and 3
+
+
+def test_vaco_evaluate_plays_one_member_and_names_the_choice(tmp_path, mlflow_uri):
+    _fit(tmp_path, "vaco", "--population", "[7, 9]", "--data.init_args.total_steps", str(BATCH))
+    (first,) = [r for r in _runs(mlflow_uri) if r.data.tags[MEMBER_TAG] == "0"]
+    ckpt = str(tmp_path / "checkpoints" / first.info.run_id / "last.ckpt")
+    out = subprocess.run(
+        [VACO, "evaluate", "--ckpt", ckpt, "--member", "1", "--episodes", "2"], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert "member 1 (seed 9)" in out.stdout and "return" in out.stdout
+    out = subprocess.run([VACO, "evaluate", "--ckpt", ckpt, "--episodes", "2"], capture_output=True, text=True)
+    assert out.returncode == 2 and "population of 2 members" in out.stderr and "--member" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = subprocess.run([VACO, "evaluate", "--ckpt", ckpt, "--member", "2"], capture_output=True, text=True)
+    assert out.returncode == 2 and "`--member` (2) must be in 0..1" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("0", r"`population` must be an integer >= 1 or a list of seeds, got 0"),
+        ("[3, 3]", r"`population`: the members' seeds must differ, got \[3, 3\]"),
+    ],
+)
+def test_a_bad_population_is_one_line_before_any_work(tmp_path, mlflow_uri, value, message):
+    out = subprocess.run(
+        [VACO, "fit", "--config", ENV, "--config", str(CONFIGS / "algo" / "vaco.yaml"), "--population", value],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), out.stderr
+    assert "Seed set to" not in out.stdout + out.stderr and not (tmp_path / "mlflow.db").exists()
+
+
+def test_impala_population_is_refused_in_one_line(tmp_path, mlflow_uri):
+    out = subprocess.run(
+        [VACO, "fit", "--config", ENV, "--config", str(CONFIGS / "algo" / "impala.yaml"), "--population", "2"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "`population`:" in out.stderr and "(IMPALA) re-estimates its advantage" in out.stderr
+    assert "Seed set to" not in out.stdout + out.stderr
