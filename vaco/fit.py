@@ -257,8 +257,9 @@ class VacoCLI(LightningCLI):
             else:
                 member_logger = VacoMLFlowLogger(
                     experiment_name=logger._experiment_name,
+                    run_name=_member_name(logger._run_name, seeds[0], seeds[m]),
                     tracking_uri=logger._tracking_uri,
-                    tags=dict(logger.tags or {}),
+                    tags=_member_tags(logger.tags or {}, seeds[0], seeds[m]),
                     log_model=logger._log_model,
                     prefix=logger._prefix,
                     artifact_location=logger._artifact_location,
@@ -343,6 +344,29 @@ class VacoCLI(LightningCLI):
                 flush=True,
             )
         sys.exit(128 + int(signum))
+
+
+def _member_name(name: str | None, first: int, seed: int) -> str | None:
+    """A member's name from the first member's, where that ends with its seed (a sweep cell's
+    ``...-s1`` run name and cell tag): ``...-s5`` for seed 5."""
+    if name is None:
+        return None
+    for mark in ("-s", " s"):
+        if name.endswith(f"{mark}{first}"):
+            return name[: -len(str(first))] + str(seed)
+    return name
+
+
+def _member_tags(tags: dict, first: int, seed: int) -> dict:
+    """The first member's tags for member ``seed``: the seed's own tag and a cell id that ends with the seed."""
+    from vaco.tracking import CELL_TAG
+
+    out = dict(tags)
+    if "vaco.seed" in out:
+        out["vaco.seed"] = str(seed)
+    if CELL_TAG in out:
+        out[CELL_TAG] = _member_name(str(out[CELL_TAG]), first, seed)
+    return out
 
 
 def _early_checks(config) -> None:

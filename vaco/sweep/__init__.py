@@ -21,9 +21,11 @@ logging one MLflow run tagged with its coordinates (``vaco.algorithm``, ``vaco.e
 ``vaco.delta``, ``vaco.rho_bar``, ``vaco.realign``, ``vaco.seed``) and ``vaco.sweep.cell``. A
 cell whose run FINISHED is skipped; a cell with ``<out>/<cell>/checkpoints/last.ckpt`` resumes
 from it into the same MLflow run; a failed cell prints the end of its log and the others go on.
+With ``population: P``, a cell's seeds run P at a time as one ``vaco fit --population`` process
+(:func:`pack`), each member still its own run (docs/sweeps.md).
 """
 
-from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, cell_config, expand
+from vaco.sweep.grid import Algorithm, Block, Cell, PopulationCell, Sweep, cell_config, expand, pack
 from vaco.sweep.loader import load_sweep, validate_with_cli
 from vaco.sweep.schema import AXES, SweepError
 from vaco.sweep.state import parent_run, plan, resolve_tracking_uri, sweep_runs
@@ -35,10 +37,12 @@ __all__ = [
     "Algorithm",
     "Block",
     "Cell",
+    "PopulationCell",
     "Sweep",
     "SweepError",
     "cell_config",
     "expand",
+    "pack",
     "load_sweep",
     "validate_with_cli",
     "parent_run",

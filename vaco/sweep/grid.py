@@ -16,7 +16,7 @@ from typing import Any
 from vaco.sweep.schema import _LOGGER, import_class
 from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, SETTINGS_TAG
 
-__all__ = ["Algorithm", "Block", "Cell", "Sweep", "expand", "cell_config"]
+__all__ = ["Algorithm", "Block", "Cell", "PopulationCell", "Sweep", "expand", "cell_config", "pack"]
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -134,6 +134,71 @@ class Cell:
         return tags
 
 
+@dataclasses.dataclass(frozen=True)
+class PopulationCell:
+    """Cells that differ only by seed, run as one ``vaco fit --population [seeds]`` (the sweep
+    file's ``population``): one job, one folder and checkpoint, one MLflow run per member cell,
+    tagged with that cell's id as its solo run would be."""
+
+    members: tuple[Cell, ...]
+
+    def __getattr__(self, name: str):
+        # the coordinates every member shares (algorithm, env, K, settings): the first member's
+        if name == "members":
+            raise AttributeError(name)
+        return getattr(self.members[0], name)
+
+    @property
+    def seeds(self) -> list[int]:
+        return [cell.seed for cell in self.members]
+
+    @property
+    def id(self) -> str:
+        first = self.members[0].id
+        return first[: -len(f"s{self.members[0].seed}")] + "s" + "+".join(str(s) for s in self.seeds)
+
+    @property
+    def run_name(self) -> str:
+        return self.members[0].run_name
+
+    def tags(self, settings: str) -> dict[str, str]:
+        return self.members[0].tags(settings)
+
+
+def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list, dict[str, str]]:
+    """The jobs that run ``cells`` (those not finished) and their states: with ``sweep.population``
+    P > 1, the cells that differ only by seed are taken P at a time, in the sweep's seed order, over
+    the whole grid (so that a rerun forms the same populations); a population runs the members of
+    its chunk that have neither finished nor a checkpoint of their own (those resume alone); IMPALA's
+    cells run alone (its advantage is re-estimated before every step: not batched).
+    Returns (jobs, states with each population's: ``resume`` where its folder has a checkpoint)."""
+    if sweep.population <= 1:
+        return list(cells), dict(states)
+    todo = {cell.id for cell in cells}
+    groups: dict[str, list[Cell]] = {}
+    for cell in expand(sweep):
+        groups.setdefault(cell.id[: -len(f"s{cell.seed}")], []).append(cell)
+    jobs, out = [], dict(states)
+    for group in groups.values():
+        for start in range(0, len(group), sweep.population):
+            chunk = [c for c in group[start : start + sweep.population] if c.id in todo]
+            # a member with its own checkpoint resumes alone; IMPALA (re-estimated every step) is not batched
+            batched = not import_class(sweep.algorithms[group[0].base].objective).reestimate_advantage
+            alone = [c for c in chunk if states.get(c.id) != "new" or not batched]
+            together = [c for c in chunk if states.get(c.id) == "new" and batched]
+            jobs += alone
+            if len(together) == 1:
+                jobs += together
+            elif together:
+                population = PopulationCell(tuple(together))
+                ckpt = sweep.cell_dir(population) / "checkpoints" / "last.ckpt"
+                out[population.id] = "resume" if ckpt.is_file() else "new"
+                jobs.append(population)
+    order = {cell.id: i for i, cell in enumerate(cells)}
+    jobs.sort(key=lambda job: order[job.members[0].id if isinstance(job, PopulationCell) else job.id])
+    return jobs, out
+
+
 @dataclasses.dataclass
 class Sweep:
     """A validated sweep file."""
@@ -150,6 +215,7 @@ class Sweep:
     description: str = ""
     launcher: str = "local"
     resources: dict = dataclasses.field(default_factory=dict)
+    population: int = 1  # members per population: a cell's seeds run P at a time in one process
     parent_run_id: str | None = None  # the sweep's parent MLflow run (set when the sweep starts)
 
     @property
@@ -260,6 +326,8 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str | None = None) -> di
             model[part]["init_args"][axis] = value
     model["algorithm_name"] = cell.algorithm
     config["seed_everything"] = cell.seed
+    if isinstance(cell, PopulationCell):
+        config["population"] = cell.seeds
     _set_dotted(config, algo.lag_key, cell.K)
     config["torch_threads"] = 1
     cell_dir = sweep.cell_dir(cell)

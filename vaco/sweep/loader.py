@@ -72,6 +72,9 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     jobs = raw.get("jobs", 1)
     if not (isinstance(jobs, int) and not isinstance(jobs, bool) and jobs >= 1):
         raise SweepError(f"`jobs` must be an integer >= 1, got {jobs!r}")
+    population = raw.get("population", 1)
+    if not (isinstance(population, int) and not isinstance(population, bool) and population >= 1):
+        raise SweepError(f"`population` must be an integer >= 1 (seeds of a cell per process), got {population!r}")
     # the launcher and resources first: they need no torch, and a misspelt one is refused in a second,
     # not after the algorithms' classes (and so torch and Lightning, ~7 s) are imported
     launcher = _load_launcher(raw.get("launcher", "local"))
@@ -98,6 +101,7 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
         experiment=experiment,
         output_dir=out.resolve(),
         jobs=jobs,
+        population=population,
         configs_dir=configs_dir,
         overrides=overrides,
         blocks=blocks,

@@ -248,13 +248,20 @@ class LocalLauncher(Launcher):
         exp = self.client.get_experiment_by_name(self.sweep.experiment)
         if exp is None:
             return []
-        return self.client.search_runs([exp.experiment_id], filter_string=f"tags.`{CELL_TAG}` = '{cell.id}'")
+        ids = [member.id for member in getattr(cell, "members", (cell,))]  # a population: its members' runs
+        return [
+            run
+            for cell_id in ids
+            for run in self.client.search_runs([exp.experiment_id], filter_string=f"tags.`{CELL_TAG}` = '{cell_id}'")
+        ]
 
     def _finish(self, job: _Job) -> None:
         del self.running[job.cell.id]
         seconds = time.monotonic() - job.started
         code = job.proc.returncode
-        finished = code == 0 and any(r.info.status == "FINISHED" for r in self._cell_runs(job.cell))
+        runs = self._cell_runs(job.cell)
+        members = {m.id for m in getattr(job.cell, "members", (job.cell,))}  # a population: every member
+        finished = code == 0 and members <= {r.data.tags.get(CELL_TAG) for r in runs if r.info.status == "FINISHED"}
         if finished:
             self.done.append((job.cell, seconds, job.resumed))
             say(f"done   {job.cell.id} in {_hms(seconds)}   [{self._status(None)}]")

@@ -21,6 +21,7 @@ _TOP_FIELDS = (
     "experiment",
     "output_dir",
     "jobs",
+    "population",
     "configs_dir",
     "overrides",
     "defaults",

@@ -244,6 +244,16 @@ def _run(p: _Plan, args) -> int:
         if states[cell.id] == "finished":
             say(f"skip   {cell.id} (finished{', in ' + p.from_data[cell.id] if cell.id in p.from_data else ''})")
     todo = [c for c in cells if states[c.id] != "finished"]
+    if todo and sweep.population > 1:
+        from vaco.sweep.grid import pack
+
+        todo, _ = pack(sweep, todo, states)
+        populations = [job for job in todo if hasattr(job, "members")]
+        if populations:
+            say(
+                f"{sum(len(j.members) for j in populations)} cells run as {len(populations)} populations "
+                f"(population: {sweep.population}; a member is its seed's run alone, bit for bit)"
+            )
     if not todo:
         closed = close_parent_run(uri, sweep)
         say("nothing to do: every cell has finished" + (" (the sweep's parent run is now FINISHED)" if closed else ""))

@@ -1,0 +1,169 @@
+"""Populations against separate runs, end to end: 8 seeds of the study cell (Hopper-v5, VACO, K = 4,
+16 envs x 256 steps x 20 iterations, 10-episode evaluations every 10), two processes at a time, on
+this machine, alternating in one run.
+
+    python benchmarks/population_fit.py [--rounds 1] [--population 4] [--out benchmarks/results/population_fit.json]
+
+Variants (each from scratch, its own SQLite store and folder, this interpreter and tree):
+
+* ``separate``: 8 ``vaco fit`` processes (seeds 1..8), two at a time: today's sweep of the cell;
+* ``populations of P``: 8 / P ``vaco fit --population [seeds]`` processes, two at a time.
+
+Both produce the same 8 runs (a member is its seed's run alone, bit for bit: tests/test_population_fit.py),
+so the wall times compare the cost of the same answer. Reported per variant: the wall time, per seed
+(wall x 2 / 8), and per seed the collect and update seconds the runs logged (``perf/*``; a member's
+update is its share of the batched update plus its own learner pass) with the rest (start-up,
+evaluation, logging) as the remainder. ``vaco sweep`` does not yet pack a cell's seeds into
+populations (issue 45): this drives ``vaco fit`` directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = list(range(1, 9))
+JOBS = 2
+CELL = [
+    "--config",
+    str(REPO / "configs/env/hopper.yaml"),
+    "--config",
+    str(REPO / "configs/algo/vaco.yaml"),
+    "--data.init_args.policy_buffer_size",
+    "4",
+    "--data.init_args.num_envs",
+    "16",
+    "--data.init_args.num_steps",
+    "256",
+    "--data.init_args.total_steps",
+    "81920",
+    "--data.init_args.eval_every",
+    "10",
+    "--data.init_args.eval_episodes",
+    "10",
+    "--trainer.enable_progress_bar",
+    "false",
+]
+
+
+def _variant(root: Path, groups: list[list[int]]) -> dict:
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    # create the store once, before two processes race to create its tables
+    import mlflow
+
+    mlflow.MlflowClient(uri).search_experiments()
+    commands = []
+    for group in groups:
+        seeds = ["--seed_everything", str(group[0])]
+        if len(group) > 1:
+            seeds += ["--population", json.dumps(group)]
+        commands.append([sys.executable, "-m", "vaco.cli", "fit", *CELL, *seeds])
+    start = time.perf_counter()
+    running: list[subprocess.Popen] = []
+    logs = []
+    for i, command in enumerate(commands):
+        while len(running) >= JOBS:
+            _wait_one(running)
+        log = open(root / f"job{i}.log", "w")  # noqa: SIM115 - closed below
+        logs.append(log)
+        running.append(subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT))
+    while running:
+        _wait_one(running)
+    wall = time.perf_counter() - start
+    for log in logs:
+        log.close()
+    client = mlflow.MlflowClient(uri)
+    collect = update = 0.0
+    runs = 0
+    for experiment in client.search_experiments():
+        for run in client.search_runs([experiment.experiment_id]):
+            runs += 1
+            for key in ("perf/collect_seconds", "perf/update_seconds"):
+                total = sum(m.value for m in client.get_metric_history(run.info.run_id, key))
+                collect, update = (collect + total, update) if "collect" in key else (collect, update + total)
+    assert runs == len(SEEDS), f"{runs} runs in {root}"
+    per_seed = wall * JOBS / len(SEEDS)
+    return {
+        "wall_s": round(wall, 2),
+        "per_seed_s": round(per_seed, 2),
+        "collect_s_per_seed": round(collect / len(SEEDS), 2),
+        "update_s_per_seed": round(update / len(SEEDS), 2),
+        "rest_s_per_seed": round(per_seed - (collect + update) / len(SEEDS), 2),
+    }
+
+
+def _wait_one(running: list[subprocess.Popen]) -> None:
+    while True:
+        for proc in running:
+            if proc.poll() is not None:
+                running.remove(proc)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{proc.args} exited {proc.returncode}")
+                return
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of every variant")
+    parser.add_argument("--population", type=int, default=4, help="members per population (divides 8)")
+    parser.add_argument("--out", default="benchmarks/results/population_fit.json")
+    args = parser.parse_args(argv)
+    if len(SEEDS) % args.population:
+        parser.error("--population must divide 8")
+    variants = {
+        "separate": [[s] for s in SEEDS],
+        f"populations of {args.population}": [
+            SEEDS[i : i + args.population] for i in range(0, len(SEEDS), args.population)
+        ],
+    }
+    work = Path(tempfile.mkdtemp(prefix="vaco-population-fit-"))
+    results: dict[str, list[dict]] = {name: [] for name in variants}
+    for round_ in range(args.rounds):
+        for name, groups in variants.items():
+            root = work / f"{name.replace(' ', '_')}-{round_}"
+            root.mkdir()
+            results[name].append(_variant(root, groups))
+            print(f"round {round_ + 1}: {name}: {results[name][-1]}", flush=True)
+    summary = {
+        name: {key: round(sum(r[key] for r in rows) / len(rows), 2) for key in rows[0]}
+        for name, rows in results.items()
+    }
+    for name in summary:
+        summary[name]["wall_ratio_separate_over_this"] = round(
+            summary["separate"]["wall_s"] / summary[name]["wall_s"], 3
+        )
+    report = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs), {platform.platform()}",
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "rounds": args.rounds,
+        "cell": " ".join(CELL[4:]),
+        "per_round": results,
+        "mean": summary,
+        "work_dir": str(work),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nstudy cell, 8 seeds, 2 processes at a time (means of {args.rounds} alternating rounds):")
+    for name, row in summary.items():
+        print(
+            f"  {name:22s} wall {row['wall_s']:7.1f} s | per seed {row['per_seed_s']:6.1f} s | collect "
+            f"{row['collect_s_per_seed']:5.1f} s | update {row['update_s_per_seed']:5.1f} s | rest "
+            f"{row['rest_s_per_seed']:5.1f} s | x{row['wall_ratio_separate_over_this']:.2f}"
+        )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

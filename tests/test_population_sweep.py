@@ -1,0 +1,109 @@
+"""``vaco sweep`` with ``population: P``: a cell's seeds run P at a time as ``vaco fit --population``.
+
+A real local sweep (subprocesses, SQLite MLflow store, InvertedPendulum, 2 iterations a cell): seed 1
+runs first alone; then the whole grid (seeds 1-4, population 3) skips it, packs seeds 2 and 3 (the
+rest of their chunk) into one population and runs seed 4 alone; every cell has exactly one FINISHED
+run named and tagged as its solo run would be; a third run has nothing to do.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import mlflow
+import yaml
+
+from helpers.runs import CONFIGS, VACO
+from vaco import sweep as S
+from vaco.population_module import MEMBER_TAG, POPULATION_TAG
+from vaco.tracking import CELL_TAG
+
+SWEEP = {
+    "experiment": "pop-sweep",
+    "jobs": 1,
+    "population": 3,
+    "configs_dir": str(CONFIGS),
+    "overrides": {
+        "data.init_args.num_envs": 2,
+        "data.init_args.num_steps": 64,
+        "data.init_args.total_steps": 256,
+        "data.init_args.eval_every": 2,
+        "data.init_args.eval_episodes": 2,
+        "data.init_args.eval_envs": 2,
+        "model.init_args.update_epochs": 2,
+        "model.init_args.num_minibatches": 2,
+    },
+    "defaults": {"env": "inverted_pendulum", "K": 2, "seed": [1, 2, 3, 4]},
+    "grid": {"main": {"algorithm": "vaco"}},
+}
+CELLS = [f"vaco-inverted_pendulum-K2-s{s}" for s in (1, 2, 3, 4)]
+
+
+def _sweep(path, out, *args):
+    return subprocess.run(
+        [VACO, "sweep", "--config", str(path), "--out", str(out), *args], capture_output=True, text=True
+    )
+
+
+def test_a_sweep_packs_a_cells_seeds_into_populations_and_skips_finished_members(tmp_path, mlflow_uri):
+    path, out = tmp_path / "pop.yaml", tmp_path / "out"
+    path.write_text(yaml.safe_dump(SWEEP))
+    first = _sweep(path, out, "--only", CELLS[0])
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "populations" not in first.stdout  # one cell: nothing to pack
+    whole = _sweep(path, out)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert f"skip   {CELLS[0]} (finished)" in whole.stdout
+    assert "2 cells run as 1 populations" in whole.stdout
+    assert "done   vaco-inverted_pendulum-K2-s2+3" in whole.stdout and f"done   {CELLS[3]}" in whole.stdout
+    client = mlflow.MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("pop-sweep").experiment_id
+    runs = [r for r in client.search_runs([experiment]) if CELL_TAG in r.data.tags]
+    by_cell = {}
+    for run in runs:
+        by_cell.setdefault(run.data.tags[CELL_TAG], []).append(run)
+    assert sorted(by_cell) == CELLS and all(len(v) == 1 for v in by_cell.values())
+    for seed, cell in zip((1, 2, 3, 4), CELLS):
+        (run,) = by_cell[cell]
+        assert run.info.status == "FINISHED" and run.info.run_name == cell
+        assert run.data.tags["vaco.seed"] == str(seed) and run.data.params["seed"] == str(seed)
+        assert (POPULATION_TAG in run.data.tags) == (seed in (2, 3))
+    members = [by_cell[c][0] for c in CELLS[1:3]]
+    assert [r.data.tags[MEMBER_TAG] for r in members] == ["0", "1"]
+    assert len({r.data.tags[POPULATION_TAG] for r in members}) == 1
+    config = yaml.safe_load((out / "vaco-inverted_pendulum-K2-s2+3" / "config.yaml").read_text())
+    assert config["population"] == [2, 3] and config["seed_everything"] == 2
+    again = _sweep(path, out)
+    assert again.returncode == 0 and "nothing to do: every cell has finished" in again.stdout
+    sweep = S.load_sweep(path, str(out))
+    assert set(S.plan(sweep, S.expand(sweep), mlflow_uri).values()) == {"finished"}
+
+
+def test_a_bad_population_field_names_it(tmp_path, mlflow_uri):
+    path = tmp_path / "pop.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "population": 0}))
+    result = _sweep(path, tmp_path / "out", "--dry-run")
+    assert result.returncode == 2 and "`population` must be an integer >= 1" in result.stderr
+
+
+def test_packing_forms_the_same_chunks_on_a_rerun_and_leaves_impala_and_checkpointed_cells_alone(tmp_path):
+    path = tmp_path / "pop.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "population": 2, "grid": {"main": {"algorithm": ["vaco", "impala"]}}}))
+    sweep = S.load_sweep(path, str(tmp_path / "out"))
+    cells = S.expand(sweep)
+    states = {cell.id: "new" for cell in cells}
+    states["vaco-inverted_pendulum-K2-s3"] = "resume"  # a solo run of seed 3 was cut off: it resumes alone
+    jobs, job_states = S.pack(sweep, cells, states)
+    ids = [job.id for job in jobs]
+    assert "vaco-inverted_pendulum-K2-s1+2" in ids and "vaco-inverted_pendulum-K2-s3" in ids
+    assert "vaco-inverted_pendulum-K2-s4" in ids  # the rest of seed 3's chunk: one cell, alone
+    assert [i for i in ids if i.startswith("impala")] == [f"impala-inverted_pendulum-K2-s{s}" for s in (1, 2, 3, 4)]
+    assert job_states["vaco-inverted_pendulum-K2-s1+2"] == "new"
+    # a rerun after seed 1's member finished... a population finishes together: both are skipped
+    done = {**states, "vaco-inverted_pendulum-K2-s1": "finished", "vaco-inverted_pendulum-K2-s2": "finished"}
+    todo = [c for c in cells if done[c.id] != "finished"]
+    again, _ = S.pack(sweep, todo, done)
+    assert [j.id for j in again if j.id.startswith("vaco")] == [
+        "vaco-inverted_pendulum-K2-s3",
+        "vaco-inverted_pendulum-K2-s4",
+    ]
