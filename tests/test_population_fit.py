@@ -175,3 +175,30 @@ def test_impala_population_is_refused_in_one_line(tmp_path, mlflow_uri):
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "`population`:" in out.stderr and "(IMPALA) re-estimates its advantage" in out.stderr
     assert "Seed set to" not in out.stdout + out.stderr
+
+
+def test_a_member_whose_loss_turns_non_finite_stops_alone_and_the_others_are_still_their_solo_runs(
+    tmp_path, mlflow_uri, capsys
+):
+    """Seed 7's batch of iteration 2 holds a NaN observation (tests/helpers/nan_collection.py): its
+    member stops there, its run FAILED, one line names it; seed 5's member goes on to the end and is
+    still seed 5's solo run bit for bit; `vaco fit` exits 1."""
+    nan = ["--data.init_args.collection", '{"class_path": "helpers.nan_collection.NaNAt", "init_args": {"seed": 7}}']
+    budget = ["--data.init_args.total_steps", str(3 * BATCH)]
+    with pytest.raises(SystemExit) as stop:
+        _fit(tmp_path / "pop", "vaco", "--population", "[5, 7]", *nan, *budget)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "population member 1 (seed 7) stopped" in line]
+    assert len(lines) == 1 and "stopped at iteration 2: NonFiniteInputError" in lines[0], err
+    assert "`values` contains 1 NaN" in lines[0] and "FAILED" in lines[0] and "the other 1 members go on" in lines[0]
+    runs = {r.data.params["seed"]: r for r in _runs(mlflow_uri)}
+    assert runs["7"].info.status == "FAILED" and runs["5"].info.status == "FINISHED"
+    assert max(s for s, _ in metric_histories(mlflow_uri, runs["7"].info.run_id)["time/iteration"]) == BATCH
+    _fit(tmp_path / "solo", "vaco", "--seed_everything", "5", *nan, *budget)
+    solo = next(r for r in _runs(mlflow_uri) if POPULATION_TAG not in r.data.tags)
+    assert metric_histories(mlflow_uri, runs["5"].info.run_id) == metric_histories(mlflow_uri, solo.info.run_id)
+    together = _last(tmp_path / "pop", runs["5"].info.run_id)
+    assert together["vaco"]["population_seeds"] == [5, 7]
+    mine, theirs = _state(together, "members.0."), _state(_last(tmp_path / "solo", solo.info.run_id))
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)

@@ -312,6 +312,12 @@ class VacoCLI(LightningCLI):
             lines.append(
                 f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {shell(redact_uri(uri))}")
             )
+        failed = getattr(model, "stopped_members", [])
+        if failed:
+            lines.append(
+                "  stopped alone on a non-finite loss (MLflow runs FAILED): "
+                + ", ".join(f"member {m} (seed {members[m]})" for m in failed)
+            )
         if ckpt and model.evaluable and members:
             lines.append(
                 f"  evaluate member m (0..{len(members) - 1}) with: {vaco} evaluate --ckpt {shell(ckpt)} --member m"
@@ -319,6 +325,8 @@ class VacoCLI(LightningCLI):
         elif ckpt and model.evaluable:  # `vaco evaluate` runs MuJoCo policies
             lines.append(f"  evaluate it with: {vaco} evaluate --ckpt {shell(ckpt)}")
         print("\n".join(lines), flush=True)
+        if failed:  # the others finished; the command did not do all it was asked
+            sys.exit(1)
 
     def _after_stop(self, signum: int) -> None:
         """A run stopped by SIGTERM/SIGUSR2 at an iteration boundary: the MLflow run is marked KILLED

@@ -71,6 +71,9 @@ class VacoMLFlowLogger(MLFlowLogger):
         self._prepared = False
         self._status_before: str | None = None  # a resumed run's status, restored if the resume is refused
         self._refused = False
+        #: the status the run ends with whatever the trainer says ("failed": a population's member
+        #: that stopped alone while the others went on)
+        self.final_status: str | None = None
 
     # ------------------------------------------------------------------ the experiment and the run
     @property
@@ -183,6 +186,7 @@ class VacoMLFlowLogger(MLFlowLogger):
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
+        status = self.final_status or status
         if self._refused:  # a refused resume changed nothing: the run keeps the status it had
             if self._status_before is not None and self._status_before != "RUNNING":
                 self.experiment.set_terminated(self.run_id, self._status_before)

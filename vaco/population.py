@@ -188,13 +188,19 @@ class PopulationUpdate:
         return torch.func.vmap(one)(minibatch, buffers)
 
     # ------------------------------------------------------------------ one iteration
-    def update(self, train: Mapping[str, torch.Tensor], normalize: Callable[[torch.Tensor], torch.Tensor]):
+    def update(
+        self,
+        train: Mapping[str, torch.Tensor],
+        normalize: Callable[[torch.Tensor], torch.Tensor],
+        active: Sequence[bool] | None = None,
+    ):
         """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`TRAIN_KEYS`);
         ``normalize`` maps raw ``[S, B, obs]`` observations to the networks' inputs, per member.
         Returns each member's outputs averaged over the steps (a dict per member, as the solo
         update returns) and whether each member's every step was finite (a member that was not
         stops, as its solo run would: its Adam step count is shared with the others from then on).
-        Each member's objective then adapts its coefficients to its own means."""
+        Each member's objective then adapts its coefficients to its own means. A member that is not
+        ``active`` (stopped earlier) has every step undone, as a non-finite one is."""
         buffers = {
             name: torch.stack([dict(o.named_buffers())[name] for o in self.objectives])
             for name, _ in self.objectives[0].named_buffers()
@@ -214,6 +220,8 @@ class PopulationUpdate:
                 minibatch.update(self._forward(normalize(minibatch["observation"]), minibatch["action"]))
                 loss, out = self._losses(minibatch, buffers)
                 finite = torch.isfinite(loss)
+                if active is not None:
+                    finite = finite & torch.as_tensor(list(active), device=finite.device)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.sum().backward()  # each member's gradient is its own loss's
                 if self.max_grad_norm is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vaco._checks import NonFiniteInputError
 from vaco.checkpoint import reopen_finished_epoch
 from vaco.data.normalization import OBS_CLIP
 from vaco.learner import Learner, NonFiniteLossError
@@ -77,10 +79,12 @@ def population_seeds(population: int | Sequence[int], seed: int) -> list[int]:
 
 
 class _Members:
-    """The members' collectors as one loader: each ``next`` is every member's batch, collected in turn."""
+    """The members' collectors as one loader: each ``next`` is every member's batch, collected in
+    turn (None for a member in ``stopped``: it collects no more)."""
 
-    def __init__(self, collectors: Sequence[Any]) -> None:
+    def __init__(self, collectors: Sequence[Any], stopped: set[int]) -> None:
         self.collectors = list(collectors)
+        self.stopped = stopped
 
     def __len__(self) -> int:
         return min(len(c) for c in self.collectors)
@@ -89,9 +93,17 @@ class _Members:
         iterators = [iter(c) for c in self.collectors]
         while True:
             try:
-                yield [next(it) for it in iterators]
+                yield [None if m in self.stopped else _collect(it) for m, it in enumerate(iterators)]
             except StopIteration:
                 return
+
+
+def _collect(iterator):
+    """A member's next batch, or the error its envs raised (NaN observations: that member stops alone)."""
+    try:
+        return next(iterator)
+    except FloatingPointError as err:
+        return err
 
 
 class PopulationDataModule(L.LightningDataModule):
@@ -100,6 +112,8 @@ class PopulationDataModule(L.LightningDataModule):
     def __init__(self, members: Sequence[L.LightningDataModule]) -> None:
         super().__init__()
         self.members = list(members)
+        #: the members that stopped alone (a non-finite loss): they collect and train no more
+        self.stopped: set[int] = set()
 
     def __getattr__(self, name: str):
         # what is the same for every member (env_id, sizes, the budget): member 0's
@@ -115,7 +129,7 @@ class PopulationDataModule(L.LightningDataModule):
         return self.members[0].num_iterations()
 
     def train_dataloader(self):
-        return _Members([m.collector for m in self.members])
+        return _Members([m.collector for m in self.members], self.stopped)
 
     def teardown(self, stage: str) -> None:
         for member in self.members:
@@ -126,7 +140,7 @@ class PopulationDataModule(L.LightningDataModule):
             member.on_exception(exception)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"members": [member.state_dict() for member in self.members]}
+        return {"members": [member.state_dict() for member in self.members], "stopped": sorted(self.stopped)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         saved = state_dict.get("members", [])
@@ -136,6 +150,8 @@ class PopulationDataModule(L.LightningDataModule):
             )
         for member, state in zip(self.members, saved):
             member.load_state_dict(state)
+        self.stopped.clear()
+        self.stopped.update(int(m) for m in state_dict.get("stopped", []))
 
 
 class PopulationModule(Learner):
@@ -260,37 +276,95 @@ class PopulationModule(Learner):
         VacoModule.on_train_start(self)  # a resumed population steps at its schedule's rate at once
 
     def on_fit_start(self) -> None:
-        for member in self.members:  # each member's own start: its generator, version 0, its params
+        for m, member in enumerate(self.members):  # each member's own start: its generator, version 0, its params
             member.on_fit_start()
             if member.logger is not None:
                 member.logger.log_hyperparams(dict(member.data.hparams_initial))
+            if m in self.data.stopped and hasattr(member.logger, "final_status"):  # resumed: it stays stopped
+                member.logger.final_status = "failed"
+                member.logger.experiment.set_terminated(member.logger.run_id, "FAILED")
 
     # ------------------------------------------------------------------ the iteration
     def training_step(self, dataloader_iter) -> None:
         batches, _, _ = next(dataloader_iter)
         members = list(self.members)
-        steps = [member.begin_iteration(batch) for member, batch in zip(members, batches)]
+        stopped = self.data.stopped
+        steps = []
+        for m, (member, batch) in enumerate(zip(members, batches)):
+            step = None
+            if isinstance(batch, Exception):  # its envs returned NaN
+                self._stop_member(m, str(batch))
+            elif m not in stopped:
+                try:
+                    step = member.begin_iteration(batch)
+                except (FloatingPointError, NonFiniteInputError) as err:  # NaN values reached the advantage
+                    self._stop_member(m, f"{type(err).__name__}: {err}")
+            steps.append(step)
+        if all(step is None for step in steps):
+            raise NonFiniteLossError(self._all_stopped())
+        active = [m not in stopped for m in range(len(members))]
+        for member, on in zip(members, active):
+            if not on:
+                member._freeze_normalizer()  # its row is normalised (and discarded) with the rest
         lr = self.optimizers().param_groups[0]["lr"]
         start = time.perf_counter()
-        train = {key: torch.stack([step.flat[key] for step in steps]) for key in TRAIN_KEYS}
+        # a stopped member's row holds another member's batch with every step undone (the stacked
+        # update keeps its shape; its weights and Adam state stay as they were)
+        stand_in = next(step for step in steps if step is not None).flat
+        train = {
+            key: torch.stack([(step.flat if step is not None else stand_in)[key] for step in steps])
+            for key in TRAIN_KEYS
+        }
         normalize = self._normalizer(members)
-        means, finite = self.updater.update(train, normalize)
-        bad = [m for m, ok in enumerate(finite) if not ok]
-        if bad:
-            raise NonFiniteLossError(
-                f"non-finite loss at iteration {int(self.version) + 1} in population member(s) "
-                f"{', '.join(f'{m} (seed {self.seeds[m]})' for m in bad)}: that step was skipped and the population "
-                "stops; the last good checkpoint is kept"
-            )
+        means, finite = self.updater.update(train, normalize, active)
         self.updater.write_back([m.actor for m in members], [m.critic for m in members])
         self.lr_schedulers().step()
-        shared = (time.perf_counter() - start) / len(members)
-        for member, step, member_means in zip(members, steps, means):
-            step.seconds += shared
-            member.end_iteration(step, member_means, lr)
+        going = [m for m in range(len(members)) if active[m] and finite[m]]
+        shared = (time.perf_counter() - start) / max(1, len(going))
+        for m in range(len(members)):
+            if active[m] and not finite[m]:
+                self._stop_member(m, "non-finite loss (that step was skipped)")
+        if not going:
+            raise NonFiniteLossError(self._all_stopped())
+        for m in going:
+            steps[m].seconds += shared
+            members[m].end_iteration(steps[m], means[m], lr)
         self.version += 1
-        self.last_metrics = _mean_metrics([m.last_metrics for m in members])
-        self.progress = self._progress(members)
+        self.last_metrics = _mean_metrics([members[m].last_metrics for m in going])
+        self.progress = self._progress([members[m] for m in going])
+
+    def _all_stopped(self) -> str:
+        return (
+            f"iteration {int(self.version) + 1}: every member of the population has stopped on non-finite values; "
+            "the last good checkpoint is kept"
+        )
+
+    def _stop_member(self, m: int, reason: str) -> None:
+        """Member ``m`` met non-finite values (its loss, its envs' output): it stops alone, as its
+        solo run would (its run FAILED), and the others go on."""
+        member = self.members[m]
+        self.data.stopped.add(m)
+        run_id = getattr(member.logger, "run_id", None)
+        print(
+            f"vaco: population member {m} (seed {self.seeds[m]}) stopped at iteration {int(self.version) + 1}: "
+            f"{reason}; its MLflow run {run_id} is FAILED; the other "
+            f"{len(self.members) - len(self.data.stopped)} members go on",
+            file=sys.stderr,
+            flush=True,
+        )
+        logger = member.logger
+        if logger is not None and hasattr(logger, "final_status"):
+            logger.final_status = "failed"
+            if run_id is not None and not getattr(logger, "_refused", False):
+                try:
+                    logger.experiment.set_terminated(run_id, "FAILED")
+                except Exception as err:  # noqa: BLE001 - training goes on; finalize marks it again
+                    print(f"vaco: could not mark the MLflow run {run_id} FAILED: {err}", file=sys.stderr, flush=True)
+
+    @property
+    def stopped_members(self) -> list[int]:
+        """The members that stopped alone (a non-finite loss)."""
+        return sorted(self.data.stopped) if self.data is not None else []
 
     @staticmethod
     def _normalizer(members: Sequence[VacoModule]):
@@ -326,11 +400,15 @@ class PopulationModule(Learner):
         return float("nan") if any(math.isnan(s) for s in scores) else float(np.mean(scores))
 
     def summary(self) -> str | None:
-        scores = [m.last_eval_return for m in self.members]
-        if any(math.isnan(s) for s in scores):
+        stopped = set(self.stopped_members)
+        scores = [m.last_eval_return for i, m in enumerate(self.members) if i not in stopped]
+        failed = [f"s{self.seeds[m]} FAILED" for m in sorted(stopped)]
+        if not scores or any(math.isnan(s) for s in scores):
             return None
-        each = ", ".join(f"s{seed} {score:.1f}" for seed, score in zip(self.seeds, scores))
-        return f"final {self.score_metric} of {len(scores)} members: mean {np.mean(scores):.1f} ({each})"
+        each = [f"s{seed} {m.last_eval_return:.1f}" for i, (seed, m) in enumerate(zip(self.seeds, self.members))]
+        each = [text if i not in stopped else f"s{self.seeds[i]} FAILED" for i, text in enumerate(each)]
+        done = f"{len(scores)} members" + (f" ({len(failed)} stopped on a non-finite loss)" if failed else "")
+        return f"final {self.score_metric} of {done}: mean {np.mean(scores):.1f} ({', '.join(each)})"
 
     # ------------------------------------------------------------------ checkpoints
     def _budget(self) -> int:
