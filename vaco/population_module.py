@@ -20,6 +20,10 @@ member's :class:`~vaco.data.RolloutDataModule`. The checkpoint resumes every mem
 would be, with the tags ``vaco.population`` (the population's id) and ``vaco.population_member``;
 ``vaco report`` reads them as any runs.
 
+A member that meets non-finite values (its envs' output, its advantage's inputs, its loss) stops
+alone, as its solo run would: one line names it and its seed, its MLflow run is FAILED, its row of
+the stacked update is frozen from then on, and the others go on (``vaco fit`` then exits 1).
+
 Not batched yet (each member in turn, exact either way): collection (one vector env of S x N envs and
 one K-policy mixture call for all), the learner pass and the advantage. IMPALA (its advantage is
 re-estimated before every optimiser step) and DDP are refused with one line.
