@@ -170,7 +170,7 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     P > 1, the cells that differ only by seed are taken P at a time, in the sweep's seed order, over
     the whole grid (so that a rerun forms the same populations); a population runs the members of
     its chunk that have neither finished nor a checkpoint of their own (those resume alone); IMPALA's
-    cells run alone (its advantage is re-estimated before every step: not batched).
+    cells and the LLM track's run alone (:func:`_batchable`).
     Returns (jobs, states with each population's: ``resume`` where its folder has a checkpoint)."""
     if sweep.population <= 1:
         return list(cells), dict(states)
@@ -182,8 +182,8 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     for group in groups.values():
         for start in range(0, len(group), sweep.population):
             chunk = [c for c in group[start : start + sweep.population] if c.id in todo]
-            # a member with its own checkpoint resumes alone; IMPALA (re-estimated every step) is not batched
-            batched = not import_class(sweep.algorithms[group[0].base].objective).reestimate_advantage
+            # a member with its own checkpoint resumes alone; IMPALA and the LLM track are not batched
+            batched = _batchable(sweep.algorithms[group[0].base])
             alone = [c for c in chunk if states.get(c.id) != "new" or not batched]
             together = [c for c in chunk if states.get(c.id) == "new" and batched]
             jobs += alone
@@ -197,6 +197,15 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     order = {cell.id: i for i, cell in enumerate(cells)}
     jobs.sort(key=lambda job: order[job.members[0].id if isinstance(job, PopulationCell) else job.id])
     return jobs, out
+
+
+def _batchable(algo: Algorithm) -> bool:
+    """Whether a population can train this algorithm: a ``vaco.VacoModule`` (MuJoCo) whose objective
+    does not re-estimate its advantage before every step (IMPALA does)."""
+    from vaco.vaco_module import VacoModule
+
+    model = import_class(algo.config["model"].get("class_path", "vaco.VacoModule"))
+    return issubclass(model, VacoModule) and not import_class(algo.objective).reestimate_advantage
 
 
 @dataclasses.dataclass
