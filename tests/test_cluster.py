@@ -239,3 +239,49 @@ def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     leaks = [t[max(0, t.find(SECRET) - 80) : t.find(SECRET) + 40] for t in texts if SECRET in t]
     assert not leaks, leaks
     assert "postgresql+psycopg://***@127.0.0.1" in out.stdout  # what the sweep shows of the store
+
+
+def test_a_population_through_real_sbatch_is_one_job_that_survives_a_requeue(slurm, tmp_path):
+    """`population: 2` on SLURM: two seeds of one cell are one array task (`vaco fit --population`);
+    `scontrol requeue` mid-run stops both members at one iteration boundary with one checkpoint and
+    the requeued job resumes both, each logging every iteration once into its own FINISHED run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**slurm, "MLFLOW_TRACKING_URI": uri}
+    raw = yaml.safe_load(Path(TINY).read_text())
+    iterations = 48
+    raw["overrides"]["data.init_args.total_steps"] = 2 * 64 * iterations
+    raw["overrides"].pop("checkpoint.every_n_iterations")  # the default (10): the stop writes its own
+    raw["configs_dir"] = str(Path(TINY).parents[1])
+    raw["population"] = 2
+    raw["defaults"]["seed"] = [1, 2]
+    sweep_file = tmp_path / "tiny-population.yaml"
+    sweep_file.write_text(yaml.safe_dump(raw))
+    args = ("--out", str(tmp_path / "out"), "--only", "vaco-inverted_pendulum-K2-s*", "--launcher", "slurm")
+    out = _vaco("sweep", "--config", str(sweep_file), *args, "--mem-gb", "2", "--time-min", "30", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "2 cells run as 1 populations" in out.stdout and "submitted 1 cells as slurm job array" in out.stdout
+    population = "vaco-inverted_pendulum-K2-s1+2"
+    jobs = yaml.safe_load((tmp_path / "out" / "submitit" / "jobs.yaml").read_text())
+    assert sorted(jobs) == [population]
+    log_file = tmp_path / "out" / population / "train.log"
+    deadline = time.monotonic() + 600
+    while not (log_file.is_file() and re.search(r"^iter +3/", log_file.read_text(), re.M)):
+        assert time.monotonic() < deadline, "the population's iteration 3: not within 600 s"
+        time.sleep(0.05)
+    job = str(jobs[population])
+    subprocess.run(["scontrol", "requeue", job], env=dict(os.environ, **slurm), check=True)
+    _wait_until(lambda: any(j == job and s == "PENDING" for j, s in _squeue(slurm)), 120, "the requeued job pending")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=dict(os.environ, **slurm), check=True)
+    _wait_until(lambda: not _squeue(slurm), 900, "the job ending")
+    runs = cell_runs(uri, experiment=raw["experiment"])
+    assert sorted(runs) == ["vaco-inverted_pendulum-K2-s1", "vaco-inverted_pendulum-K2-s2"]
+    client = mlflow.MlflowClient(uri)
+    for cell, found in runs.items():
+        assert len(found) == 1 and found[0].info.status == "FINISHED", cell
+        steps = [m.step for m in client.get_metric_history(found[0].info.run_id, "time/iteration")]
+        assert sorted(steps) == sorted(set(steps)) and len(steps) == iterations, (cell, steps)
+    log = log_file.read_text()
+    stopped = re.search(r"stopped by SIGTERM after iteration (\d+)", log)
+    assert stopped and "--ckpt_path" in log, log[-3000:]
+    resumed = re.search(r"^iter +(\d+)/", log[stopped.end() :], re.M)
+    assert resumed and int(resumed.group(1)) == int(stopped.group(1)) + 1, log[-3000:]

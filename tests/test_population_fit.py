@@ -118,6 +118,8 @@ def test_each_member_is_its_seed_run_alone_bit_for_bit_and_across_a_resume(tmp_p
             str(3 * BATCH),
         )
     together = load_checkpoint(str(ckpt_path))
+    resumed = [r for r in _runs(mlflow_uri) if POPULATION_TAG in r.data.tags]
+    assert sorted(r.info.run_id for r in resumed) == sorted(r.info.run_id for r in members)  # the same two runs
     assert {r.data.tags[POPULATION_TAG] for r in _runs(mlflow_uri) if POPULATION_TAG in r.data.tags} == {population}
     for m, seed in enumerate((5, 6)):
         alone = _last(solo / str(seed), solo_runs[str(seed)].info.run_id)
@@ -202,3 +204,25 @@ def test_a_member_whose_loss_turns_non_finite_stops_alone_and_the_others_are_sti
     assert together["vaco"]["population_seeds"] == [5, 7]
     mine, theirs = _state(together, "members.0."), _state(_last(tmp_path / "solo", solo.info.run_id))
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+
+
+def test_a_population_checkpoints_at_every_period_and_counts_its_steps_as_a_solo_run(tmp_path, mlflow_uri):
+    """Lightning skips a checkpoint whose global step it has saved already: the population's
+    optimiser steps must be counted (they were not: only the first periodic checkpoint was written,
+    and a SIGTERM stop wrote none)."""
+    from vaco.callbacks import IterationCheckpoint
+
+    saved = []
+    original = IterationCheckpoint._save_last_checkpoint
+
+    def record(self, trainer, monitor):
+        saved.append((int(trainer.lightning_module.version), trainer.global_step))
+        return original(self, trainer, monitor)
+
+    IterationCheckpoint._save_last_checkpoint = record
+    try:
+        _fit(tmp_path, "vaco", "--population", "2", "--data.init_args.total_steps", str(3 * BATCH))
+    finally:
+        IterationCheckpoint._save_last_checkpoint = original
+    steps = 2 * 4  # update_epochs x num_minibatches, as a solo run counts them
+    assert [v for v, _ in saved][:3] == [1, 2, 3] and [g for _, g in saved][:3] == [steps, 2 * steps, 3 * steps]

@@ -155,6 +155,9 @@ class PopulationUpdate:
         }
         tensors = [t for leaf in self.leaves.values() for t in (leaf if isinstance(leaf, list) else [leaf])]
         self.optimizer = torch.optim.Adam(tensors, lr=lr, eps=adam_eps, fused=True)
+        #: how a step is taken: the optimizer's own, or (vaco.population_module) Lightning's wrapper of
+        #: it, which also counts the step (the trainer's global_step, which checkpoints are keyed by)
+        self.step_optimizer: Callable[[], object] = self.optimizer.step
 
     @property
     def params(self) -> dict[str, torch.Tensor]:
@@ -262,7 +265,7 @@ class PopulationUpdate:
         Adam state (the solo run skips that step on the device)."""
         bad = (~finite).nonzero().flatten().tolist()
         if not bad:
-            self.optimizer.step()
+            self.step_optimizer()
             return
         # (tensor, rows of it to keep): a stacked leaf's bad rows, or a bad member's own leaf whole
         kept = []
@@ -282,7 +285,7 @@ class PopulationUpdate:
             for t, rows in kept:
                 if t.grad is not None:
                     t.grad[rows] = 0.0  # NaN gradients would poison the fused kernel's shared arithmetic
-        self.optimizer.step()
+        self.step_optimizer()
         with torch.no_grad():
             for (t, rows), (weights, state) in zip(kept, saved):
                 t[rows] = weights

@@ -320,6 +320,8 @@ class PopulationModule(Learner):
             for key in TRAIN_KEYS
         }
         normalize = self._normalizer(members)
+        # through Lightning's wrapper: it counts the optimiser steps (global_step), as the solo run's do
+        self.updater.step_optimizer = self.optimizers().step
         means, finite = self.updater.update(train, normalize, active)
         self.updater.write_back([m.actor for m in members], [m.critic for m in members])
         self.lr_schedulers().step()
