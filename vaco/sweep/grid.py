@@ -225,6 +225,7 @@ class Sweep:
     launcher: str = "local"
     resources: dict = dataclasses.field(default_factory=dict)
     population: int = 1  # members per population: a cell's seeds run P at a time in one process
+    plan: Any = None  # the study plan declared with the sweep (vaco.report.plan.StudyPlan), or None
     parent_run_id: str | None = None  # the sweep's parent MLflow run (set when the sweep starts)
 
     @property

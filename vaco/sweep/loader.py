@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vaco.files import load_yaml
-from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, _fmt, cell_config
+from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, _fmt, cell_config, expand
 from vaco.sweep.schema import (
     _AXIS_DEFAULTS,
     _RESERVED,
@@ -96,7 +96,7 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
                 raise SweepError(f"`grid.{block.name}.{key}` is also in `overrides`: keep it in one place")
     _check_labels(blocks)
     out = Path(output_dir) if output_dir else Path(raw.get("output_dir") or Path("sweeps") / experiment)
-    return Sweep(
+    sweep = Sweep(
         path=path,
         experiment=experiment,
         output_dir=out.resolve(),
@@ -111,6 +111,26 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
         launcher=launcher,
         resources=resources,
     )
+    if raw.get("plan") is not None:
+        sweep.plan = _load_plan(raw["plan"], sweep)
+    return sweep
+
+
+def _load_plan(raw, sweep: Sweep):
+    """The ``plan`` block, checked against the grid it plans (its arms, K values and seeds)."""
+    from vaco.report.plan import load_plan
+
+    cells = expand(sweep)
+    seeds: dict[str, int] = {}
+    for cell in cells:
+        key = cell.id[: -len(f"s{cell.seed}")]
+        seeds[key] = seeds.get(key, 0) + 1
+    algorithms = list(dict.fromkeys(cell.algorithm for cell in cells))
+    ks = sorted({cell.K for cell in cells})
+    try:
+        return load_plan(raw, algorithms, ks, max(seeds.values()))
+    except ValueError as err:
+        raise SweepError(str(err)) from None
 
 
 def _inside(path: Path, folder: Path) -> bool:

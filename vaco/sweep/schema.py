@@ -22,6 +22,7 @@ _TOP_FIELDS = (
     "output_dir",
     "jobs",
     "population",
+    "plan",
     "configs_dir",
     "overrides",
     "defaults",

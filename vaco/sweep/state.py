@@ -12,7 +12,7 @@ from vaco.sweep.grid import Cell, Sweep, expand
 from vaco.sweep.schema import SweepError
 from vaco.tracking import CELL_TAG, PARENT_TAG, SETTINGS_TAG, absolute_tracking_uri, search_all_runs
 
-__all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock"]
+__all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock", "check_plan", "PLAN_TAG"]
 
 
 def resolve_tracking_uri() -> str:
@@ -89,6 +89,41 @@ def lock(output_dir: Path):
     return handle
 
 
+PLAN_TAG = "vaco.plan"  # the study plan (JSON), its digest and the time it was declared (UTC)
+
+
+def check_plan(sweep: Sweep, tracking_uri: str) -> None:
+    """A study's plan is declared before its runs: refuse a sweep whose ``plan`` differs from the
+    one its experiment's runs were made under (or adds one after runs exist), in one line."""
+    if _sqlite_missing(tracking_uri):
+        return
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    runs = sweep_runs(client, sweep.experiment)
+    if not runs:
+        return  # nothing run yet: the plan may still change (it is declared when the first cell starts)
+    exp = client.get_experiment_by_name(sweep.experiment)
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    tags = found[0].data.tags if found else {}
+    before = tags.get(f"{PLAN_TAG}.digest")
+    now = sweep.plan.digest if sweep.plan is not None else None
+    if before == now:
+        return
+    if before is None:
+        raise SweepError(
+            f"`plan`: experiment '{sweep.experiment}' already holds {len(runs)} runs made without a plan; a plan is "
+            "declared before the runs it judges: declare it in a new experiment (or judge these runs with "
+            "`vaco report --plan FILE`, which labels the plan as declared after the runs)"
+        )
+    declared = tags.get(f"{PLAN_TAG}.declared", "?")
+    raise SweepError(
+        f"`plan`: experiment '{sweep.experiment}' was declared with another plan ({before}, declared {declared}; this "
+        f"file's is {now or 'none'}) and holds {len(runs)} runs: a plan does not change after its runs exist; restore "
+        "it, or declare the new plan in a new experiment"
+    )
+
+
 def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
     """The sweep's parent run (made once, found again on a rerun): its cells are MLflow child
     runs of it, so the UI groups them, and `vaco report` logs its figures to it."""
@@ -106,6 +141,13 @@ def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
         "vaco.sweep.cells": str(len(expand(sweep))),
         SETTINGS_TAG: sweep.settings,
     }
+    if sweep.plan is not None:
+        plan_tags = {f"{PLAN_TAG}.digest": sweep.plan.digest, PLAN_TAG: json.dumps(sweep.plan.as_dict())[:5000]}
+        if not found or found[0].data.tags.get(f"{PLAN_TAG}.digest") != sweep.plan.digest:
+            import datetime
+
+            plan_tags[f"{PLAN_TAG}.declared"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        tags.update(plan_tags)
     if found:
         run_id = found[0].info.run_id
         client.update_run(run_id, status="RUNNING")

@@ -12,7 +12,7 @@ from vaco.sweep.grid import Cell, Sweep, expand
 from vaco.sweep.launcher import BUILTIN, Launcher, launcher_class
 from vaco.sweep.loader import load_sweep, validate_with_cli
 from vaco.sweep.schema import RESOURCE_FIELDS, SweepError, check_resources
-from vaco.sweep.state import lock, parent_run, plan, resolve_tracking_uri
+from vaco.sweep.state import check_plan, lock, parent_run, plan, resolve_tracking_uri
 from vaco.tracking import redact_uri
 
 __all__ = ["main"]
@@ -151,6 +151,7 @@ def _plan(args) -> _Plan:
     # connects to its cluster) are built to run only, after the plan is checked.
     runner = kind.from_args(sweep, uri, resources, args) if kind.answers_status else None
     validate_with_cli(sweep, cells, uri)
+    check_plan(sweep, uri)  # a study's plan does not change once its runs exist
     states = plan(sweep, cells, uri, with_running=args.status)
     from_data = _finished_in(args.finished_in, cells, states)
     if (args.status or args.dry_run) and runner is not None:  # a dry run refuses what the real run would

@@ -1,0 +1,164 @@
+"""A study plan's statistics (vaco.report.plan): group-sequential boundaries against published
+constants and, independently, against the error rate they promise on simulated null studies (where
+looking naively at every look does not keep it); Holm against a float64 step-down loop written
+here; the plan block's one-line errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vaco.report.plan import boundaries, crossing_probability, holm, load_plan, nominal_levels
+
+# Jennison and Turnbull (2000), Tables 2.1 and 2.3: two-sided alpha = 0.05, K equally spaced looks
+POCOCK = {2: 2.178, 3: 2.289, 4: 2.361, 5: 2.413}
+OBRIEN_FLEMING = {2: 1.977, 3: 2.004, 4: 2.024, 5: 2.040}  # c_K, the last look's value
+
+
+@pytest.mark.parametrize("looks", [2, 3, 4, 5])
+def test_boundaries_match_the_published_constants(looks):
+    seeds = list(range(1, looks + 1))
+    assert boundaries(seeds, 0.05, "pocock") == pytest.approx([POCOCK[looks]] * looks, abs=1e-3)
+    obf = boundaries(seeds, 0.05, "obrien-fleming")
+    assert obf[-1] == pytest.approx(OBRIEN_FLEMING[looks], abs=1e-3)
+    assert obf[0] == pytest.approx(OBRIEN_FLEMING[looks] * np.sqrt(looks), abs=2e-3)  # c / sqrt(t_1)
+    assert boundaries([seeds[-1]], 0.05, "fixed") == pytest.approx([1.959964], abs=1e-5)
+
+
+def test_one_look_spends_alpha_exactly():
+    assert crossing_probability([10], [1.959964]) == pytest.approx(0.05, abs=1e-5)
+
+
+def test_the_sequential_rule_keeps_its_error_rate_where_naive_looks_do_not():
+    """The looks the 2x2 study actually had (10, 20, 28, 36 seeds): 40,000 simulated null studies
+    (per-seed paired differences ~ N(0, 1), the normal model), each judged at every look."""
+    looks = [10, 20, 28, 36]
+    rng = np.random.default_rng(46)
+    trials = 40_000
+    diffs = rng.standard_normal((trials, looks[-1]))
+    z = np.stack([diffs[:, :n].sum(1) / np.sqrt(n) for n in looks], axis=1)  # Z at each look
+    se = np.sqrt(0.05 * 0.95 / trials)  # Monte Carlo error of a rate near alpha
+    for spending in ("pocock", "obrien-fleming"):
+        c = np.asarray(boundaries(looks, 0.05, spending))
+        rate = float((np.abs(z) >= c).any(1).mean())
+        assert abs(rate - 0.05) < 4 * se, (spending, rate)
+    naive = float((np.abs(z) >= 1.959964).any(1).mean())  # "differs" at the first look where p < 0.05
+    assert naive > 0.05 + 10 * se, naive
+    levels = nominal_levels(looks, 0.05, "pocock")
+    assert all(level == pytest.approx(levels[0]) for level in levels) and levels[0] < 0.02
+
+
+def _holm_loop(p: list[float], alpha: float) -> list[bool]:
+    """The textbook step-down: sort, reject p_(i) while p_(i) <= alpha / (m - i), stop at the first failure."""
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    rejected = [False] * m
+    for rank, i in enumerate(order):
+        if p[i] <= alpha / (m - rank):
+            rejected[i] = True
+        else:
+            break
+    return rejected
+
+
+def test_holm_matches_the_step_down_loop():
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        m = int(rng.integers(1, 9))
+        p = [float(x) for x in rng.uniform(0, 0.08, m) ** rng.uniform(0.5, 2)]
+        rejected, adjusted = holm(p, 0.05)
+        assert rejected == _holm_loop(p, 0.05), p
+        assert all(a >= q for a, q in zip(adjusted, p)) and all(a <= 1 for a in adjusted)
+    assert holm([0.01, 0.04, 0.03], 0.05) == ([True, False, False], [0.03, 0.06, 0.06])
+
+
+PLAN = {
+    "family": [{"arm": "vaco", "against": "ppo_clip", "K": 16}],
+    "margin": 0.05,
+    "alpha": 0.05,
+    "looks": [10, 20],
+    "spending": "pocock",
+}
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"looks": [20, 10]}, r"`plan.looks` must be increasing seed counts"),
+        ({"looks": [10, 40]}, r"`plan.looks`: the last look needs 40 seeds a cell, the grid has 20"),
+        ({"spending": "bonferroni"}, r"`plan.spending` must be one of pocock, obrien-fleming, fixed"),
+        ({"family": [{"arm": "vaco", "against": "spo", "K": 16}]}, r"`plan.family\[0\].against` \('spo'\)"),
+        ({"family": [{"arm": "vaco", "against": "ppo_clip", "K": 1}]}, r"`plan.family\[0\].K` \(1\)"),
+        ({"margin": 0}, r"`plan.margin` must be a number in \(0, 1\)"),
+        ({"alph": 0.05}, r"`plan.alph` is not a plan field"),
+        ({"references": {"hopper": [3000, 10]}}, r"`plan.references.hopper`: min \(3000\) must be below max"),
+    ],
+)
+def test_a_bad_plan_names_the_field(change, message):
+    with pytest.raises(ValueError, match=message):
+        load_plan({**PLAN, **change}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=20)
+
+
+def test_a_plan_has_an_identity_and_finds_its_look():
+    plan = load_plan(PLAN, ["vaco", "ppo_clip"], [1, 4, 16], seeds=20)
+    assert plan.look_of(9) is None and plan.look_of(10) == 0 and plan.look_of(25) == 1
+    other = load_plan({**PLAN, "margin": 0.1}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=20)
+    assert plan.digest != other.digest and len(plan.digest) == 12
+
+
+def test_a_sweeps_plan_is_declared_with_its_first_run_and_cannot_change_after(tmp_path, mlflow_uri):
+    """A real sweep (one tiny cell run): the parent run records the plan, its digest and when it was
+    declared; the same file with another margin, or without its plan, is refused in one line before
+    anything runs."""
+    import subprocess
+
+    import mlflow
+    import yaml
+
+    from helpers.runs import CONFIGS, VACO
+
+    sweep = {
+        "experiment": "planned",
+        "jobs": 1,
+        "configs_dir": str(CONFIGS),
+        "overrides": {
+            "data.init_args.num_envs": 2,
+            "data.init_args.num_steps": 64,
+            "data.init_args.total_steps": 128,
+            "data.init_args.eval_episodes": 2,
+            "data.init_args.eval_envs": 2,
+            "model.init_args.update_epochs": 1,
+            "model.init_args.num_minibatches": 2,
+        },
+        "defaults": {"env": "inverted_pendulum", "K": [1, 2], "seed": [1, 2]},
+        "grid": {"main": {"algorithm": ["vaco", "ppo_clip"]}},
+        "plan": {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}], "looks": [2], "margin": 0.05},
+    }
+    path = tmp_path / "planned.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+
+    def run(*args):
+        return subprocess.run(
+            [VACO, "sweep", "--config", str(path), "--out", str(tmp_path / "out"), *args],
+            capture_output=True,
+            text=True,
+        )
+
+    first = run("--only", "vaco-inverted_pendulum-K1-s1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    client = mlflow.MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("planned").experiment_id
+    (parent,) = client.search_runs([experiment], filter_string="tags.`vaco.sweep.parent` = 'true'")
+    tags = parent.data.tags
+    assert tags["vaco.plan.declared"].endswith("UTC") and len(tags["vaco.plan.digest"]) == 12
+    assert '"looks": [2]' in tags["vaco.plan"] and '"spending": "fixed"' in tags["vaco.plan"]
+    path.write_text(yaml.safe_dump({**sweep, "plan": {**sweep["plan"], "margin": 0.1}}))
+    changed = run("--dry-run")
+    assert changed.returncode == 2 and "`plan`: experiment 'planned' was declared with another plan" in changed.stderr
+    assert tags["vaco.plan.digest"] in changed.stderr and len(changed.stderr.strip().splitlines()) == 1
+    path.write_text(yaml.safe_dump({k: v for k, v in sweep.items() if k != "plan"}))
+    dropped = run("--dry-run")
+    assert dropped.returncode == 2 and "this file's is none" in dropped.stderr
+    path.write_text(yaml.safe_dump(sweep))
+    again = run("--dry-run")
+    assert again.returncode == 0, again.stderr

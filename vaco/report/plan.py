@@ -1,0 +1,222 @@
+"""A study plan, declared before the runs: the primary family, the margin, alpha, the looks and the
+spending rule; and the two pieces of statistics a plan needs beyond a single comparison.
+
+* **Group-sequential boundaries** (:func:`boundaries`): a study that looks at its data at several
+  seed counts and stops at the first "differs" has a false-"differs" rate above alpha unless each look
+  is judged against a boundary that spends alpha across the looks. For two-sided tests with looks at
+  information fractions ``t_k = n_k / n_K``, ``Z_k`` is a standardised Brownian motion at ``t_k``
+  (``corr(Z_i, Z_j) = sqrt(t_i / t_j)``); the boundary ``c_k`` is found so that
+  ``P(|Z_k| >= c_k for some k) = alpha`` under the null:
+
+  - ``pocock``: the same ``c`` at every look (Pocock 1977);
+  - ``obrien-fleming``: ``c_k = c / sqrt(t_k)``, strict early, nearly alpha at the end (O'Brien and
+    Fleming 1979);
+  - ``fixed``: one look, the last, at alpha.
+
+  The crossing probability is computed exactly up to quadrature error by the recursive numerical
+  integration of Armitage, McPherson and Rowe (1969) on a grid of the partial sums (no simulation),
+  and ``c`` by bisection. The nominal level of look k is ``2 (1 - Phi(c_k))``: a comparison is decided
+  at look k at that level. ``tests/test_plan.py`` checks the constants against Jennison and
+  Turnbull's tables and, independently, the rule's error rate by simulation.
+
+* **Holm's step-down correction** (:func:`holm`) across the primary family at a look's level: the
+  family-wise error rate stays at that level whatever the comparisons' dependence.
+
+Everything outside the declared family is exploratory and is labelled so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+__all__ = ["SPENDING", "StudyPlan", "boundaries", "crossing_probability", "holm", "load_plan", "nominal_levels"]
+
+SPENDING = ("pocock", "obrien-fleming", "fixed")
+_GRID = 401  # quadrature points per look (Simpson's rule on the continuation region)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One primary comparison: ``arm``'s drop from its own K = 1 against ``against``'s, at ``K``."""
+
+    arm: str
+    against: str
+    K: int
+
+    def label(self) -> str:
+        return f"{self.arm} vs {self.against} at K={self.K}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyPlan:
+    family: tuple[Comparison, ...]
+    margin: float
+    alpha: float
+    looks: tuple[int, ...]
+    spending: str
+    score: str = "final"  # the report's score: "final" (last evaluation) or "auc"
+    references: tuple[tuple[str, float, float], ...] = ()  # (task, min, max): fixed normalisation
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["family"] = [dataclasses.asdict(c) for c in self.family]
+        out["references"] = {task: [low, high] for task, low, high in self.references}
+        return out
+
+    @property
+    def digest(self) -> str:
+        """The plan's identity: a change of any field is a different plan."""
+        return hashlib.sha1(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def levels(self) -> list[float]:
+        """The nominal two-sided level of each look (0 where a look cannot decide)."""
+        return nominal_levels(self.looks, self.alpha, self.spending)
+
+    def look_of(self, seeds: int) -> int | None:
+        """The index of the last look that ``seeds`` per cell reach (None before the first)."""
+        reached = [k for k, n in enumerate(self.looks) if seeds >= n]
+        return reached[-1] if reached else None
+
+
+def load_plan(raw: Any, algorithms: Sequence[str], ks: Sequence[int], seeds: int, field: str = "plan") -> StudyPlan:
+    """A plan from the sweep file's ``plan`` block; a bad value is a ValueError naming the field.
+    ``algorithms`` and ``ks`` are the sweep's own (a comparison must be in the grid); ``seeds`` is
+    the most seeds a cell of the grid has (the last look must not need more)."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"`{field}` must be a mapping (family, margin, alpha, looks, spending), got {raw!r}")
+    known = {"family", "margin", "alpha", "looks", "spending", "score", "references"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"`{field}.{unknown[0]}` is not a plan field (fields: {', '.join(sorted(known))})")
+    family_raw = raw.get("family")
+    if not isinstance(family_raw, list) or not family_raw:
+        raise ValueError(f"`{field}.family` must list the primary comparisons ({{arm, against, K}} each)")
+    family = []
+    for i, item in enumerate(family_raw):
+        where = f"{field}.family[{i}]"
+        if not isinstance(item, Mapping) or set(item) != {"arm", "against", "K"}:
+            raise ValueError(f"`{where}` must be {{arm: ALGORITHM, against: ALGORITHM, K: INT}}, got {item!r}")
+        for key in ("arm", "against"):
+            if item[key] not in algorithms:
+                raise ValueError(
+                    f"`{where}.{key}` ({item[key]!r}) is not an algorithm of this sweep ({', '.join(algorithms)})"
+                )
+        if item["K"] not in ks or item["K"] == 1:
+            raise ValueError(f"`{where}.K` ({item['K']!r}) must be one of the sweep's K values other than 1 ({ks})")
+        family.append(Comparison(str(item["arm"]), str(item["against"]), int(item["K"])))
+    if len(set(family)) != len(family):
+        raise ValueError(f"`{field}.family` lists a comparison twice")
+    margin = raw.get("margin", 0.05)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
+        raise ValueError(f"`{field}.margin` must be a number in (0, 1) (normalised score units), got {margin!r}")
+    alpha = raw.get("alpha", 0.05)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
+        raise ValueError(f"`{field}.alpha` must be a number in (0, 0.5), got {alpha!r}")
+    looks = raw.get("looks")
+    if (
+        not isinstance(looks, list)
+        or not looks
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 2 for n in looks)
+        or any(b <= a for a, b in zip(looks, looks[1:]))
+    ):
+        raise ValueError(f"`{field}.looks` must be increasing seed counts >= 2 (e.g. [10, 20, 30]), got {looks!r}")
+    if looks[-1] > seeds:
+        raise ValueError(f"`{field}.looks`: the last look needs {looks[-1]} seeds a cell, the grid has {seeds}")
+    spending = raw.get("spending", "pocock" if len(looks) > 1 else "fixed")
+    if spending not in SPENDING:
+        raise ValueError(f"`{field}.spending` must be one of {', '.join(SPENDING)}, got {spending!r}")
+    if spending == "fixed" and len(looks) > 1:
+        raise ValueError(f"`{field}.spending`: fixed is one look; with {len(looks)} looks use pocock or obrien-fleming")
+    score = raw.get("score", "final")
+    if score not in ("final", "auc"):
+        raise ValueError(f"`{field}.score` must be final or auc, got {score!r}")
+    references = []
+    for task, bounds in (raw.get("references") or {}).items():
+        if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, (int, float)) for b in bounds)):
+            raise ValueError(f"`{field}.references.{task}` must be [min, max] (fixed numbers), got {bounds!r}")
+        if not bounds[0] < bounds[1]:
+            raise ValueError(f"`{field}.references.{task}`: min ({bounds[0]}) must be below max ({bounds[1]})")
+        references.append((str(task), float(bounds[0]), float(bounds[1])))
+    return StudyPlan(tuple(family), float(margin), float(alpha), tuple(looks), spending, score, tuple(references))
+
+
+# ------------------------------------------------------------------------------ boundaries
+def _bounds(looks: Sequence[int], c: float, spending: str) -> np.ndarray:
+    t = np.asarray(looks, dtype=np.float64) / looks[-1]
+    if spending == "pocock":
+        return np.full(len(looks), c)
+    if spending == "obrien-fleming":
+        return c / np.sqrt(t)
+    return np.r_[np.full(len(looks) - 1, np.inf), c]  # fixed: only the last look decides
+
+
+def crossing_probability(looks: Sequence[int], bounds: Sequence[float]) -> float:
+    """``P(|Z_k| >= bounds[k] for some k)`` under the null for looks at seed counts ``looks``
+    (Armitage-McPherson-Rowe recursion on the partial sums ``S_k ~ N(0, n_k)``, Simpson's rule)."""
+    n = np.asarray(looks, dtype=np.float64)
+    density = None
+    grid = None
+    for k, (nk, ck) in enumerate(zip(n, bounds)):
+        half = min(ck, 12.0) * math.sqrt(nk)  # the continuation region |S_k| < c_k sqrt(n_k)
+        points = np.linspace(-half, half, _GRID)
+        if density is None:
+            new = _pdf(points / math.sqrt(nk)) / math.sqrt(nk)
+        else:
+            step = math.sqrt(nk - n[k - 1])
+            kernel = _pdf((points[:, None] - grid[None, :]) / step) / step
+            new = kernel @ (density * _simpson_weights(grid))
+        density, grid = new, points
+    return float(1.0 - np.sum(density * _simpson_weights(grid)))
+
+
+def _pdf(x: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _simpson_weights(points: np.ndarray) -> np.ndarray:
+    h = points[1] - points[0]
+    w = np.ones(len(points))
+    w[1:-1:2], w[2:-1:2] = 4.0, 2.0
+    return w * h / 3.0
+
+
+def boundaries(looks: Sequence[int], alpha: float = 0.05, spending: str = "pocock") -> list[float]:
+    """The two-sided critical values ``c_k`` of each look (``inf``: that look cannot decide)."""
+    if spending not in SPENDING:
+        raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
+    low, high = norm.ppf(1 - alpha / 2), 6.0
+    while high - low > 1e-7:  # bisection: the crossing probability falls as c grows
+        mid = 0.5 * (low + high)
+        if crossing_probability(looks, _bounds(looks, mid, spending)) > alpha:
+            low = mid
+        else:
+            high = mid
+    return [float(b) for b in _bounds(looks, 0.5 * (low + high), spending)]
+
+
+def nominal_levels(looks: Sequence[int], alpha: float = 0.05, spending: str = "pocock") -> list[float]:
+    """Each look's nominal two-sided level ``2 (1 - Phi(c_k))``."""
+    return [0.0 if math.isinf(c) else float(2 * norm.sf(c)) for c in boundaries(looks, alpha, spending)]
+
+
+# ------------------------------------------------------------------------------ Holm
+def holm(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
+    """Holm's step-down test of a family at family-wise level ``alpha``: which hypotheses are
+    rejected, and the adjusted p-values (``max_{j <= i} min(1, (m - j + 1) p_(j))`` in sorted order)."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    adjusted = np.empty(m)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return [bool(a <= alpha) for a in adjusted], [float(a) for a in adjusted]
