@@ -162,3 +162,39 @@ def test_a_sweeps_plan_is_declared_with_its_first_run_and_cannot_change_after(tm
     path.write_text(yaml.safe_dump(sweep))
     again = run("--dry-run")
     assert again.returncode == 0, again.stderr
+
+
+def test_the_report_judges_the_family_with_holm_at_the_look_reached():
+    """Synthetic runs (tests/test_robustness.py: ppo_clip loses 0.04 a unit of K, vaco 0.02, 6 seeds,
+    2 tasks): the family's p-values are the difference-of-drops verdicts' own, Holm-adjusted here by
+    the loop above, and judged at the nominal level of the look that 6 seeds reach."""
+    from test_robustness import _runs
+    from vaco import report as R
+    from vaco.report.planned import judge_plan, plan_lines
+
+    report = R.build_report("planned", _runs(), reps=200, seed=0)
+    raw = {"family": [{"arm": "vaco", "against": "ppo_clip", "K": k} for k in (4, 16)], "looks": [3, 6]}
+    plan = load_plan({**raw, "spending": "pocock"}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=6)
+    judged = judge_plan(plan, report, declared="2026-11-28 00:00:00 UTC")
+    level = nominal_levels([3, 6], 0.05, "pocock")[1]
+    assert judged.look == 1 and judged.seeds == 6 and judged.level == pytest.approx(level)
+    lag = R.robustness(report, baseline="ppo_clip")
+    raw_p = [lag.interactions[("vaco", k)].verdict.p_differs for k in (4, 16)]
+    assert [v.p_differs for v in judged.verdicts] == raw_p
+    m = len(raw_p)
+    by_loop = sorted(range(m), key=lambda i: raw_p[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(by_loop):
+        running = max(running, min(1.0, (m - rank) * raw_p[i]))
+        adjusted[i] = running
+    assert [v.p_differs_holm for v in judged.verdicts] == pytest.approx(adjusted)
+    assert [v.word for v in judged.verdicts] == ["differs" if a <= level else "undecided" for a in adjusted]
+    assert judged.verdicts[1].word == "differs" and judged.verdicts[1].estimate > 0
+    lines = plan_lines(judged)
+    assert "Holm at look 2 of 2 (6 seeds" in lines[0] and "declared 2026-11-28" in lines[0]
+    assert lines[-1].startswith("every other verdict of this report is exploratory")
+    early = load_plan({**raw, "looks": [8, 10]}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=10)
+    before = judge_plan(early, report, declared=None)
+    assert before.look is None and {v.word for v in before.verdicts} == {"before the first look"}
+    assert "declared after the runs: its verdicts are exploratory" in plan_lines(before)[0]

@@ -40,6 +40,7 @@ __all__ = [
     "EXACT_PATTERNS",
     "Verdict",
     "decide",
+    "bootstrap_p",
     "decide_by_intervals",
     "decide_by_sign_flips",
     "minimum_detectable",
@@ -63,8 +64,8 @@ class Verdict:
     method: str  # "bootstrap" | "sign-flip (exact)" | "sign-flip (random)"
     interval95: tuple[float, float] | None
     interval90: tuple[float, float] | None
-    p_differs: float | None  # two-sided p of "no difference" (sign-flip only)
-    p_equivalent: float | None  # the larger TOST p (sign-flip only)
+    p_differs: float | None  # two-sided p of "no difference" (sign-flip, or the bootstrap's percentile p)
+    p_equivalent: float | None  # the larger TOST p
     seeds_needed: int | None  # per task, to decide at 80% power (undecided only)
     mdd: float | None  # minimum detectable difference at the current seeds, 80% power
 
@@ -166,6 +167,21 @@ def sign_flip_p(
     return float(hits.mean()), exact
 
 
+def bootstrap_p(samples: np.ndarray, margin: float) -> tuple[float, float]:
+    """The percentile bootstrap's p-values, consistent with its intervals: two-sided for "no
+    difference" (``2 min(P*(D <= 0), P*(D >= 0))``) and the larger TOST p against ``+-margin``
+    (``max(P*(D <= -M), P*(D >= M))``), each with the ``(count + 1) / (B + 1)`` correction."""
+    s = np.asarray(samples, dtype=np.float64)
+    b = len(s)
+
+    def tail(count) -> float:
+        return (float(count) + 1.0) / (b + 1.0)
+
+    p_diff = min(1.0, 2.0 * min(tail((s <= 0).sum()), tail((s >= 0).sum())))
+    p_eq = max(tail((s <= -margin).sum()), tail((s >= margin).sum()))
+    return p_diff, p_eq
+
+
 def decide_by_intervals(interval95, interval90, margin: float, null: float = 0.0) -> str:
     """``differs`` if the 95% interval excludes ``null``; ``equivalent`` if the 90% interval lies in
     ``null +- margin``; else ``undecided``."""
@@ -216,7 +232,8 @@ def decide(
     else:
         i95 = tuple(float(v) for v in np.percentile(samples, [2.5, 97.5]))
         i90 = tuple(float(v) for v in np.percentile(samples, [5, 95]))
-        word, p_diff, p_eq, method = decide_by_intervals(i95, i90, margin), None, None, "bootstrap"
+        word, method = decide_by_intervals(i95, i90, margin), "bootstrap"
+        p_diff, p_eq = bootstrap_p(samples, margin)
     needed = None
     if word == "undecided":
         needed = seeds_needed(paired, point, margin)

@@ -200,6 +200,13 @@ def _parser() -> argparse.ArgumentParser:
         "difference is decided as differs (95%% interval excludes 0), equivalent (90%% interval inside +-margin) "
         "or undecided (with the seeds per task that would decide it)",
     )
+    parser.add_argument(
+        "--plan",
+        default=None,
+        help="judge a study plan: a YAML file with a `plan:` block (a sweep file). Without it, the plan the "
+        "experiment's sweep declared (its parent run's tag) is judged where there is one. A plan the experiment "
+        "did not declare before its runs is labelled exploratory",
+    )
     parser.add_argument("--include-unfinished", action="store_true", help="also use runs that did not FINISH")
     parser.add_argument("--no-mlflow", action="store_true", help="do not log the report as MLflow artifacts")
     return parser
@@ -290,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"`--step-pairs`: no runs of {', '.join(map(repr, unknown))}; the algorithms are "
                 f"{', '.join(report.algorithms)}"
             )
+        declared_plan, declared_at = (None, None) if args.data else _declared_plan(args.experiment, uri)
+        study_plan = _read_plan(args.plan, report) if args.plan else declared_plan
+        if study_plan is not None and (declared_plan is None or study_plan.digest != declared_plan.digest):
+            declared_at = None  # written after the runs: exploratory
     except ValueError as err:
         print(f"vaco report: {err}", file=sys.stderr)
         return 2
@@ -317,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
             print("its contrasts under every scoring: " + ("none depends on it" if not flagged else "scale-dependent:"))
             if flagged:
                 print("\n".join(flagged))
+    if study_plan is not None:
+        from vaco.report.planned import judge_plan, plan_lines
+
+        lines = plan_lines(judge_plan(study_plan, report, declared_at))
+        (out / "plan.md").write_text("# The study plan's verdicts\n\n" + "\n".join(lines) + "\n")
+        print("\n".join(lines))
     for m in step_size_matching(report):
         print(
             f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "
@@ -336,6 +353,48 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  logged as artifacts report/ of {kind} ({run_id}) in experiment '{args.experiment}'")
     return 0
+
+
+def _declared_plan(experiment: str, uri: str):
+    """The plan the experiment's sweep declared (its parent run's tags), and when; (None, None) without one."""
+    import json
+
+    import mlflow
+
+    from vaco.report.plan import load_plan
+    from vaco.sweep.state import PLAN_TAG
+    from vaco.tracking import PARENT_TAG
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None, None
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    tags = found[0].data.tags if found else {}
+    if PLAN_TAG not in tags:
+        return None, None
+    raw = json.loads(tags[PLAN_TAG])
+    algorithms = sorted({c[k] for c in raw["family"] for k in ("arm", "against")})
+    plan = load_plan(raw, algorithms, sorted({c["K"] for c in raw["family"]}), seeds=raw["looks"][-1])
+    return plan, tags.get(f"{PLAN_TAG}.declared")
+
+
+def _read_plan(path: str, report):
+    """``--plan FILE``: the ``plan`` block of a YAML file, checked against the report's runs."""
+    from vaco.files import load_yaml
+    from vaco.report.plan import load_plan
+
+    try:
+        raw = load_yaml(Path(path).read_text())
+    except OSError as err:
+        raise ValueError(f"`--plan`: cannot read {path} ({err.strerror})") from None
+    if not isinstance(raw, dict) or "plan" not in raw:
+        raise ValueError(f"`--plan`: {path} has no `plan:` block")
+    ks = sorted({r.K for r in report.runs})
+    try:
+        return load_plan(raw["plan"], report.algorithms, ks, seeds=10**6)
+    except ValueError as err:
+        raise ValueError(f"`--plan` ({path}): {err}") from None
 
 
 if __name__ == "__main__":

@@ -121,6 +121,7 @@ class Interaction:
     seeds: int
     tasks: int
     verdict: Verdict | None = None  # on the difference of drops (vaco.report.decision)
+    mean_difference: float = math.nan  # the same contrast with untrimmed means (beside the IQM one)
 
 
 @dataclasses.dataclass
@@ -351,4 +352,5 @@ def _interaction(report: Report, algo: str, baseline: str, k_ref: int, K: int, s
         n,
         len(tasks),
         verdict,
+        float(((yr - yk) - (xr - xk)).mean()),
     )
