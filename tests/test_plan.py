@@ -198,3 +198,58 @@ def test_the_report_judges_the_family_with_holm_at_the_look_reached():
     before = judge_plan(early, report, declared=None)
     assert before.look is None and {v.word for v in before.verdicts} == {"before the first look"}
     assert "declared after the runs: its verdicts are exploratory" in plan_lines(before)[0]
+
+
+def test_until_decided_runs_the_looks_in_turn_and_keeps_each_looks_verdicts(tmp_path, mlflow_uri):
+    """A small plan end to end (real cells, populations of 2): look 1 runs the first 2 seeds of every
+    cell and is judged before any cell of look 2 starts; with 2 and then 4 seed pairs nothing can be
+    decided at the Pocock level, so both looks run and the last one ends it; each look's verdicts are
+    a tag and an artifact of the parent run; a rerun skips every finished cell."""
+    import subprocess
+
+    import mlflow
+    import yaml
+
+    from helpers.runs import CONFIGS, VACO
+
+    sweep = {
+        "experiment": "looks",
+        "jobs": 2,
+        "population": 2,
+        "configs_dir": str(CONFIGS),
+        "overrides": {
+            "data.init_args.num_envs": 2,
+            "data.init_args.num_steps": 64,
+            "data.init_args.total_steps": 128,
+            "data.init_args.eval_episodes": 2,
+            "data.init_args.eval_envs": 2,
+            "model.init_args.update_epochs": 1,
+            "model.init_args.num_minibatches": 2,
+        },
+        "defaults": {"env": "inverted_pendulum", "K": [1, 2], "seed": [1, 2, 3, 4]},
+        "grid": {"main": {"algorithm": ["vaco", "ppo_clip"]}},
+        "plan": {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}], "looks": [2, 4], "spending": "pocock"},
+    }
+    path = tmp_path / "looks.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    command = [VACO, "sweep", "--config", str(path), "--out", str(tmp_path / "out"), "--until-decided"]
+    out = subprocess.run(command, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    text = out.stdout
+    first, second = text.index("look 1 of 2: the first 2 seeds"), text.index("look 2 of 2: the first 4 seeds")
+    judged_first = text.index("study plan", first)
+    assert first < judged_first < second  # look 1 judged before look 2 starts
+    assert "-s3" not in text[first:second] and "-s1+2" in text[first:second]
+    assert "Holm at look 1 of 2 (2 seeds" in text and "Holm at look 2 of 2 (4 seeds" in text
+    assert "the last look (4 seeds) is reached" in text
+    client = mlflow.MlflowClient(mlflow_uri)
+    experiment = client.get_experiment_by_name("looks").experiment_id
+    (parent,) = client.search_runs([experiment], filter_string="tags.`vaco.sweep.parent` = 'true'")
+    assert parent.data.tags["vaco.plan.look1"].startswith("2 seeds: vaco vs ppo_clip at K=2: ")
+    assert parent.data.tags["vaco.plan.look2"].startswith("4 seeds: ")
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "plan")}
+    assert artifacts == {"plan/look1.md", "plan/look2.md"}
+    runs = [r for r in client.search_runs([experiment]) if "vaco.sweep.cell" in r.data.tags]
+    assert len(runs) == 16 and {r.info.status for r in runs} == {"FINISHED"}
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 0 and "start " not in again.stdout, again.stdout[-3000:]

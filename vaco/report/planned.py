@@ -18,9 +18,10 @@ runs, and its verdicts are labelled exploratory.
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 
 from vaco.report.plan import Comparison, StudyPlan, holm
-from vaco.report.robustness import robustness
+from vaco.report.robustness import difference_of_drops
 
 __all__ = ["PlanJudgement", "PlannedVerdict", "judge_plan", "plan_lines"]
 
@@ -58,12 +59,15 @@ class PlanJudgement:
 
 def judge_plan(plan: StudyPlan, report, declared: str | None) -> PlanJudgement:
     """Judge ``plan``'s family on ``report``'s runs (see the module docstring)."""
-    by_baseline = {}
-    found, missing = [], []
+    # every arm the plan names, variants and controls included (the robustness section's
+    # comparisons are the main algorithms' only): its runs' cells, counted as the report counts them
+    seeds: dict[tuple[str, int, str], int] = defaultdict(int)
+    for run in report.runs:
+        seeds[(run.algorithm, run.K, run.env)] += 1
+    k_ref = min(run.K for run in report.runs) if report.runs else 1
+    found, missing, notes = [], [], []
     for comparison in plan.family:
-        if comparison.against not in by_baseline:
-            by_baseline[comparison.against] = robustness(report, baseline=comparison.against)
-        interaction = by_baseline[comparison.against].interactions.get((comparison.arm, comparison.K))
+        interaction = difference_of_drops(report, comparison.arm, comparison.against, k_ref, comparison.K, seeds, notes)
         if interaction is None or interaction.verdict is None or interaction.verdict.p_differs is None:
             missing.append(comparison.label())
         else:

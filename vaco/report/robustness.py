@@ -242,7 +242,7 @@ def robustness(report: Report, baseline: str | None = None) -> Robustness:
         for algo in algos:
             for K in ks[1:]:
                 if algo != baseline and (algo, K) in drops and (baseline, K) in drops:
-                    found = _interaction(report, algo, baseline, k_ref, K, seeds, notes)
+                    found = difference_of_drops(report, algo, baseline, k_ref, K, seeds, notes)
                     if found is not None:
                         interactions[(algo, K)] = found
     if small:
@@ -318,7 +318,9 @@ def _drop(report: Report, main, algo: str, k_ref: int, K: int, seeds, notes, sma
     )
 
 
-def _interaction(report: Report, algo: str, baseline: str, k_ref: int, K: int, seeds, notes) -> Interaction | None:
+def difference_of_drops(
+    report: Report, algo: str, baseline: str, k_ref: int, K: int, seeds, notes
+) -> Interaction | None:
     """The difference of drops of ``algo`` and ``baseline`` (and P(drop smaller)) on the seeds with
     runs in all four cells."""
     cells = [(algo, k_ref), (algo, K), (baseline, k_ref), (baseline, K)]

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import fnmatch
 import sys
+from pathlib import Path
 
 from vaco.sweep.cells import say
 from vaco.sweep.grid import Cell, Sweep, expand
@@ -48,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--all-cells", action="store_true", help="--dry-run/--status: list every cell, even in a large sweep"
+    )
+    parser.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="run the plan's looks in blocks of seeds (the first n seeds of every cell, n a look of the sweep "
+        "file's `plan`), judge the primary family after each, and stop once every primary comparison is decided "
+        "or the last look is reached; each look's verdicts go to the parent run (local launcher)",
     )
     launch = parser.add_argument_group("launchers (the sweep file's `launcher` and `resources`, overridden here)")
     launch.add_argument(
@@ -99,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run or args.status:
             _list_cells(p, args)
             return 0
-        return _run(p, args)
+        return _run_looks(p, args) if args.until_decided else _run(p, args)
     finally:
         if args.prestarted is not None:
             args.prestarted.close()
@@ -152,6 +160,14 @@ def _plan(args) -> _Plan:
     runner = kind.from_args(sweep, uri, resources, args) if kind.answers_status else None
     validate_with_cli(sweep, cells, uri)
     check_plan(sweep, uri)  # a study's plan does not change once its runs exist
+    if getattr(args, "until_decided", False):
+        if sweep.plan is None:
+            raise SweepError("`--until-decided` needs the sweep file's `plan` block (its family and looks)")
+        if kind.name != "local":
+            raise SweepError(
+                f"`--until-decided` judges each look once its cells have finished: it runs with the local launcher, "
+                f"not {launcher}"
+            )
     states = plan(sweep, cells, uri, with_running=args.status)
     from_data = _finished_in(args.finished_in, cells, states)
     if (args.status or args.dry_run) and runner is not None:  # a dry run refuses what the real run would
@@ -289,6 +305,88 @@ def _run(p: _Plan, args) -> int:
         if status != "RUNNING":
             client.set_terminated(sweep.parent_run_id, status)
         lock_file.close()
+
+
+def _seed_ranks(cells: list[Cell]) -> dict[str, int]:
+    """Each cell's rank among the cells that differ from it only by seed (the sweep's seed order)."""
+    ranks, seen = {}, {}
+    for cell in cells:
+        key = cell.id[: -len(f"s{cell.seed}")]
+        ranks[cell.id] = seen.get(key, 0)
+        seen[key] = ranks[cell.id] + 1
+    return ranks
+
+
+def _run_looks(p: _Plan, args) -> int:
+    """``--until-decided``: the plan's looks in turn, each the first n seeds of every cell, judged
+    after it has run; stops at the first look where every primary comparison is decided."""
+    from vaco.report.planned import judge_plan, plan_lines
+
+    study = p.sweep.plan
+    ranks = _seed_ranks(p.cells)
+    for k, seeds in enumerate(study.looks):
+        cells = [c for c in p.cells if ranks[c.id] < seeds]
+        say(f"look {k + 1} of {len(study.looks)}: the first {seeds} seeds of every cell ({len(cells)} cells)")
+        look = dataclasses.replace(p, cells=cells, states=plan(p.sweep, cells, p.uri))
+        if k > 0:  # the launcher of the previous look is spent: a fresh one for this look
+            p.runner.close()
+            p.runner = look.runner = launcher_class(p.launcher).from_args(p.sweep, p.uri, p.resources, args)
+        rc = _run(look, args)
+        if rc != 0:
+            return rc
+        if p.sweep.parent_run_id is None:  # nothing ran (every cell of the look had finished): find it
+            p.sweep.parent_run_id = _parent_run_id(p)
+        judged = _judge_look(p, {c.id for c in cells}, judge_plan)
+        lines = plan_lines(judged)
+        print("\n".join(lines), flush=True)
+        _record_look(p, k, judged, lines)
+        if all(v.word in ("differs", "equivalent") for v in judged.verdicts) and not judged.missing:
+            say(f"every primary comparison is decided at look {k + 1} ({seeds} seeds): stopping before the next look")
+            return 0
+    say(f"the last look ({study.looks[-1]} seeds) is reached; what is undecided stays undecided")
+    return 0
+
+
+def _parent_run_id(p: _Plan) -> str:
+    import mlflow
+
+    from vaco.tracking import PARENT_TAG
+
+    client = mlflow.MlflowClient(p.uri)
+    exp = client.get_experiment_by_name(p.sweep.experiment)
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    return found[0].info.run_id if found else parent_run(client, p.sweep, p.cells)
+
+
+def _judge_look(p: _Plan, cell_ids: set[str], judge_plan):
+    """The plan judged on the runs of this look's cells (none of a later look's seeds)."""
+    import mlflow
+
+    from vaco.report.runs import load_runs
+    from vaco.report.scores import build_report
+    from vaco.sweep.state import PLAN_TAG
+
+    study = p.sweep.plan
+    runs, notes = load_runs(p.sweep.experiment, p.uri)
+    runs = [r for r in runs if r.name in cell_ids]
+    report = build_report(p.sweep.experiment, runs, notes, score=study.score, margin=study.margin)
+    tags = mlflow.MlflowClient(p.uri).get_run(p.sweep.parent_run_id).data.tags
+    return judge_plan(study, report, tags.get(f"{PLAN_TAG}.declared"))
+
+
+def _record_look(p: _Plan, k: int, judged, lines: list[str]) -> None:
+    """Each look's verdicts, kept on the parent run: a tag per look and the lines as an artifact."""
+    import tempfile
+
+    import mlflow
+
+    client = mlflow.MlflowClient(p.uri)
+    words = ", ".join(f"{v.comparison.label()}: {v.word}" for v in judged.verdicts)
+    client.set_tag(p.sweep.parent_run_id, f"vaco.plan.look{k + 1}", f"{judged.seeds} seeds: {words}"[:5000])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"look{k + 1}.md"
+        path.write_text("\n".join(lines) + "\n")
+        client.log_artifact(p.sweep.parent_run_id, str(path), artifact_path="plan")
 
 
 def close_parent_run(uri: str, sweep) -> bool:
