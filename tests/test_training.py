@@ -318,15 +318,16 @@ def test_print_config_shows_the_composed_config(mlflow_uri):
 
 
 # ---------------------------------------------------------------- DDP
-def _listening(port: int) -> set[str]:
-    """The local addresses (hex, as /proc/net/tcp{,6} write them) of sockets listening on ``port``."""
+def _listening(port: int | None = None) -> set[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} write them) of sockets listening on ``port``
+    (any port: ``address:port``)."""
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             address, hex_port = fields[1].rsplit(":", 1)
-            if int(hex_port, 16) == port and fields[3] == "0A":  # TCP_LISTEN
-                found.add(address)
+            if fields[3] == "0A" and (port is None or int(hex_port, 16) == port):  # TCP_LISTEN
+                found.add(address if port is not None else fields[1])
     return found
 
 
@@ -373,14 +374,17 @@ def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
         timeout=900,
         env={"MASTER_PORT": str(port)},
     )
-    listening = set()
+    listening, before, new = set(), _listening(), set()
     while not running.done():
         listening |= _listening(port)
+        new |= _listening() - before
         time.sleep(0.02)
     out = running.result()
     pool.shutdown()
     assert out.returncode == 0, out.stderr[-4000:]
     assert listening == {"0100007F"}, listening  # 127.0.0.1 only, never 0.0.0.0 or [::]
+    # and the ranks' gloo pairs (ephemeral ports) too: every socket that listened during the run
+    assert new and {entry.rsplit(":", 1)[0] for entry in new} == {"0100007F"}, new
     assert "deprecated" not in out.stderr, out.stderr[-3000:]  # torch's all_gather notice, once per rank
     client = mlflow.MlflowClient(mlflow_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("ddp").experiment_id])
@@ -390,3 +394,29 @@ def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
     assert steps == [512, 1024, 1536, 2048]
     # the ranks' weights and normalisers were compared at the end of every iteration
     assert math.isclose(run.data.metrics["ddp/max_param_divergence"], 0.0, abs_tol=0.0)
+
+
+def test_single_node_ddp_keeps_the_gloo_pairs_on_the_loopback(monkeypatch):
+    """gloo binds its pairs to the address the host name resolves to (a network address on many
+    machines; this one resolves to 127.0.0.1, so the DDP run above cannot show it): the launching
+    process names the loopback interface for every rank it starts, unless the user chose one."""
+    import lightning as L
+
+    from helpers.mlflow_server import free_port
+    from vaco.rendezvous import host_store_on_loopback
+
+    for key in ("GLOO_SOCKET_IFNAME", "TORCHELASTIC_USE_AGENT_STORE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    trainer = L.Trainer(strategy="ddp", devices=2, accelerator="cpu", logger=False)
+    store, listener = host_store_on_loopback(trainer)
+    try:
+        assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    finally:
+        listener.close()
+        del store
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's own choice stays
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    store, listener = host_store_on_loopback(trainer)
+    listener.close()
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"

@@ -8,6 +8,10 @@ starts itself, :func:`host_store_on_loopback` opens that socket on ``127.0.0.1``
 process and tells the ranks (``TORCHELASTIC_USE_AGENT_STORE``, inherited by the children Lightning
 starts) to connect to it as clients instead of starting their own.
 
+The ranks' own gloo connections (the collectives' pairs) are kept on the loopback too:
+``GLOO_SOCKET_IFNAME`` names the loopback interface unless the user set it (gloo otherwise binds
+to the address the host name resolves to, a network address on many machines).
+
 Multi-node runs (and ranks started by ``srun`` or ``torchrun``) are left alone: their store must be
 reachable from the other nodes (docs/reliability.md says what that exposes).
 """
@@ -18,7 +22,7 @@ import datetime
 import os
 import socket
 
-__all__ = ["host_store_on_loopback", "LOOPBACK"]
+__all__ = ["host_store_on_loopback", "loopback_interface", "LOOPBACK"]
 
 LOOPBACK = ("127.0.0.1", "localhost")
 
@@ -55,4 +59,25 @@ def host_store_on_loopback(trainer):
         master_listen_fd=listener.fileno(),
     )
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # every rank (and this one) connects as a client
+    # the ranks' own gloo connections: gloo binds them to the address the host name resolves to (off
+    # the loopback where it resolves to a network address) unless told an interface
+    interface = loopback_interface()
+    if interface is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
     return store, listener
+
+
+def loopback_interface() -> str | None:
+    """The name of the loopback network interface (``lo`` on Linux), or None if none is found."""
+    import fcntl
+    import struct
+
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:  # SIOCGIFADDR: the interface's IPv4 address
+                packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+        if socket.inet_ntoa(packed[20:24]).startswith("127."):
+            return name
+    return None
