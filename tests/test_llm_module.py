@@ -273,6 +273,36 @@ def test_sigterm_inside_a_generation_batch_stops_at_the_minibatch_boundary_and_r
         assert [m.step for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)] == steps
 
 
+def test_sigterm_during_generation_abandons_the_batch_and_the_resume_regenerates_it_exactly(
+    setting, tmp_path, mlflow_env, capsys
+):
+    """SIGTERM as generation batch 2 starts: generation stops at its next token (not after the whole
+    rollout), nothing of the batch is trained or logged, the checkpoint is the state after batch 1
+    with the batch's prompts, and the resume regenerates it: the final policy equals an uninterrupted
+    run's bit for bit and every step is logged once."""
+    args = ("--model.init_args.num_minibatches", "2", "--data.init_args.num_steps", "6")
+    main(fit_args(setting, tmp_path / "straight", *args, objective="vaco_grpo.yaml"))
+    stop = ("--trainer.callbacks+=helpers.signals.SignalAtBatchStart", "--trainer.callbacks.batch=2")
+    with pytest.raises(SystemExit) as stopped:
+        main(fit_args(setting, tmp_path / "stopped", *args, *stop, objective="vaco_grpo.yaml"))
+    assert stopped.value.code == 128 + 15
+    assert "stopped by SIGTERM after iteration 1" in capsys.readouterr().err
+    (ckpt,) = list((tmp_path / "stopped").glob("checkpoints/*/last.ckpt"))
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert int(saved["state_dict"]["version"]) == 1 and saved["vaco"]["pending"] == {"regenerate": 1}
+    run_id = saved["vaco"]["mlflow_run_id"]
+    client = mlflow.MlflowClient(tracking_uri=mlflow_env)
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train/tv")) == [1, 2]  # batch 1 only
+    main(fit_args(setting, tmp_path / "stopped", *args, "--ckpt_path", str(ckpt), objective="vaco_grpo.yaml"))
+    straight, resumed = final_policy_state(tmp_path / "straight"), final_policy_state(tmp_path / "stopped")
+    for key in straight:
+        torch.testing.assert_close(straight[key], resumed[key], atol=0, rtol=0)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    for metric, steps in (("train/tv", list(range(1, 7))), ("time/generation_batch", [2, 4, 6])):
+        assert [m.step for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)] == steps
+
+
 def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env):
     """VACO-GRPO with a lagged second minibatch (N = 2): micro-batching changes nothing, because
     the TV filter tests the whole minibatch's TV, measured before the micro-batched backward."""

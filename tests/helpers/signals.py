@@ -19,3 +19,16 @@ class SignalAtStep(Callback):
         self.seen += 1
         if self.seen == self.step:
             os.kill(os.getpid(), self.signum)
+
+
+class SignalAtBatchStart(Callback):
+    """Send ``signum`` (default SIGTERM) to this process as training batch ``batch`` (1-based) starts,
+    before its ``training_step`` generates anything: the LLM track's stop inside generation."""
+
+    def __init__(self, batch: int, signum: int = int(signal.SIGTERM)) -> None:
+        self.batch, self.signum, self.seen = batch, signum, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.seen += 1
+        if self.seen == self.batch:
+            os.kill(os.getpid(), self.signum)

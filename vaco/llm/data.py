@@ -127,10 +127,14 @@ class PromptStream:
 
     def __iter__(self) -> Iterator[list[dict[str, list]]]:
         while self.position < self.num_items:
-            first = self.position * self.minibatches
-            item = [self.minibatch(j) for j in range(first, first + self.minibatches)]
+            item = self.item(self.position)
             self.position += 1
             yield item
+
+    def item(self, index: int) -> list[dict[str, list]]:
+        """Generation batch ``index``: its ``minibatches`` minibatches (the same whenever it is asked for)."""
+        first = index * self.minibatches
+        return [self.minibatch(j) for j in range(first, first + self.minibatches)]
 
 
 class GSM8kDataModule(L.LightningDataModule):

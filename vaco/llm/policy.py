@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 __all__ = [
+    "GenerationStopped",
     "check_model_dir",
     "load_tokenizer",
     "load_causal_lm",
@@ -124,6 +125,10 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+class GenerationStopped(Exception):
+    """:func:`generate` was asked to stop (``should_stop``) before its rows ended."""
+
+
 @torch.no_grad()
 def generate(
     model: torch.nn.Module,
@@ -137,6 +142,7 @@ def generate(
     generator: torch.Generator | None = None,
     tokenizer=None,
     stop_strings: Sequence[str] = (),
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Sample completions (``temperature`` 0: greedy) and record each token's log-prob when it was drawn.
 
@@ -146,6 +152,10 @@ def generate(
     rows that ended stay in the batch (padding), so the other rows' numbers and the generator's
     draws are those of a run without the stop strings: cutting that run's completions at their
     stop strings gives the same completions, log-probs and rewards, only sooner.
+
+    ``should_stop`` is asked before every token: when it answers true, generation is abandoned
+    (:class:`GenerationStopped`; a stop signal arrived, and a preemption warning does not wait for
+    a whole rollout).
 
     Returns:
         ``completion_ids`` and ``behavior_log_prob`` ``[B, T]``, ``completion_mask`` ``[B, T]``
@@ -166,6 +176,8 @@ def generate(
     finished = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
     tokens, log_probs, valid = [], [], []
     for _ in range(max_new_tokens):
+        if should_stop is not None and should_stop():
+            raise GenerationStopped("generation abandoned: a stop was requested")
         if temperature > 0:
             dist = (logits / temperature).log_softmax(-1)
             token = torch.multinomial(dist.exp(), 1, generator=generator).squeeze(-1)

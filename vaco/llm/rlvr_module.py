@@ -30,6 +30,7 @@ from vaco.checkpoint import reopen_finished_epoch
 from vaco.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.llm.advantage import GroupRelative
 from vaco.llm.policy import (
+    GenerationStopped,
     check_model_dir,
     completion_log_probs,
     cut_at_stop_strings,
@@ -308,17 +309,38 @@ class RLVRModule(Learner):
     # ------------------------------------------------------------------ the generation batch
     def training_step(self, dataloader_iter) -> None:
         data = self.data
-        if self._pending is not None:  # resumed inside a generation batch: its remaining minibatches first
+        regenerate = self._pending is not None and "regenerate" in self._pending
+        if self._pending is not None and not regenerate:  # resumed inside a batch: its remaining minibatches
             pending, self._pending = self._pending, None
             minibatches = [_to_device(m, self.device) for m in pending["minibatches"]]
             first, tvs = pending["next"], list(pending["tvs"])
             generate_seconds, update_seconds = pending["generate_seconds"], pending["update_seconds"]
         else:
-            # pulled here, not prefetched: generation uses the policy as it is after the last update
-            prompt_batches, _, _ = next(dataloader_iter)
+            # pulled here, not prefetched: generation uses the policy as it is after the last update;
+            # a run stopped during generation regenerates the batch it abandoned (its prompts are saved)
+            if regenerate:
+                index, self._pending = self._pending["regenerate"], None
+                prompt_batches = data.stream.item(index)
+            else:
+                prompt_batches, _, _ = next(dataloader_iter)
+                index = data.stream.position - 1  # the generation batch just pulled
             start = time.perf_counter()
             self.policy.eval()
-            minibatches = [self._rollout(batch) for batch in prompt_batches]
+            before = self._generator.get_state() if self._generator is not None else None
+            try:
+                minibatches = [
+                    self._rollout(batch, should_stop=self._stop_during_generation) for batch in prompt_batches
+                ]
+            except GenerationStopped:
+                # SIGTERM/SIGUSR2 during generation: abandon the batch (nothing of it trained or logged),
+                # put the sampler back where the batch began, keep its index; the checkpoint written now
+                # (IterationCheckpoint) is the state after the last finished step, and the resume
+                # regenerates the same batch
+                if before is not None:
+                    self._generator.set_state(before)
+                self._pending = {"regenerate": index}
+                _uncount_this_batch(self.trainer)
+                return
             generate_seconds, update_seconds, first, tvs = time.perf_counter() - start, 0.0, 0, []
 
         # -- N optimiser steps, minibatch k trained k-1 steps after beta
@@ -374,8 +396,14 @@ class RLVRModule(Learner):
             metrics.update(self.evaluate())
         self.log_metrics(metrics, step=steps)
 
+    def _stop_during_generation(self) -> bool:
+        """A stop signal, asked before every generated token (one process only: under DDP the ranks
+        would have to agree at every token, and they decode different numbers of them; they stop at
+        the next minibatch boundary instead)."""
+        return self.trainer.world_size == 1 and self._stop_requested()
+
     @torch.no_grad()
-    def _rollout(self, batch: dict[str, list]) -> dict[str, Any]:
+    def _rollout(self, batch: dict[str, list], should_stop=None) -> dict[str, Any]:
         """G completions of every prompt with beta, their rewards and token advantages."""
         G = self.hparams.completions_per_prompt
         prompt_ids, prompt_mask, n_truncated = encode_prompts(
@@ -397,6 +425,7 @@ class RLVRModule(Learner):
                     generator=self._generator,
                     tokenizer=self.tokenizer,  # a chunk ends when each row has met EOS or a stop string
                     stop_strings=self.stop_strings,
+                    should_stop=should_stop,
                 )
                 for i in range(0, prompt_ids.shape[0], chunk)
             ]
@@ -576,7 +605,8 @@ class RLVRModule(Learner):
             "initial_eval_accuracy": self.initial_eval_accuracy,
             "last_eval_accuracy": self.last_eval_accuracy,
             "num_steps": self.data.num_steps if self.data is not None else None,
-            # a run stopped inside a generation batch: the batch and how far its minibatches got
+            # a run stopped inside a generation batch: the batch and how far its minibatches got, or
+            # (stopped during generation) the index of the batch to generate again
             "pending": self._pending,
         }
 
