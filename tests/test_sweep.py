@@ -477,3 +477,18 @@ def test_cells_forked_by_the_zygote_compute_exactly_what_subprocesses_do(tmp_pat
         if "vaco.sweep.zygote" in cmdline and Path(cwd).is_relative_to(tmp_path):
             leftovers.append(f"{cmdline} (in {cwd})")
     assert not leftovers, leftovers
+
+
+def test_the_papers_llm_grid_is_36_gpu_cells_whose_k_is_n():
+    """configs/sweeps/llm_gsm8k.yaml: GRPO and VACO-GRPO x N in {1, 2, 4, 8, 16, 32} x 3 seeds on
+    the Qwen setting, one GPU a cell on SLURM; each cell's config sets num_minibatches to N and
+    parses with `vaco fit` (the model folder is the cluster's, not this machine's)."""
+    sweep = S.load_sweep(REPO / "configs" / "sweeps" / "llm_gsm8k.yaml")
+    cells = S.expand(sweep)
+    assert len(cells) == 36 and {c.K for c in cells} == {1, 2, 4, 8, 16, 32} and {c.seed for c in cells} == {1, 2, 3}
+    assert {c.algorithm for c in cells} == {"grpo", "vaco_grpo"} and {c.env for c in cells} == {"gsm8k_qwen"}
+    assert sweep.launcher == "slurm" and sweep.resources["gpus"] == 1
+    config = S.cell_config(sweep, next(c for c in cells if c.K == 16))
+    assert config["model"]["init_args"]["num_minibatches"] == 16
+    assert config["model"]["init_args"]["model_path"] == "models/Qwen2.5-0.5B"
+    assert config["trainer"]["accelerator"] == "gpu"
