@@ -51,6 +51,7 @@ class PlanJudgement:
     level: float | None  # that look's nominal two-sided level
     verdicts: list[PlannedVerdict]
     missing: list[str]  # comparisons the data cannot form
+    reps: int = 2000  # the report's bootstrap resamples (its smallest p is 2 / (reps + 1))
 
     @property
     def exploratory(self) -> bool:
@@ -67,7 +68,9 @@ def judge_plan(plan: StudyPlan, report, declared: str | None) -> PlanJudgement:
     k_ref = min(run.K for run in report.runs) if report.runs else 1
     found, missing, notes = [], [], []
     for comparison in plan.family:
-        interaction = difference_of_drops(report, comparison.arm, comparison.against, k_ref, comparison.K, seeds, notes)
+        interaction = difference_of_drops(
+            report, comparison.arm, comparison.against, k_ref, comparison.K, seeds, notes, runs=report.runs
+        )
         if interaction is None or interaction.verdict is None or interaction.verdict.p_differs is None:
             missing.append(comparison.label())
         else:
@@ -108,7 +111,7 @@ def judge_plan(plan: StudyPlan, report, declared: str | None) -> PlanJudgement:
                 i.verdict.method,
             )
         )
-    return PlanJudgement(plan, declared, seeds, look, level, verdicts, missing)
+    return PlanJudgement(plan, declared, seeds, look, level, verdicts, missing, report.reps)
 
 
 def plan_lines(judgement: PlanJudgement) -> list[str]:
@@ -140,6 +143,14 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
             f"**{v.word}**{needed}"
         )
     lines += [f"  {label}: not in the data (no seed has runs in all four cells)" for label in judgement.missing]
+    floor = 2 / (judgement.reps + 1)
+    if judgement.level and any(v.method == "bootstrap" for v in judgement.verdicts):
+        if floor * len(judgement.verdicts) > judgement.level:
+            lines.append(
+                f"  with {judgement.reps} bootstrap resamples the smallest p is {floor:.3g}: too coarse for Holm over "
+                f"{len(judgement.verdicts)} at level {judgement.level:.3g}; raise --reps (at least "
+                f"{int(2 * len(judgement.verdicts) / judgement.level)})"
+            )
     if plan.references:
         lines.append(
             "  the plan's fixed normalisation references are recorded but not yet applied: the scores are normalised "

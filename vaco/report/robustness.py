@@ -192,14 +192,16 @@ def paired_cells(
     cells: Sequence[tuple[str, int]],
     tasks: Sequence[str],
     values: Mapping[str, float] | None = None,
+    runs: Sequence | None = None,
 ) -> tuple[list[np.ndarray], list[int]]:
     """(seeds x tasks) matrices of the runs' ``values`` (run_id -> score; default the report's
     declared score, :meth:`Report.study_scores`), one per (algorithm, K) cell, with rows aligned by
     seed: per task the seeds every cell has, cut to the smallest such count over the tasks (lowest
-    seeds first). Returns the matrices and the seeds kept per task's count."""
+    seeds first). Returns the matrices and the seeds kept per task's count. ``runs``: the runs to
+    pair (default the main comparison's, :meth:`Report.main_runs`; a study plan's arms may be controls)."""
     values = report.study_scores() if values is None else values
     by_cell: dict[tuple[str, int, str], dict[int, float]] = defaultdict(dict)
-    for r in report.main_runs():
+    for r in report.main_runs() if runs is None else runs:
         by_cell[(r.algorithm, r.K, r.env)][r.seed] = values[r.run_id]
     common = {}
     for t in tasks:
@@ -319,13 +321,13 @@ def _drop(report: Report, main, algo: str, k_ref: int, K: int, seeds, notes, sma
 
 
 def difference_of_drops(
-    report: Report, algo: str, baseline: str, k_ref: int, K: int, seeds, notes
+    report: Report, algo: str, baseline: str, k_ref: int, K: int, seeds, notes, runs: Sequence | None = None
 ) -> Interaction | None:
     """The difference of drops of ``algo`` and ``baseline`` (and P(drop smaller)) on the seeds with
     runs in all four cells."""
     cells = [(algo, k_ref), (algo, K), (baseline, k_ref), (baseline, K)]
     tasks = [t for t in report.tasks if all(seeds.get((a, k, t)) for a, k in cells)]
-    mats, counts = paired_cells(report, cells, tasks)
+    mats, counts = paired_cells(report, cells, tasks, runs=runs)
     n = mats[0].shape[0]
     if n == 0:
         notes.append(f"{algo} vs {baseline} K={K}: no seed has runs in all four cells")
