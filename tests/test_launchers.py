@@ -398,3 +398,41 @@ def test_stop_after_ends_a_block_with_124_and_the_same_command_without_it_finish
     assert bad.returncode == 2 and "--stop-after: invalid duration value: 'soon'" in bad.stderr
     elsewhere = sweep("--launcher", "slurm", "--stop-after", "1h", "--dry-run")
     assert elsewhere.returncode == 2 and "`--stop-after` is for the local launcher" in elsewhere.stderr
+
+
+def test_ray_runs_a_population_as_one_task_with_a_run_per_member(tmp_path):
+    """`population: 2` on a real local Ray cluster: seeds 1 and 2 of one cell are one Ray task
+    (`vaco fit --population [1, 2]`), each member one FINISHED run named and tagged as its cell."""
+    import yaml
+
+    raw = yaml.safe_load(Path(TINY).read_text())
+    raw["configs_dir"] = str(Path(TINY).parents[1])
+    raw["population"] = 2
+    raw["defaults"]["seed"] = [1, 2]
+    raw["overrides"]["data.init_args.total_steps"] = 2 * 64 * 4
+    sweep_file = tmp_path / "tiny-population.yaml"
+    sweep_file.write_text(yaml.safe_dump(raw))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(
+        "sweep",
+        "--config",
+        str(sweep_file),
+        "--out",
+        str(tmp_path / "out"),
+        "--only",
+        "vaco-inverted_pendulum-K2-s*",
+        "--launcher",
+        "ray",
+        "--ray-cpus",
+        "2",
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": uri, "RAY_DISABLE_USAGE_STATS": "1"},
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "2 cells run as 1 populations" in out.stdout and "done   vaco-inverted_pendulum-K2-s1+2" in out.stdout
+    runs = cell_runs(uri, experiment=raw["experiment"])
+    assert sorted(runs) == ["vaco-inverted_pendulum-K2-s1", "vaco-inverted_pendulum-K2-s2"]
+    for cell_id, found in runs.items():
+        assert len(found) == 1 and found[0].info.status == "FINISHED" and found[0].info.run_name == cell_id
+        assert found[0].data.tags["vaco.population_member"] in ("0", "1")
