@@ -48,6 +48,12 @@ def _sweep(path, out, *args):
 def test_a_sweep_packs_a_cells_seeds_into_populations_and_skips_finished_members(tmp_path, mlflow_uri):
     path, out = tmp_path / "pop.yaml", tmp_path / "out"
     path.write_text(yaml.safe_dump(SWEEP))
+    dry = _sweep(path, out, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert (
+        "population 3: 3 of the 4 cells to run would run as 1 populations (e.g. vaco-inverted_pendulum-K2-s1+2+3); 2 processes in all"
+        in dry.stdout
+    )
     first = _sweep(path, out, "--only", CELLS[0])
     assert first.returncode == 0, first.stdout + first.stderr
     assert "populations" not in first.stdout  # one cell: nothing to pack

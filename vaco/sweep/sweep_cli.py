@@ -249,6 +249,18 @@ def _list_cells(p: _Plan, args) -> None:
     print(
         f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
     )
+    todo = [c for c in cells if states[c.id] not in ("finished", "running", "queued")]
+    if sweep.population > 1 and todo:
+        from vaco.sweep.grid import pack
+
+        jobs, _ = pack(sweep, todo, states)
+        populations = [job for job in jobs if hasattr(job, "members")]
+        print(
+            f"  population {sweep.population}: {sum(len(j.members) for j in populations)} of the {len(todo)} cells to run "
+            f"would run as {len(populations)} populations"
+            + (f" (e.g. {populations[0].id})" if populations else "")
+            + f"; {len(jobs)} processes in all"
+        )
     extra = p.runner.describe(cells, states) if args.dry_run and p.runner is not None else None
     if extra:
         print(extra)
