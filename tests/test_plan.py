@@ -72,6 +72,17 @@ def test_holm_matches_the_step_down_loop():
     assert holm([0.01, 0.04, 0.03], 0.05) == ([True, False, False], [0.03, 0.06, 0.06])
 
 
+# one iteration of 2 envs x 64 steps a cell: the sweep tests below run real cells, quickly
+TINY_CELL = {
+    "data.init_args.num_envs": 2,
+    "data.init_args.num_steps": 64,
+    "data.init_args.total_steps": 128,
+    "data.init_args.eval_episodes": 2,
+    "data.init_args.eval_envs": 2,
+    "model.init_args.update_epochs": 1,
+    "model.init_args.num_minibatches": 2,
+}
+
 PLAN = {
     "family": [{"arm": "vaco", "against": "ppo_clip", "K": 16}],
     "margin": 0.05,
@@ -121,15 +132,7 @@ def test_a_sweeps_plan_is_declared_with_its_first_run_and_cannot_change_after(tm
         "experiment": "planned",
         "jobs": 1,
         "configs_dir": str(CONFIGS),
-        "overrides": {
-            "data.init_args.num_envs": 2,
-            "data.init_args.num_steps": 64,
-            "data.init_args.total_steps": 128,
-            "data.init_args.eval_episodes": 2,
-            "data.init_args.eval_envs": 2,
-            "model.init_args.update_epochs": 1,
-            "model.init_args.num_minibatches": 2,
-        },
+        "overrides": TINY_CELL,
         "defaults": {"env": "inverted_pendulum", "K": [1, 2], "seed": [1, 2]},
         "grid": {"main": {"algorithm": ["vaco", "ppo_clip"]}},
         "plan": {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}], "looks": [2], "margin": 0.05},
@@ -217,15 +220,7 @@ def test_until_decided_runs_the_looks_in_turn_and_keeps_each_looks_verdicts(tmp_
         "jobs": 2,
         "population": 2,
         "configs_dir": str(CONFIGS),
-        "overrides": {
-            "data.init_args.num_envs": 2,
-            "data.init_args.num_steps": 64,
-            "data.init_args.total_steps": 128,
-            "data.init_args.eval_episodes": 2,
-            "data.init_args.eval_envs": 2,
-            "model.init_args.update_epochs": 1,
-            "model.init_args.num_minibatches": 2,
-        },
+        "overrides": TINY_CELL,
         "defaults": {"env": "inverted_pendulum", "K": [1, 2], "seed": [1, 2, 3, 4]},
         "grid": {"main": {"algorithm": ["vaco", "ppo_clip"]}},
         "plan": {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}], "looks": [2, 4], "spending": "pocock"},

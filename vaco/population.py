@@ -26,9 +26,8 @@ arithmetic per member:
   tensor per member (stacked, Hopper's 3-number biases drifted ~1e-11 at 4 members); a member whose
   loss is not finite has its step undone alone (its weights and Adam state restored).
 
-What it is not yet: ``vaco fit --population`` (collection of S x N envs, one MLflow run and one
-checkpoint per member, the sweep's packing) is issue 45's remaining work; this is the update it
-will call, and ``benchmarks/population_update.py`` measures it against S solo updates.
+``vaco fit --population`` (:mod:`vaco.population_module`) calls it once per iteration;
+``benchmarks/population_update.py`` measures it against S solo updates.
 """
 
 from __future__ import annotations
