@@ -99,16 +99,19 @@ def collection(env_id: str, num_envs: int, num_steps: int, K: int, rounds: int) 
 
 # ---------------------------------------------------------------------------------- 3-4. training
 class IterationTimer(L.Callback):
-    """Wall time of each training step (one iteration: collection + update)."""
+    """Wall time of each training step (one iteration: collection + update). Lightning calls the
+    batch hooks once more after the last batch (the learner's ``next(dataloader_iter)`` ends the
+    epoch there): a call in which no optimiser step happened is not an iteration and is not timed."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
 
-    def on_train_batch_start(self, *args) -> None:
-        self._start = time.perf_counter()
+    def on_train_batch_start(self, trainer, *args) -> None:
+        self._start, self._step = time.perf_counter(), trainer.global_step
 
-    def on_train_batch_end(self, *args) -> None:
-        self.seconds.append(time.perf_counter() - self._start)
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step > self._step:
+            self.seconds.append(time.perf_counter() - self._start)
 
 
 class ReplayData(RolloutDataModule):
