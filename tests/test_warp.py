@@ -1,8 +1,7 @@
 """The MuJoCo Warp backend against gymnasium's v5 envs (MuJoCo C), on Warp's CPU device.
 
-One step from the same state and action must agree task by task within float32 tolerances;
-where states cannot agree step for step (the friction-cone fallback), returns must agree in
-distribution; the collector's batch must meet the CPU collector's contract; and a run on the
+One step from the same state and action must agree task by task within float32 tolerances, and
+ten steps where the walkers touch the floor; the resets draw gymnasium's noise; the collector's batch must meet the CPU collector's contract; and a run on the
 backend must actually learn. Warp compiles its kernels once per machine (~20 s per task cold,
 cached under ~/.cache/warp), so each task is built once per session and with few worlds.
 """
@@ -14,7 +13,6 @@ import mujoco
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 from helpers.runs import REPO
 from vaco.data.normalization import DeviceRewardScaler, RewardScaler
@@ -190,43 +188,56 @@ def test_hopper_at_infinite_height_is_unhealthy_as_in_gymnasium():
     assert terminated.tolist() == [False, True, True]
 
 
-@pytest.mark.slow
-def test_returns_agree_in_distribution():
-    """A fixed controller from the same reset distribution: Hopper's episode returns and lengths
-    on the two engines cannot be told apart (two-sample Kolmogorov-Smirnov, 24 episodes each;
-    benchmarks/warp_agreement.py measures every task with more episodes)."""
+@pytest.mark.parametrize("env_id", list(AGREE))
+def test_resets_draw_gymnasiums_noise(env_id):
+    """The reset distribution against gymnasium's own (its init state and noise scale read from its
+    env; uniform or normal velocities per its source): every coordinate's deviation pooled over
+    many seeded resets, its range and first two moments (tests/helpers/reset_noise.py)."""
+    from helpers.reset_noise import check_draws, gymnasium_reset
 
-    def act(obs: torch.Tensor) -> torch.Tensor:  # damping on the three joints: falls after ~300-500 steps
-        return (-0.3 * obs[..., 8:11]).clamp(-1.0, 1.0)
+    init_qpos, init_qvel, scale, kind = gymnasium_reset(env_id)
+    w = warp_env(env_id)
+    qpos, qvel = [], []
+    for seed in range(max(2, -(-1200 // (w.num_worlds * init_qvel.size)))):
+        w.reset(seed=seed)
+        qpos.append(w.sim.qpos.double().numpy() - init_qpos)
+        qvel.append(w.sim.qvel.double().numpy() - init_qvel)
+    check_draws(np.concatenate(qpos), scale, "uniform", f"{env_id} qpos")
+    check_draws(np.concatenate(qvel), scale, kind, f"{env_id} qvel")
 
-    n = 24
-    env = WarpVectorEnv("Hopper-v5", n, seed=7)
-    obs = env.reset(seed=7)
-    warp_returns, warp_lengths = torch.zeros(n, dtype=torch.float64), torch.zeros(n)
-    finished = torch.zeros(n, dtype=torch.bool)
-    for _ in range(1000):
-        obs, reward, term, trunc, _ = env.step(act(obs))
-        alive = ~finished  # each world's first episode only
-        warp_returns += reward.double() * alive
-        warp_lengths += alive.float()
-        finished |= term | trunc
-        if finished.all():
-            break
-    g = gym_env("Hopper-v5")
-    gym_returns, gym_lengths = [], []
-    for episode in range(n):
-        o, _ = g.reset(seed=1000 + episode)
-        total, length = 0.0, 0
-        while True:
-            o, r, te, tr, _ = g.step(act(torch.as_tensor(o, dtype=torch.float32)).numpy())
-            total, length = total + r, length + 1
-            if te or length >= 1000:
+
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "Walker2d-v5", "HalfCheetah-v5"])
+def test_ten_steps_from_the_same_state_agree_with_gymnasium(env_id):
+    """Ten steps of the same random actions from the same states (a reset, after 20 and 60 random
+    steps, and a first contact): the rewards agree step by step to 2e-3 (float32 against float64
+    drifts ~1e-4 in ten steps, more after: measured) and the episodes end at the same step. One
+    step cannot show a fault that builds up over steps (a state not carried from step to step, a
+    warm start lost); whole episodes cannot be compared step by step (the engines part ways)."""
+    rng = np.random.default_rng(0)
+    g, w = gym_env(env_id), warp_env(env_id)
+    states = _states(g, rng, [0, 20, 60, "contact"])
+    qpos = torch.tensor(np.stack([s[0] for s in states]), dtype=torch.float32)
+    qvel = torch.tensor(np.stack([s[1] for s in states]), dtype=torch.float32)
+    T = 10
+    actions = rng.uniform(g.action_space.low, g.action_space.high, (T, len(states), g.action_space.shape[0]))
+    actions = actions.astype(np.float32)
+    w.set_state(qpos, qvel)
+    w_rewards, w_ends = [], []
+    for t in range(T):
+        _, reward, terminated, _, _ = w.step(torch.as_tensor(actions[t]))
+        w_rewards.append(reward.numpy().copy())
+        w_ends.append(terminated.numpy().copy())
+    compared = 0
+    for k in range(len(states)):
+        g.set_state(qpos[k].double().numpy(), qvel[k].double().numpy())
+        for t in range(T):
+            _, reward, terminated, _, _ = g.step(actions[t, k])
+            assert abs(reward - w_rewards[t][k]) <= 2e-3, f"state {k}, step {t + 1}: {reward} vs {w_rewards[t][k]}"
+            assert terminated == bool(w_ends[t][k]), f"state {k}: gymnasium ends at step {t + 1}: {terminated}"
+            compared += 1
+            if terminated:
                 break
-        gym_returns.append(total)
-        gym_lengths.append(length)
-    assert finished.all()
-    assert stats.ks_2samp(warp_returns.numpy(), gym_returns).pvalue > 0.01
-    assert stats.ks_2samp(warp_lengths.numpy(), gym_lengths).pvalue > 0.01
+    assert compared >= 2 * T
 
 
 # ---------------------------------------------------------------- the collector's contract
