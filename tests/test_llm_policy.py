@@ -175,6 +175,7 @@ def test_rows_end_at_their_stop_string_during_generation_with_the_same_samples(m
             generator=torch.Generator().manual_seed(3),
             tokenizer=tokenizer,
             stop_strings=stops,
+            compact=False,  # ended rows stay as padding: the same shapes, so the same floats bit for bit
         )
 
     full = run(())
@@ -195,3 +196,54 @@ def test_rows_end_at_their_stop_string_during_generation_with_the_same_samples(m
     assert T < full["completion_ids"].shape[1]  # every row ended: the batch stopped sooner
     with pytest.raises(ValueError, match="stop strings need the tokenizer"):
         generate(model, ids, mask, max_new_tokens=2, eos_token_id=0, pad_token_id=0, stop_strings=("x",))
+
+
+def test_rows_that_ended_leave_the_batch_and_every_row_gets_the_same_sample(model, tokenizer):
+    """Compaction: once a row ends (a stop string here, EOS alike) the model sees only the rows still
+    running. Each row's tokens, mask and truncation are those of the batch that keeps ended rows as
+    padding; its log-probs agree to float32 rounding (a matrix product over fewer rows may round
+    differently), and the model decodes fewer rows."""
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    ids, mask, _ = encode_prompts(tokenizer, prompts, 64)
+    seen: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+
+    def run(stops, compact):
+        seen.clear()
+        out = generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=40,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            temperature=1.0,
+            generator=torch.Generator().manual_seed(3),
+            tokenizer=tokenizer,
+            stop_strings=stops,
+            compact=compact,
+        )
+        return out, list(seen)
+
+    try:
+        free, _ = run((), False)
+        texts = [tokenizer.decode(r, skip_special_tokens=False) for r in free["completion_ids"].tolist()]
+        # stop strings that end rows at different steps: a piece of row 0's text, then also row 4's
+        stops = (texts[0][2:4], texts[4][5:7])
+        padded, rows_padded = run(stops, False)
+        compacted, rows_compacted = run(stops, True)
+    finally:
+        hook.remove()
+    lengths = padded["completion_mask"].sum(-1)
+    assert len(set(lengths.tolist())) > 1  # rows did end at different steps
+    for key in ("completion_ids", "completion_mask", "truncated"):
+        assert torch.equal(compacted[key], padded[key]), key
+    assert torch.allclose(compacted["behavior_log_prob"], padded["behavior_log_prob"], rtol=0, atol=1e-5)
+    # the rows each step decodes: all of them without compaction, the running ones with it
+    B = ids.shape[0]
+    assert rows_padded == [B] * len(rows_padded)
+    running = [int((lengths > t).sum()) for t in range(1, len(rows_compacted))]
+    assert rows_compacted == [B] + running
+    assert sum(rows_compacted) < sum(rows_padded)

@@ -143,15 +143,22 @@ def generate(
     tokenizer=None,
     stop_strings: Sequence[str] = (),
     should_stop: Callable[[], bool] | None = None,
+    compact: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Sample completions (``temperature`` 0: greedy) and record each token's log-prob when it was drawn.
 
     A row ends at EOS or, with ``tokenizer`` and ``stop_strings``, at the token whose decoded prefix
     first holds a stop string (the decode of the whole prefix, as :func:`cut_at_stop_strings` does:
-    tokenizer-safe where a character spans tokens); the loop ends when every row has ended. The
-    rows that ended stay in the batch (padding), so the other rows' numbers and the generator's
-    draws are those of a run without the stop strings: cutting that run's completions at their
-    stop strings gives the same completions, log-probs and rewards, only sooner.
+    tokenizer-safe where a character spans tokens); the loop ends when every row has ended.
+
+    With ``compact`` (the default) a row that ended **leaves the batch**: the next forward passes,
+    and the KV cache, hold only the rows still running, so a chunk whose rows end at different
+    lengths costs what its running rows cost. The samples do not depend on it: every token is
+    drawn by one ``torch.multinomial`` over all ``B`` rows (an ended row keeps its last
+    distribution, and its draw is discarded), which consumes the generator by ``B x V`` whatever
+    the rows hold, so each row's draw is the one it gets without compaction (tested: the same
+    tokens and log-probs with and without). ``compact=False`` keeps ended rows in the batch as
+    padding (for measuring the difference).
 
     ``should_stop`` is asked before every token: when it answers true, generation is abandoned
     (:class:`GenerationStopped`; a stop signal arrived, and a preemption warning does not wait for
@@ -171,11 +178,12 @@ def generate(
     out = model(
         input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
     )
-    cache, logits = out.cache, out.logits[:, -1].float()
+    cache, logits = out.cache, out.logits[:, -1].float()  # logits: [B, V], every row's latest
     next_position = positions[:, -1] + 1
+    running = torch.arange(B, device=prompt_ids.device)  # the rows in the batch the model sees
     finished = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
     tokens, log_probs, valid = [], [], []
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         if should_stop is not None and should_stop():
             raise GenerationStopped("generation abandoned: a stop was requested")
         if temperature > 0:
@@ -192,17 +200,26 @@ def generate(
         if stops:
             ended = ended | _completes_a_stop(tokenizer, tokens, finished | ended, stops)
         finished = finished | ended
-        if bool(finished.all()):
+        if bool(finished.all()) or step == max_new_tokens - 1:  # no forward pass for a token never drawn
             break
-        attention = torch.cat([attention, attention.new_ones(B, 1)], dim=-1)
+        if compact and bool(finished[running].any()):
+            keep = (~finished[running]).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            attention, next_position, running = attention[keep], next_position[keep], running[keep]
+        attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=-1)
         out = model(
-            input_ids=tokens[-1][:, None],
+            input_ids=tokens[-1][running, None],
             attention_mask=attention,
             position_ids=next_position[:, None],
             cache=cache,
             use_cache=True,
         )
-        cache, logits = out.cache, out.logits[:, -1].float()
+        cache = out.cache
+        step_logits = out.logits[:, -1].float()
+        if compact:
+            logits = logits.index_copy(0, running, step_logits)
+        else:
+            logits = step_logits
         next_position = next_position + 1
     return {
         "completion_ids": torch.stack(tokens, -1),
