@@ -3,12 +3,15 @@
 # installed the kit (PYTHONPATH=/tmp/site:$PWD). Each check has its own time limit so that one
 # that hangs or compiles for too long still leaves the others' logs under $OUT. Figures it
 # prints go to docs/gpu.md and docs/performance.md with the card's name (info.log).
-#   CHECKS="warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
+#   CHECKS="population warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
+#   population first: the other four ran on an H100 on 2026-11-27 (docs/gpu.md); populations never ran on a GPU.
+#   POP=4 (the population compared with one run; 16 takes ~16x one run's collection: see check_population)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 T_TEST=${T_TEST:-100} T_UPDATE=${T_UPDATE:-75} T_FIT=${T_FIT:-140} T_WARP=${T_WARP:-140}
 GRAPH=${GRAPH:-true} WORLDS=${WORLDS:-64 512 4096}
+T_POP_WARP=${T_POP_WARP:-90} T_POP_FIT=${T_POP_FIT:-240} POP=${POP:-4}
 step() { echo "== $1 ($(date +%T))"; }
 {
   step info
@@ -53,5 +56,38 @@ check_update() {
     --no-profile --device cuda --collect-on warp 2>&1 | tee "$OUT/profile_update.log"
   echo "rc=$?" | tee -a "$OUT/profile_update.log"
 }
-for c in ${CHECKS:-warp test fit update}; do "check_$c"; done  # check_test: `test` is a shell builtin
+check_population() {
+  # Issue 45's GPU check. (1) env steps/s of one Warp env of 500, 2,000 and 8,000 Hopper worlds: what
+  # populations of 1, 4 and 16 x 500 worlds would step if their collection were one env (not built:
+  # each member steps its own 500 worlds today). (2) two iterations of `vaco fit` at the paper's
+  # 500 x 1,000 as a population of 1 and of $POP: the aggregate end-to-end steps/s as built (members
+  # collect one after another; the update is batched). Goal (not expected as built): POP=16 >= 10x POP=1.
+  step "populations on Warp on cuda: one env of 500 / 2,000 / 8,000 worlds"
+  timeout "$T_POP_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds 500 2000 8000 \
+    --out "$OUT/population_worlds.json" 2>&1 | tee "$OUT/population_worlds.log"
+  echo "rc=$?" | tee -a "$OUT/population_worlds.log"
+  for p in 1 "$POP"; do
+    step "vaco fit --population $p on Warp on cuda (Hopper, VACO, 500 x 1,000, 2 iterations, cuda_graph $GRAPH)"
+    rm -rf /tmp/runp; mkdir -p /tmp/runp
+    start=$(date +%s.%N)
+    MLFLOW_TRACKING_URI=sqlite:////tmp/runp/mlflow.db timeout "$T_POP_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
+      --config configs/algo/vaco.yaml --config configs/collection/warp.yaml --config configs/hardware/gpu.yaml \
+      --data.init_args.num_envs 500 --data.init_args.num_steps 1000 --data.init_args.collection.init_args.device cuda \
+      --data.init_args.collection.init_args.cuda_graph "$GRAPH" --data.init_args.collection.init_args.evaluate_on gymnasium \
+      --data.init_args.total_steps 1000000 --data.init_args.eval_every 0 --data.init_args.eval_episodes 2 \
+      --trainer.default_root_dir /tmp/runp --trainer.enable_progress_bar false --population "$p" 2>&1 | tee "$OUT/population_fit_$p.log"
+    rc=$?; end=$(date +%s.%N)
+    python3 - "$p" "$start" "$end" "$rc" <<'PY' 2>&1 | tee -a "$OUT/population_fit_$p.log"
+import sys, mlflow
+p, start, end, rc = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+wall = end - start
+print(f"population {p}: rc={rc}, wall {wall:.1f} s (start-up, compile and both iterations), aggregate {p * 1_000_000 / wall:,.0f} env steps/s")
+c = mlflow.MlflowClient("sqlite:////tmp/runp/mlflow.db")
+for r in c.search_runs([e.experiment_id for e in c.search_experiments()]):
+    hist = {k: [round(m.value, 3) for m in c.get_metric_history(r.info.run_id, k)] for k in ("perf/collect_seconds", "perf/update_seconds", "perf/sps")}
+    print(r.info.status, r.data.tags.get("vaco.population_member"), hist)
+PY
+  done
+}
+for c in ${CHECKS:-population warp test fit update}; do "check_$c"; done  # check_test: `test` is a shell builtin
 step done
