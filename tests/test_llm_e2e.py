@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import mlflow
@@ -130,7 +131,9 @@ def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, monkeypatc
         sft_steps=20,
         sft_batch_size=16,
     )
-    prepare_cpu_setting(str(tmp_path / "cpu"), setting, verbose=False)
+    with warnings.catch_warnings():  # the supervised start warns about nothing (it warned on every step's loss)
+        warnings.simplefilter("error")
+        prepare_cpu_setting(str(tmp_path / "cpu"), setting, verbose=False)
     shipped = yaml.safe_load((CONFIGS.parent / "sweeps" / "llm_cpu.yaml").read_text())
     sweep = dict(shipped, configs_dir=str(CONFIGS), output_dir=str(tmp_path / "out"), jobs=2)
     sweep["defaults"] = dict(shipped["defaults"], K=[1, 2], seed=[1])

@@ -175,7 +175,6 @@ def test_rows_end_at_their_stop_string_during_generation_with_the_same_samples(m
             generator=torch.Generator().manual_seed(3),
             tokenizer=tokenizer,
             stop_strings=stops,
-            compact=False,  # ended rows stay as padding: the same shapes, so the same floats bit for bit
         )
 
     full = run(())
@@ -188,8 +187,10 @@ def test_rows_end_at_their_stop_string_during_generation_with_the_same_samples(m
         T = out["completion_ids"].shape[1]
         got = _cut(tokenizer, out, stops)
         assert torch.equal(got["completion_mask"], out["completion_mask"])  # already ended at the stops
-        for key in ("completion_ids", "behavior_log_prob", "completion_mask"):
+        for key in ("completion_ids", "completion_mask"):
             assert torch.equal(got[key], ref[key][:, :T]), key
+        # to float32 rounding: ended rows leave the batch, and a product over fewer rows may round differently
+        assert torch.allclose(got["behavior_log_prob"], ref["behavior_log_prob"][:, :T], rtol=0, atol=1e-5)
         assert not ref["completion_mask"][:, T:].any()  # nothing kept was left out
         assert torch.equal(got["truncated"], ref["truncated"])
         assert int(ref["completion_mask"][0].sum()) < 40  # row 0 did end early
@@ -198,52 +199,71 @@ def test_rows_end_at_their_stop_string_during_generation_with_the_same_samples(m
         generate(model, ids, mask, max_new_tokens=2, eos_token_id=0, pad_token_id=0, stop_strings=("x",))
 
 
-def test_rows_that_ended_leave_the_batch_and_every_row_gets_the_same_sample(model, tokenizer):
-    """Compaction: once a row ends (a stop string here, EOS alike) the model sees only the rows still
-    running. Each row's tokens, mask and truncation are those of the batch that keeps ended rows as
-    padding; its log-probs agree to float32 rounding (a matrix product over fewer rows may round
-    differently), and the model decodes fewer rows."""
-    prompts = [p for p in PROMPTS for _ in range(3)]
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_rows_leave_the_batch_and_free_slots_refill_with_the_same_samples(model, tokenizer, temperature):
+    """Continuous batching: with ``slots`` rows decoding at once, a row that ends leaves the batch
+    and a waiting prompt takes its slot. Each row's tokens, mask and truncation are the same for
+    every number of slots (each row samples from its own stream), its log-probs agree to float32
+    rounding, and the model never decodes more rows than slots, nor a row that has ended."""
+    prompts = [p for p in PROMPTS for _ in range(4)]  # 12 rows
     ids, mask, _ = encode_prompts(tokenizer, prompts, 64)
     seen: list[int] = []
     hook = model.register_forward_pre_hook(
         lambda _, args, kwargs: seen.append(kwargs["input_ids"].shape[0]), with_kwargs=True
     )
 
-    def run(stops, compact):
+    def run(slots, stops):
         seen.clear()
         out = generate(
             model,
             ids,
             mask,
-            max_new_tokens=40,
+            max_new_tokens=30,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            temperature=1.0,
+            temperature=temperature,
             generator=torch.Generator().manual_seed(3),
             tokenizer=tokenizer,
             stop_strings=stops,
-            compact=compact,
+            slots=slots,
         )
         return out, list(seen)
 
     try:
-        free, _ = run((), False)
+        free, _ = run(None, ())
         texts = [tokenizer.decode(r, skip_special_tokens=False) for r in free["completion_ids"].tolist()]
-        # stop strings that end rows at different steps: a piece of row 0's text, then also row 4's
-        stops = (texts[0][2:4], texts[4][5:7])
-        padded, rows_padded = run(stops, False)
-        compacted, rows_compacted = run(stops, True)
+        # stop strings that end rows at different steps (greedy rows may all say the same: then one length)
+        stops = (texts[0][2:4], texts[5][6:8], texts[9][12:14])
+        runs = {slots: run(slots, stops) for slots in (None, 5, 2, 1)}
     finally:
         hook.remove()
-    lengths = padded["completion_mask"].sum(-1)
-    assert len(set(lengths.tolist())) > 1  # rows did end at different steps
-    for key in ("completion_ids", "completion_mask", "truncated"):
-        assert torch.equal(compacted[key], padded[key]), key
-    assert torch.allclose(compacted["behavior_log_prob"], padded["behavior_log_prob"], rtol=0, atol=1e-5)
-    # the rows each step decodes: all of them without compaction, the running ones with it
-    B = ids.shape[0]
-    assert rows_padded == [B] * len(rows_padded)
-    running = [int((lengths > t).sum()) for t in range(1, len(rows_compacted))]
-    assert rows_compacted == [B] + running
-    assert sum(rows_compacted) < sum(rows_padded)
+    ref, _ = runs[None]
+    lengths = ref["completion_mask"].sum(-1)
+    if temperature > 0:
+        assert len(set(lengths.tolist())) > 2  # rows did end at different steps
+    for slots, (out, calls) in runs.items():
+        for key in ("completion_ids", "completion_mask", "truncated"):
+            assert torch.equal(out[key], ref[key]), (slots, key)
+        assert torch.allclose(out["behavior_log_prob"], ref["behavior_log_prob"], rtol=0, atol=1e-5), slots
+        width = len(prompts) if slots is None else slots
+        assert max(calls) <= width, (slots, calls)
+        # every row is fed once per token but its last (prompt pass included): no ended row is decoded
+        assert sum(calls) == int(lengths.sum()), (slots, sum(calls), int(lengths.sum()))
+    # one row at a time takes as many forward passes as tokens; all at once, as the longest row
+    assert len(runs[1][1]) == int(lengths.sum()) and len(runs[None][1]) < len(runs[1][1])
+
+
+def test_a_row_generated_apart_with_its_seed_is_the_row_of_the_batch(model, tokenizer):
+    """The documented stream: a call draws its B row seeds with ``randint(2**62, (B,))`` from its
+    generator; row i generated alone with ``row_seeds=[seed_i]`` is row i of the batch."""
+    ids, mask, _ = encode_prompts(tokenizer, PROMPTS, 64)
+    kwargs = dict(max_new_tokens=12, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    together = generate(model, ids, mask, generator=torch.Generator().manual_seed(9), **kwargs)
+    seeds = torch.randint(2**62, (len(PROMPTS),), generator=torch.Generator().manual_seed(9)).tolist()
+    for i, seed in enumerate(seeds):
+        alone = generate(model, ids[i : i + 1], mask[i : i + 1], row_seeds=[seed], **kwargs)
+        n = int(together["completion_mask"][i].sum())
+        assert int(alone["completion_mask"].sum()) == n
+        assert torch.equal(alone["completion_ids"][0, :n], together["completion_ids"][i, :n]), i
+    with pytest.raises(ValueError, match="2 `row_seeds` for 3 rows"):
+        generate(model, ids, mask, row_seeds=[1, 2], **kwargs)

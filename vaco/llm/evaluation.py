@@ -52,26 +52,26 @@ def answer(
     policy.eval()
     rewards, lengths = [], []
     try:
-        for i in range(0, len(prompts), batch_size):
-            ids, mask, _ = encode_prompts(tokenizer, prompts[i : i + batch_size], max_prompt_length)
-            with autocast():
-                out = generate(
-                    policy,
-                    ids.to(device),
-                    mask.to(device),
-                    max_new_tokens=max_new_tokens,
-                    eos_token_id=tokenizer.eos_token_id,
-                    pad_token_id=tokenizer.pad_token_id,
-                    temperature=temperature,
-                    generator=generator,
-                    tokenizer=tokenizer,
-                    stop_strings=stop_strings,
-                )
-            cut, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], stop_strings)
-            completion_ids = out["completion_ids"].masked_fill(~cut, tokenizer.pad_token_id)
-            texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-            rewards += [gsm8k_reward(x, t, stop_strings) for x, t in zip(texts, targets[i : i + batch_size])]
-            lengths += cut.sum(-1).tolist()
+        ids, mask, _ = encode_prompts(tokenizer, prompts, max_prompt_length)
+        with autocast():
+            out = generate(
+                policy,
+                ids.to(device),
+                mask.to(device),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                temperature=temperature,
+                generator=generator,
+                tokenizer=tokenizer,
+                stop_strings=stop_strings,
+                slots=batch_size,  # continuous batching: a finished answer's slot takes the next prompt
+            )
+        cut, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], stop_strings)
+        completion_ids = out["completion_ids"].masked_fill(~cut, tokenizer.pad_token_id)
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        rewards += [gsm8k_reward(x, t, stop_strings) for x, t in zip(texts, targets)]
+        lengths += cut.sum(-1).tolist()
     finally:
         policy.train(was_training)
     return Answers(rewards, lengths)

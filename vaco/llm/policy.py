@@ -143,104 +143,194 @@ def generate(
     tokenizer=None,
     stop_strings: Sequence[str] = (),
     should_stop: Callable[[], bool] | None = None,
-    compact: bool = True,
+    slots: int | None = None,
+    row_seeds: Sequence[int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Sample completions (``temperature`` 0: greedy) and record each token's log-prob when it was drawn.
 
-    A row ends at EOS or, with ``tokenizer`` and ``stop_strings``, at the token whose decoded prefix
-    first holds a stop string (the decode of the whole prefix, as :func:`cut_at_stop_strings` does:
-    tokenizer-safe where a character spans tokens); the loop ends when every row has ended.
+    A row ends at EOS, at ``max_new_tokens``, or, with ``tokenizer`` and ``stop_strings``, at the
+    token whose decoded prefix first holds a stop string (the decode of the whole prefix, as
+    :func:`cut_at_stop_strings` does: tokenizer-safe where a character spans tokens).
 
-    With ``compact`` (the default) a row that ended **leaves the batch**: the next forward passes,
-    and the KV cache, hold only the rows still running, so a chunk whose rows end at different
-    lengths costs what its running rows cost. The samples do not depend on it: every token is
-    drawn by one ``torch.multinomial`` over all ``B`` rows (an ended row keeps its last
-    distribution, and its draw is discarded), which consumes the generator by ``B x V`` whatever
-    the rows hold, so each row's draw is the one it gets without compaction (tested: the same
-    tokens and log-probs with and without). ``compact=False`` keeps ended rows in the batch as
-    padding (for measuring the difference).
+    **Continuous batching.** At most ``slots`` rows decode together (default: all of them). A row
+    that ends leaves the batch at once (the forward passes and the KV cache hold only running
+    rows), and its slot is refilled from the waiting prompts: their prompt pass runs, their cache
+    joins the batch's (left-padded to a common length; columns no running row attends to are
+    dropped). So a generation costs about its total tokens over ``slots`` steps, not ``slots``
+    times its longest row per chunk of rows.
+
+    **Samples do not depend on the batching.** Row ``i`` samples with its own random stream, seeded
+    from one draw of ``generator`` per call (``B`` seeds), so its tokens are the same whatever
+    ``slots`` is and whichever rows share its steps (tested; ``row_seeds`` gives the seeds instead,
+    to generate some rows of a batch apart); its log-probs agree to float32
+    rounding (a matrix product over other rows may round differently). Caches other than
+    transformers' plain ``DynamicCache`` layers are not merged: with them every row decodes at once.
 
     ``should_stop`` is asked before every token: when it answers true, generation is abandoned
     (:class:`GenerationStopped`; a stop signal arrived, and a preemption warning does not wait for
     a whole rollout).
 
     Returns:
-        ``completion_ids`` and ``behavior_log_prob`` ``[B, T]``, ``completion_mask`` ``[B, T]``
-        (bool, EOS included), ``truncated`` ``[B]`` (neither EOS nor a stop string within
-        ``max_new_tokens``).
+        ``completion_ids`` and ``behavior_log_prob`` ``[B, T]`` (T: the longest completion),
+        ``completion_mask`` ``[B, T]`` (bool, EOS included), ``truncated`` ``[B]`` (neither EOS nor
+        a stop string within ``max_new_tokens``).
     """
     stops = [text for text in stop_strings if text]
     if stops and tokenizer is None:
         raise ValueError("generate: stop strings need the tokenizer that decodes the completions")
-    B = prompt_ids.shape[0]
-    attention = prompt_mask.long()
-    positions = _positions(prompt_mask)
-    out = model(
-        input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
-    )
-    cache, logits = out.cache, out.logits[:, -1].float()  # logits: [B, V], every row's latest
-    next_position = positions[:, -1] + 1
-    running = torch.arange(B, device=prompt_ids.device)  # the rows in the batch the model sees
-    finished = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
-    tokens, log_probs, valid = [], [], []
-    for step in range(max_new_tokens):
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: `max_new_tokens` must be >= 1, got {max_new_tokens}")
+    B, device = prompt_ids.shape[0], prompt_ids.device
+    slots = B if slots is None else max(1, min(int(slots), B))
+    streams: list[torch.Generator] | None = None
+    if temperature > 0:
+        if row_seeds is None:
+            seed_device = generator.device if generator is not None else torch.device("cpu")
+            seeds = torch.randint(2**62, (B,), generator=generator, device=seed_device).tolist()
+        elif len(row_seeds) != B:
+            raise ValueError(f"generate: {len(row_seeds)} `row_seeds` for {B} rows")
+        else:
+            seeds = list(row_seeds)
+        streams = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+    tokens: list[list[int]] = [[] for _ in range(B)]
+    drawn: list[tuple[list[int], list[int], torch.Tensor]] = []  # per step: rows, token indices, log-probs
+    truncated = [False] * B
+    waiting = list(range(B))
+    batch: _Rows | None = None
+    refill = True  # until a prompt pass shows a cache that cannot be merged
+    while waiting or batch is not None:
+        if waiting and (batch is None or (refill and len(batch.rows) < slots)):
+            room = slots - (0 if batch is None else len(batch.rows))
+            joining, waiting = waiting[:room], waiting[room:]
+            new = _Rows.prompt(model, prompt_ids, prompt_mask, joining)
+            refill = refill and new.mergeable()
+            batch = new if batch is None else batch.merge(new)
         if should_stop is not None and should_stop():
             raise GenerationStopped("generation abandoned: a stop was requested")
         if temperature > 0:
-            dist = (logits / temperature).log_softmax(-1)
-            token = torch.multinomial(dist.exp(), 1, generator=generator).squeeze(-1)
+            dist = (batch.logits / temperature).log_softmax(-1)
+            probs = dist.exp()
+            token = torch.cat(
+                [torch.multinomial(probs[j], 1, generator=streams[row]) for j, row in enumerate(batch.rows)]
+            )
         else:
-            dist = logits.log_softmax(-1)
+            dist = batch.logits.log_softmax(-1)
             token = dist.argmax(-1)
         log_prob = dist.gather(-1, token[:, None]).squeeze(-1)
-        tokens.append(torch.where(finished, pad_token_id, token))
-        log_probs.append(torch.where(finished, 0.0, log_prob))
-        valid.append(~finished)
-        ended = token == eos_token_id
-        if stops:
-            ended = ended | _completes_a_stop(tokenizer, tokens, finished | ended, stops)
-        finished = finished | ended
-        if bool(finished.all()) or step == max_new_tokens - 1:  # no forward pass for a token never drawn
-            break
-        if compact and bool(finished[running].any()):
-            keep = (~finished[running]).nonzero().squeeze(-1)
-            cache.batch_select_indices(keep)
-            attention, next_position, running = attention[keep], next_position[keep], running[keep]
-        attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=-1)
-        out = model(
-            input_ids=tokens[-1][running, None],
-            attention_mask=attention,
-            position_ids=next_position[:, None],
-            cache=cache,
-            use_cache=True,
-        )
-        cache = out.cache
-        step_logits = out.logits[:, -1].float()
-        if compact:
-            logits = logits.index_copy(0, running, step_logits)
-        else:
-            logits = step_logits
-        next_position = next_position + 1
+        token_list = token.tolist()
+        drawn.append((batch.rows, [len(tokens[row]) for row in batch.rows], log_prob))
+        running = []
+        for j, row in enumerate(batch.rows):
+            tokens[row].append(token_list[j])
+            if token_list[j] == eos_token_id:
+                continue
+            if stops and _holds_a_stop(tokenizer, tokens[row], stops):
+                continue
+            if len(tokens[row]) >= max_new_tokens:
+                truncated[row] = True
+                continue
+            running.append(j)
+        if not running:
+            batch = None
+            continue
+        if len(running) < len(batch.rows):
+            batch.select(torch.tensor(running, device=device))
+        batch.step(model, token[running] if len(running) < len(token) else token)
+    T = max(len(t) for t in tokens)
+    completion_ids = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
+    behavior_log_prob = torch.zeros(B, T, dtype=torch.float32, device=device)
+    completion_mask = torch.zeros(B, T, dtype=torch.bool, device=device)
+    for row in range(B):
+        n = len(tokens[row])
+        completion_ids[row, :n] = torch.tensor(tokens[row], dtype=torch.long, device=device)
+        completion_mask[row, :n] = True
+    for rows, at, log_prob in drawn:
+        behavior_log_prob[torch.tensor(rows, device=device), torch.tensor(at, device=device)] = log_prob
     return {
-        "completion_ids": torch.stack(tokens, -1),
-        "behavior_log_prob": torch.stack(log_probs, -1),
-        "completion_mask": torch.stack(valid, -1),
-        "truncated": ~finished,
+        "completion_ids": completion_ids,
+        "behavior_log_prob": behavior_log_prob,
+        "completion_mask": completion_mask,
+        "truncated": torch.tensor(truncated, dtype=torch.bool, device=device),
     }
 
 
-def _completes_a_stop(tokenizer, tokens: list[torch.Tensor], skip: torch.Tensor, stops: list[str]) -> torch.Tensor:
-    """``[B]``: whether each row not in ``skip`` holds a stop string in the decode of its tokens so far
-    (its previous prefix did not, or the row would have ended there)."""
-    found = torch.zeros_like(skip)
-    rows = [i for i in range(skip.shape[0]) if not bool(skip[i])]
-    if not rows:
-        return found
-    so_far = torch.stack(tokens, -1)[rows].tolist()
-    for i, row in zip(rows, so_far):
-        text = tokenizer.decode(row, skip_special_tokens=False)
-        found[i] = any(stop in text for stop in stops)
-    return found
+class _Rows:
+    """The rows decoding together: their ids (rows of the whole generation), KV cache, attention
+    mask over the cache's columns, next positions, and the logits of their next token."""
+
+    def __init__(self, rows: list[int], cache, attention: torch.Tensor, next_position: torch.Tensor, logits):
+        self.rows, self.cache, self.attention = rows, cache, attention
+        self.next_position, self.logits = next_position, logits
+
+    @classmethod
+    def prompt(cls, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, rows: list[int]) -> "_Rows":
+        """The prompt pass of ``rows`` (without the left columns that are padding in all of them)."""
+        index = torch.tensor(rows, device=prompt_ids.device)
+        mask = prompt_mask[index]
+        first = int(mask.any(0).long().argmax())
+        ids, mask = prompt_ids[index, first:], mask[:, first:]
+        positions = _positions(mask)
+        out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions, use_cache=True, logits_to_keep=1)
+        return cls(list(rows), out.cache, mask.long(), positions[:, -1] + 1, out.logits[:, -1].float())
+
+    def mergeable(self) -> bool:
+        """Whether the cache is transformers' plain ``DynamicLayer``s (full attention), which merge and trim."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = list(getattr(self.cache, "layers", []))
+        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+    def merge(self, other: "_Rows") -> "_Rows":
+        """These rows and ``other``'s as one batch: each side's cache and mask left-padded to the longer one."""
+        width = max(self.attention.shape[1], other.attention.shape[1])
+
+        def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+            missing = width - t.shape[dim]
+            if missing == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = missing
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([pad(mine.keys, -2), pad(theirs.keys, -2)], dim=0)
+            mine.values = torch.cat([pad(mine.values, -2), pad(theirs.values, -2)], dim=0)
+        self.attention = torch.cat([pad(self.attention, 1), pad(other.attention, 1)], dim=0)
+        self.next_position = torch.cat([self.next_position, other.next_position])
+        self.logits = torch.cat([self.logits, other.logits])
+        self.rows = self.rows + other.rows
+        return self
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep the rows at ``keep`` (positions in this batch); drop the cache columns none of them attends to."""
+        self.cache.batch_select_indices(keep)
+        self.attention, self.next_position = self.attention[keep], self.next_position[keep]
+        self.rows = [self.rows[j] for j in keep.tolist()]
+        first = int(self.attention.any(0).long().argmax())
+        if first > 0 and self.mergeable():
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+            self.attention = self.attention[:, first:]
+
+    def step(self, model, token: torch.Tensor) -> None:
+        """Feed each row its sampled token; keep the logits of the next one."""
+        self.attention = torch.cat([self.attention, self.attention.new_ones(len(self.rows), 1)], dim=-1)
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=self.attention,
+            position_ids=self.next_position[:, None],
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.cache, self.logits = out.cache, out.logits[:, -1].float()
+        self.next_position = self.next_position + 1
+
+
+def _holds_a_stop(tokenizer, row: list[int], stops: list[str]) -> bool:
+    """Whether the decode of the row's tokens so far holds a stop string (its previous prefix did
+    not, or the row would have ended there)."""
+    text = tokenizer.decode(row, skip_special_tokens=False)
+    return any(stop in text for stop in stops)
 
 
 def completion_log_probs(

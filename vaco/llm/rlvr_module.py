@@ -85,7 +85,9 @@ class RLVRModule(Learner):
             over the minibatch, and the TV filter still tests the minibatch's TV: it is measured in
             one no-grad pass before the micro-batched backward (one optimiser step per minibatch
             makes that exact).
-        generation_batch_size: sequences generated at once (default: one minibatch, P x G).
+        generation_batch_size: sequences decoding at once (default: the whole generation batch). A
+            sequence that ends leaves at once and a waiting prompt takes its slot (continuous batching);
+            the samples do not depend on it (each sequence has its own random stream).
         eval_batch_size: prompts decoded at once during evaluation.
         dtype: the compute dtype (``float32``; ``bfloat16`` on GPUs, as the paper trains). The weights
             and AdamW's state stay float32 (master weights) and the forward passes run under
@@ -411,25 +413,22 @@ class RLVRModule(Learner):
         )
         prompt_ids = prompt_ids.repeat_interleave(G, 0).to(self.device)
         prompt_mask = prompt_mask.repeat_interleave(G, 0).to(self.device)
-        chunk = self.hparams.generation_batch_size or prompt_ids.shape[0]
         with self.autocast():
-            pieces = [
-                generate(
-                    self.policy,
-                    prompt_ids[i : i + chunk],
-                    prompt_mask[i : i + chunk],
-                    max_new_tokens=self.hparams.max_completion_length,
-                    eos_token_id=self.tokenizer.eos_token_id,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    temperature=self.hparams.temperature,
-                    generator=self._generator,
-                    tokenizer=self.tokenizer,  # a chunk ends when each row has met EOS or a stop string
-                    stop_strings=self.stop_strings,
-                    should_stop=should_stop,
-                )
-                for i in range(0, prompt_ids.shape[0], chunk)
-            ]
-        out = self._cut(_cat_padded(pieces, self.tokenizer.pad_token_id))
+            generated = generate(
+                self.policy,
+                prompt_ids,
+                prompt_mask,
+                max_new_tokens=self.hparams.max_completion_length,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                temperature=self.hparams.temperature,
+                generator=self._generator,
+                tokenizer=self.tokenizer,  # a row ends at EOS or a stop string, and its slot is refilled
+                stop_strings=self.stop_strings,
+                should_stop=should_stop,
+                slots=self.hparams.generation_batch_size,
+            )
+        out = self._cut(generated)
         texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
         targets = [t for t in batch["target"] for _ in range(G)]
         reward = torch.tensor(
@@ -660,22 +659,3 @@ def _trim(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if key in part:
             out[key] = part[key][:, :completion_end]
     return out
-
-
-def _cat_padded(pieces: list[dict[str, torch.Tensor]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Concatenate generation chunks whose completions have different lengths (right padding)."""
-    if len(pieces) == 1:
-        return pieces[0]
-    width = max(p["completion_ids"].shape[-1] for p in pieces)
-    fill = {"completion_ids": pad_token_id, "behavior_log_prob": 0.0, "completion_mask": False}
-    out = {}
-    for key, value in fill.items():
-        out[key] = torch.cat([_pad_right(p[key], width, value) for p in pieces])
-    out["truncated"] = torch.cat([p["truncated"] for p in pieces])
-    return out
-
-
-def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
-    padded = x.new_full((x.shape[0], width), value)
-    padded[:, : x.shape[-1]] = x
-    return padded

@@ -139,7 +139,7 @@ def supervised_finetune(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if log_every and (step + 1) % log_every == 0:
             print(f"sft step {step + 1}/{steps}: loss {sum(losses[-log_every:]) / log_every:.4f}", flush=True)
     model.eval()
@@ -151,20 +151,19 @@ def greedy_accuracy(
     model, tokenizer, prompts: Sequence[str], references: Sequence[str], *, max_new_tokens: int, batch_size: int = 256
 ) -> tuple[float, list[float]]:
     """Fraction of prompts whose greedy completion earns reward 1, and the per-prompt rewards."""
-    rewards: list[float] = []
-    for start in range(0, len(prompts), batch_size):
-        ids, mask, _ = encode_prompts(tokenizer, list(prompts[start : start + batch_size]), 512)
-        out = generate(
-            model,
-            ids,
-            mask,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            temperature=0.0,
-        )
-        texts = tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
-        rewards += [gsm8k_reward(t, r) for t, r in zip(texts, references[start : start + batch_size])]
+    ids, mask, _ = encode_prompts(tokenizer, list(prompts), 512)
+    out = generate(
+        model,
+        ids,
+        mask,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        temperature=0.0,
+        slots=batch_size,
+    )
+    texts = tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
+    rewards = [gsm8k_reward(t, r) for t, r in zip(texts, references)]
     return sum(rewards) / len(rewards), rewards
 
 
