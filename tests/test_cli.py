@@ -159,11 +159,12 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
         start_new_session=True,
     )
     try:
-        line = ""
+        line, lines = "", []
         deadline = time.monotonic() + 120
         while f"http://127.0.0.1:{port}" not in line:
             assert ui.poll() is None and time.monotonic() < deadline, line
             line = ui.stdout.readline()
+            lines.append(line)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:
             assert page.status == 200 and b"<html" in page.read(2000).lower()
         request = urllib.request.Request(
@@ -176,6 +177,8 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
             assert "vaco" in [e["name"] for e in json.loads(found.read())["experiments"]]
         ui.send_signal(signal.SIGINT)  # Ctrl-C
         assert ui.wait(timeout=60) == 0
+        output = "".join(lines) + ui.stdout.read()
+        assert "Warning" not in output, output  # MLflow's server imported a deprecated Starlette module
     finally:
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)

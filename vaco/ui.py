@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         "1",
     ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    # MLflow's server imports a Starlette module Starlette deprecates: a warning on every start that
+    # asks nothing of a vaco user (the user's own PYTHONWARNINGS stay, after this one)
+    quiet = "ignore:starlette.middleware.wsgi is deprecated"
+    env["PYTHONWARNINGS"] = ",".join(w for w in (quiet, os.environ.get("PYTHONWARNINGS", "")) if w)
     server = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: stopped as one
     stop = {"signal": None}
 
