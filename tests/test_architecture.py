@@ -25,6 +25,7 @@ LAYERS = {
         "vaco.config_errors",
         "vaco.hints",
         "vaco.checkpoint",
+        "vaco.lightning_private",
     ),
     2: ("vaco.objectives", "vaco.advantages", "vaco.networks"),
     3: (
@@ -216,3 +217,52 @@ def test_the_iteration_walk_in_the_architecture_doc_names_functions_that_exist()
             body = tree.body
         defined = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         assert (member or name) in defined, f"{file}: no function {name}"
+
+
+def test_lightning_private_api_is_fenced_and_exists_on_this_lightning():
+    """vaco.lightning_private lists every private Lightning name vaco touches. On the installed
+    Lightning each one resolves (an override of a renamed method would silently never run: the
+    failure names it), the version is one the fence was written for, and every private method a vaco
+    subclass overrides on its Lightning base is listed (a new override cannot slip past the fence)."""
+    import lightning
+
+    from vaco.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow, VacoProgressBar
+    from vaco.checkpoint import SafeCheckpointIO
+    from vaco.fit import VacoArgumentParser, VacoCLI
+    from vaco.lightning_private import TESTED, TOUCHES, resolve
+    from vaco.logger import VacoMLFlowLogger
+
+    version = ".".join(lightning.__version__.split(".")[:2])
+    assert version in TESTED, (
+        f"Lightning {lightning.__version__} is not a version vaco.lightning_private was written for "
+        f"({', '.join(TESTED)}): check each name in its TOUCHES against this version, then add it"
+    )
+    for name in TOUCHES:
+        resolve(name)  # AttributeError naming it if gone
+    with pytest.raises(AttributeError, match="_no_such_hook is gone"):
+        resolve("lightning.pytorch.cli:LightningCLI._no_such_hook")
+    listed = {name.rpartition(".")[2] for name in TOUCHES}
+    for cls in (
+        VacoCLI,
+        VacoArgumentParser,
+        IterationCheckpoint,
+        IterationLog,
+        VacoProgressBar,
+        SaveConfigToMLflow,
+        VacoMLFlowLogger,
+        SafeCheckpointIO,
+    ):
+        for attribute in vars(cls):
+            if attribute.startswith("__") or not attribute.startswith("_") or attribute == "_abc_impl":
+                continue
+            if any(hasattr(base, attribute) for base in cls.__mro__[1:]):
+                assert attribute in listed, f"{cls.__name__}.{attribute} overrides Lightning's private API unlisted"
+    # each private name is used where the fence says, and nowhere else in vaco
+    private = {name.rpartition(".")[2] for name in TOUCHES if name.rpartition(".")[2].startswith("_")}
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        for attribute in private - {"_run_id", "_run_name", "_experiment_name", "_tracking_uri", "_artifact_location"}:
+            if f".{attribute}(" in text or f"import {attribute}" in text or f" {attribute}," in text:
+                assert path.name in ("lightning_private.py", "fit.py"), (
+                    f"{path.name} uses {attribute} outside the fence"
+                )

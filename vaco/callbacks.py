@@ -14,6 +14,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
 from vaco.checkpoint import SafeCheckpointIO
+from vaco.lightning_private import save_last_checkpoint
 
 __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfigToMLflow"]
 
@@ -106,8 +107,8 @@ class IterationCheckpoint(ModelCheckpoint):
         iteration = int(pl_module.version)  # a vaco.learner.Learner: updates done
         stop = self.stop_requested(trainer)
         due = self.every_n_iterations >= 1 and iteration % self.every_n_iterations == 0
-        if (due or stop) and not self._should_skip_saving_checkpoint(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if due or stop:
+            save_last_checkpoint(self, trainer)
         if stop:
             self.stop_signal = self._requested or signal.SIGTERM  # another rank's signal
             trainer.should_stop = True

@@ -40,7 +40,6 @@ __all__ = [
     "SafeCheckpointIO",
     "pack_state",
     "unpack_state",
-    "reopen_finished_epoch",
 ]
 
 
@@ -261,24 +260,3 @@ def unpack_state(packed: dict) -> Any:
         return x
 
     return decode(json.loads(document))
-
-
-# ---------------------------------------------------------------- Lightning's loop state in a checkpoint
-def reopen_finished_epoch(checkpoint: dict[str, Any]) -> None:
-    """A finished run resumed with a larger budget: mark its one epoch (the whole run) unfinished.
-
-    A vaco run is one Lightning epoch whose length is the number of iterations. A checkpoint
-    written at the end has that epoch completed, or (when ``checkpoint.every_n_iterations``
-    divides the run, so the last iteration's own save is the last one) its last batch marked as
-    the last; either way Lightning would stop at once (``max_epochs=1``). Reopened, it resumes
-    mid-epoch like an interrupted run, and the collector (restored with the new
-    ``num_iterations``) yields the remaining iterations (the LLM track's prompt stream likewise).
-    """
-    loop = checkpoint.get("loops", {}).get("fit_loop", {})
-    epochs = loop.get("epoch_progress")
-    if not epochs:
-        return
-    if epochs["current"]["completed"] >= 1:
-        for scope in ("current", "total"):
-            epochs[scope]["completed"] = epochs[scope]["processed"] = epochs[scope]["completed"] - 1
-    loop.get("epoch_loop.batch_progress", {})["is_last_batch"] = False

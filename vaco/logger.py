@@ -31,6 +31,7 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
+from vaco.lightning_private import flatten_params
 from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location
 
 __all__ = ["VacoMLFlowLogger", "GROWABLE_PARAMS"]
@@ -108,9 +109,7 @@ class VacoMLFlowLogger(MLFlowLogger):
     # ------------------------------------------------------------------ params
     @rank_zero_only
     def log_hyperparams(self, params) -> None:
-        from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
-
-        params = _flatten_dict(_convert_params(params))
+        params = flatten_params(params)
         budget = {k: v for k, v in params.items() if k.rsplit("/", 1)[-1] in GROWABLE_PARAMS}
         internal = {k: v for k, v in params.items() if _internal(k) and k not in budget}
         params = {k: v for k, v in params.items() if k not in budget and k not in internal}

@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 from vaco._checks import NonFiniteInputError
-from vaco.checkpoint import reopen_finished_epoch
 from vaco.data.normalization import OBS_CLIP
 from vaco.learner import Learner, NonFiniteLossError
+from vaco.lightning_private import reopen_finished_epoch
 from vaco.population import PopulationUpdate
 from vaco.update import TRAIN_KEYS
 from vaco.vaco_module import VacoModule, _numpy_rng_state, _set_numpy_rng_state, _si

@@ -28,11 +28,11 @@ import torch
 from tensordict import TensorDictBase
 
 from vaco.advantages import AdvantageModule
-from vaco.checkpoint import reopen_finished_epoch
 from vaco.data.episodes import learner_policy
 from vaco.data.normalization import EPS as OBS_EPS
 from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
 from vaco.learner import Learner, NonFiniteLossError, plain_fields
+from vaco.lightning_private import reopen_finished_epoch
 from vaco.networks import Critic, GaussianActor, gaussian_log_prob
 from vaco.objectives import Objective
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, REALIGNED_PARAM, SCORE_PARAM, declared_axes

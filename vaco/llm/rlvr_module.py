@@ -26,8 +26,8 @@ from typing import Any, ClassVar
 import torch
 from tensordict import TensorDict
 
-from vaco.checkpoint import reopen_finished_epoch
 from vaco.learner import Learner, NonFiniteLossError, plain_fields
+from vaco.lightning_private import reopen_finished_epoch, uncount_current_batch
 from vaco.llm.advantage import GroupRelative
 from vaco.llm.policy import (
     GenerationStopped,
@@ -341,7 +341,7 @@ class RLVRModule(Learner):
                 if before is not None:
                     self._generator.set_state(before)
                 self._pending = {"regenerate": index}
-                _uncount_this_batch(self.trainer)
+                uncount_current_batch(self.trainer)
                 return
             generate_seconds, update_seconds, first, tvs = time.perf_counter() - start, 0.0, 0, []
 
@@ -364,7 +364,7 @@ class RLVRModule(Learner):
                     "generate_seconds": generate_seconds,
                     "update_seconds": update_seconds + time.perf_counter() - start,
                 }
-                _uncount_this_batch(self.trainer)
+                uncount_current_batch(self.trainer)
                 return
         update_seconds += time.perf_counter() - start
         self.version += 1
@@ -628,17 +628,6 @@ class RLVRModule(Learner):
         self.initial_eval_accuracy = state["initial_eval_accuracy"]
         self.last_eval_accuracy = state["last_eval_accuracy"]
         self._pending = state.get("pending")
-
-
-def _uncount_this_batch(trainer) -> None:
-    """Lightning counts a training-step call as one batch of its epoch (the epoch ends after
-    ``len(stream)`` calls). A generation batch stopped between its minibatches is finished by the
-    first call after the resume, which pulls nothing: so the stopped call does not count, and the
-    checkpoint's loop state is that of the batch before it."""
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    for tracker in (progress.current, progress.total):
-        tracker.ready -= 1
-        tracker.started -= 1
 
 
 def _to_device(minibatch: dict[str, Any], device) -> dict[str, Any]:
