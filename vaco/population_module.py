@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from vaco._checks import NonFiniteInputError
-from vaco.data.normalization import OBS_CLIP
+from vaco.data.normalization import apply_normalizer
 from vaco.learner import Learner, NonFiniteLossError
 from vaco.lightning_private import reopen_finished_epoch
 from vaco.population import PopulationUpdate
@@ -379,7 +379,7 @@ class PopulationModule(Learner):
             return lambda obs: obs
         shift = torch.stack([m._norm_cache[0] for m in members]).unsqueeze(1)
         inv_scale = torch.stack([m._norm_cache[1] for m in members]).unsqueeze(1)
-        return lambda obs: ((obs - shift) * inv_scale).clamp(-OBS_CLIP, OBS_CLIP)
+        return lambda obs: apply_normalizer(obs, shift, inv_scale)
 
     def _progress(self, members: Sequence[VacoModule]) -> dict[str, str]:
         data = members[0].data

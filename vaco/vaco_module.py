@@ -29,8 +29,7 @@ from tensordict import TensorDictBase
 
 from vaco.advantages import AdvantageModule
 from vaco.data.episodes import learner_policy
-from vaco.data.normalization import EPS as OBS_EPS
-from vaco.data.normalization import OBS_CLIP, RunningMeanStd, batch_moments
+from vaco.data.normalization import RunningMeanStd, apply_normalizer, batch_moments, normalizer
 from vaco.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.lightning_private import reopen_finished_epoch
 from vaco.networks import Critic, GaussianActor, gaussian_log_prob
@@ -366,12 +365,11 @@ class VacoModule(MinibatchUpdate, Learner):
     def _normalize(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.hparams.normalize_observation:
             return obs
-        shift, inv_scale = self._norm_cache
-        return ((obs - shift) * inv_scale).clamp(-OBS_CLIP, OBS_CLIP)
+        return apply_normalizer(obs, *self._norm_cache)
 
     def _freeze_normalizer(self) -> None:
         """The statistics are fixed for the whole iteration: cache them as float32 shift/scale."""
-        self._norm_cache = (self.obs_rms.mean.float(), (self.obs_rms.var + OBS_EPS).rsqrt().float())
+        self._norm_cache = normalizer(self.obs_rms.mean, self.obs_rms.var)
 
     def _log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         out = []

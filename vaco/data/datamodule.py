@@ -13,11 +13,9 @@ from torchrl.collectors import BaseCollector
 from vaco import _checks
 from vaco.data.collection import Collection, InProcess
 from vaco.data.envs import EnvSpec
-from vaco.data.episodes import learner_policy, run_episodes
 from vaco.data.policy_buffer import PolicyVersionBuffer
 
-# run_episodes and learner_policy moved to vaco.data.episodes; importable from here as before
-__all__ = ["RolloutDataModule", "learner_policy", "run_episodes"]
+__all__ = ["RolloutDataModule"]
 
 
 def check_memory(num_envs: int, num_steps: int, policy_buffer_size: int) -> None:

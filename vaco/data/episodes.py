@@ -1,6 +1,6 @@
 """Episodes outside training: a policy run to the end of its episodes on any backend's vector env
-(:func:`episode_returns`; gymnasium's through :func:`run_episodes`, Warp's through
-:func:`vaco.data.warp.warp_episodes`), and the learner as a raw-observation policy. ``vaco evaluate``
+(:func:`episode_returns`, on gymnasium's or Warp's envs through each backend's evaluation), and the
+learner as a raw-observation policy. ``vaco evaluate``
 and every backend's evaluation use these (without Lightning)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from vaco.data.collector_base import VectorEnv
 from vaco.data.normalization import normalize_observation
 
-__all__ = ["episode_returns", "run_episodes", "learner_policy"]
+__all__ = ["episode_returns", "learner_policy"]
 
 
 @torch.no_grad()
@@ -55,27 +55,6 @@ def episode_returns(
                     quota[i] -= 1
             running.masked_fill_(done.to(device), 0.0)
     return np.asarray(returns)
-
-
-def run_episodes(
-    env_id: str,
-    policy: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    episodes: int,
-    *,
-    num_envs: int = 10,
-    seed: int = 0,
-    deterministic: bool = False,
-    env_kwargs: dict | None = None,
-) -> np.ndarray:
-    """:func:`episode_returns` on ``min(num_envs, episodes)`` gymnasium envs (env ``i`` seeded
-    ``seed * 10_000 + i``)."""
-    from vaco.data.collector import GymnasiumEnvs
-
-    env = GymnasiumEnvs(env_id, max(1, min(num_envs, episodes)), env_kwargs)
-    try:
-        return episode_returns(env, policy, episodes, seed=seed, deterministic=deterministic)
-    finally:
-        env.close()
 
 
 def learner_policy(actor: torch.nn.Module, obs_mean: torch.Tensor, obs_var: torch.Tensor):

@@ -79,8 +79,28 @@ class RunningMeanStd(nn.Module):
         return normalize_observation(x, self.mean, self.var)
 
 
+def normalizer(mean: torch.Tensor, var: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running statistics as the float32 ``(shift, inv_scale)`` that training and acting use,
+    fixed for an iteration (the learner) or a rollout (the actors): ``shift = mean``,
+    ``inv_scale = 1 / sqrt(var + 1e-8)``."""
+    return mean.float(), (var + EPS).rsqrt().float()
+
+
+def apply_normalizer(obs: torch.Tensor, shift: torch.Tensor, inv_scale: torch.Tensor) -> torch.Tensor:
+    """``clip((obs - shift) * inv_scale, -10, 10)``: what the learner's and the actors' networks see.
+
+    The learner (``VacoModule``) and the policy-version buffer's actors both normalise through
+    :func:`normalizer` and this function, so an actor and the learner see the same numbers.
+    """
+    return ((obs - shift) * inv_scale).clamp(-OBS_CLIP, OBS_CLIP)
+
+
 def normalize_observation(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    """``clip((x - mean) / sqrt(var + 1e-8), -10, 10)`` in the dtype of ``x``."""
+    """``clip((x - mean) / sqrt(var + 1e-8), -10, 10)`` in the dtype of ``x``: evaluation's form
+    (``vaco evaluate`` and every backend's evaluation, through ``learner_policy``). It equals
+    :func:`apply_normalizer` up to float32 rounding (a division where that multiplies by a
+    reciprocal square root); it is kept as is so that evaluations, and the returns committed under
+    docs/data, stay bit for bit what they were."""
     return ((x - mean.to(x.dtype)) / (var.to(x.dtype) + EPS).sqrt()).clamp(-OBS_CLIP, OBS_CLIP)
 
 

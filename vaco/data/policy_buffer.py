@@ -20,8 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from vaco.data.normalization import EPS as OBS_EPS
-from vaco.data.normalization import OBS_CLIP
+from vaco.data.normalization import apply_normalizer, normalizer
 
 __all__ = ["PolicyVersionBuffer", "MixturePolicy"]
 
@@ -110,8 +109,7 @@ class MixturePolicy:
         if distinct.numel() == 1:
             self.obs_mean, self.obs_var = self.obs_mean[:1], self.obs_var[:1]
         # the normaliser as a float32 shift and scale, computed once per rollout
-        self._shift = self.obs_mean.float()
-        self._inv_scale = (self.obs_var + OBS_EPS).rsqrt().float()
+        self._shift, self._inv_scale = normalizer(self.obs_mean, self.obs_var)
         if distinct.numel() == 1:
             # everyone acts with one version: load it into a plain module, no vmap on the hot path
             self._module = copy.deepcopy(buffer.template)
@@ -126,8 +124,8 @@ class MixturePolicy:
 
     @torch.no_grad()
     def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(loc, scale)`` for raw observations ``[N, obs_dim]`` (same as ``normalize_observation``)."""
-        return self._forward(((obs - self._shift) * self._inv_scale).clamp_(-OBS_CLIP, OBS_CLIP))
+        """``(loc, scale)`` for raw observations ``[N, obs_dim]``, normalised as the learner normalises them."""
+        return self._forward(apply_normalizer(obs, self._shift, self._inv_scale))
 
 
 def _vmapped(template: nn.Module, per_env: dict[str, torch.Tensor]):
