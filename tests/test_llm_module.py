@@ -303,6 +303,47 @@ def test_sigterm_during_generation_abandons_the_batch_and_the_resume_regenerates
         assert [m.step for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)] == steps
 
 
+def test_sigterm_during_the_first_evaluation_stops_it_and_the_resume_evaluates_first(
+    setting, tmp_path, mlflow_env, capsys
+):
+    """SIGTERM before the step-0 evaluation: the evaluation is abandoned at its first token (nothing
+    logged), the run checkpoints before any step (the first batch to generate, the evaluation still to
+    do) and exits 128 + 15; the resume evaluates at step 0 first, then trains: the final policy and
+    every logged step equal an uninterrupted run's."""
+    args = ("--model.init_args.num_minibatches", "2", "--data.init_args.num_steps", "4")
+    main(fit_args(setting, tmp_path / "straight", *args, objective="vaco_grpo.yaml"))
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            fit_args(
+                setting,
+                tmp_path / "stopped",
+                *args,
+                "--trainer.callbacks+=helpers.signals.SignalAtFitStart",
+                objective="vaco_grpo.yaml",
+            )
+        )
+    assert stopped.value.code == 128 + 15
+    (ckpt,) = list((tmp_path / "stopped").glob("checkpoints/*/last.ckpt"))
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert int(saved["state_dict"]["version"]) == 0
+    assert saved["vaco"]["initial_eval_pending"] is True and saved["vaco"]["pending"] == {"regenerate": 0}
+    run_id = saved["vaco"]["mlflow_run_id"]
+    client = mlflow.MlflowClient(tracking_uri=mlflow_env)
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert client.get_metric_history(run_id, "eval/accuracy") == []  # the abandoned evaluation logged nothing
+    main(fit_args(setting, tmp_path / "stopped", *args, "--ckpt_path", str(ckpt), objective="vaco_grpo.yaml"))
+    straight, resumed = final_policy_state(tmp_path / "straight"), final_policy_state(tmp_path / "stopped")
+    for key in straight:
+        torch.testing.assert_close(straight[key], resumed[key], atol=0, rtol=0)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    runs = {r.info.run_id: r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])}
+    (other,) = [r for r in runs if r != run_id]
+    for metric in ("eval/accuracy", "train/tv"):
+        got = sorted((m.step, m.value) for m in client.get_metric_history(run_id, metric))
+        want = sorted((m.step, m.value) for m in client.get_metric_history(other, metric))
+        assert got == want and got, metric
+
+
 def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env):
     """VACO-GRPO with a lagged second minibatch (N = 2): micro-batching changes nothing, because
     the TV filter tests the whole minibatch's TV, measured before the micro-batched backward."""

@@ -69,18 +69,31 @@ class IterationCheckpoint(ModelCheckpoint):
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
 
-    def on_train_start(self, trainer, pl_module) -> None:
-        # after Lightning's own handlers (its SIGTERM notifier only acts at the end of the run's one epoch)
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+    def _install(self) -> None:
+        """This callback's handler for every stop signal (the handlers it replaced kept once, to restore)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            previous = signal.signal(sig, self._on_signal)
+            self._previous_handlers.setdefault(sig, previous)
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def _restore(self) -> None:
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self._previous_handlers = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # again after Lightning's own handlers (its SIGTERM notifier only acts at the end of the run's one epoch)
+        self._install()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._restore()
         if self.stop_signal is None:  # Lightning's save_last at the end; a stopped run saved at its stop
             super().on_train_end(trainer, pl_module)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._restore()  # also when fit ended before training did (an error in on_fit_start)
+        super().teardown(trainer, pl_module, stage)
 
     def stop_requested(self, trainer) -> bool:
         """Whether a stop signal arrived (on any rank): a learner may stop inside its iteration at a
@@ -95,6 +108,10 @@ class IterationCheckpoint(ModelCheckpoint):
             super().on_train_epoch_end(trainer, pl_module)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        # stop signals are caught from here on: the learner's on_fit_start comes before training (the
+        # LLM track evaluates there, for minutes) and Lightning installs no handler until training
+        # starts, so a SIGTERM there killed the process at once (no checkpoint, the MLflow run RUNNING)
+        self._install()
         # atomic writes and safe reads (vaco.checkpoint) unless the user chose their own CheckpointIO
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = SafeCheckpointIO()
@@ -108,7 +125,9 @@ class IterationCheckpoint(ModelCheckpoint):
         stop = self.stop_requested(trainer)
         due = self.every_n_iterations >= 1 and iteration % self.every_n_iterations == 0
         if due or stop:
-            save_last_checkpoint(self, trainer)
+            # stopped before the first step (the LLM track's first evaluation or generation): nothing
+            # is on disk, and ModelCheckpoint skips a save at global step 0; the run must resume from here
+            save_last_checkpoint(self, trainer, force=stop and not self.last_model_path)
         if stop:
             self.stop_signal = self._requested or signal.SIGTERM  # another rank's signal
             trainer.should_stop = True

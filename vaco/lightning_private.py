@@ -131,9 +131,11 @@ def flatten_params(params) -> dict[str, Any]:
     return _flatten_dict(_convert_params(params))
 
 
-def save_last_checkpoint(callback, trainer) -> None:
-    """``callback`` (a ModelCheckpoint) writes last.ckpt now, unless its own rules skip this step."""
-    if not callback._should_skip_saving_checkpoint(trainer):
+def save_last_checkpoint(callback, trainer, force: bool = False) -> None:
+    """``callback`` (a ModelCheckpoint) writes last.ckpt now, unless its own rules skip this step
+    (one of them: a save at the optimiser step already saved). ``force``: save even then (a run
+    stopped before its first step has nothing on disk at step 0)."""
+    if force or not callback._should_skip_saving_checkpoint(trainer):
         callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
 
 

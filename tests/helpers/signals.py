@@ -32,3 +32,15 @@ class SignalAtBatchStart(Callback):
         self.seen += 1
         if self.seen == self.batch:
             os.kill(os.getpid(), self.signum)
+
+
+class SignalAtFitStart(Callback):
+    """Send ``signum`` (default SIGTERM) to this process as fit starts, before the learner's own
+    ``on_fit_start`` (Lightning calls the callbacks' hook first): the LLM track's stop during its
+    first evaluation."""
+
+    def __init__(self, signum: int = int(signal.SIGTERM)) -> None:
+        self.signum = signum
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        os.kill(os.getpid(), self.signum)

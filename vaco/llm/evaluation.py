@@ -44,6 +44,7 @@ def answer(
     temperature: float = 0.0,
     samples: int = 1,
     generator: torch.Generator | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> Answers:
     """Decode ``samples`` completions of each prompt (``temperature`` 0: greedy) and score them."""
     prompts = [p for p in prompts for _ in range(samples)]
@@ -66,6 +67,7 @@ def answer(
                 tokenizer=tokenizer,
                 stop_strings=stop_strings,
                 slots=batch_size,  # continuous batching: a finished answer's slot takes the next prompt
+                should_stop=should_stop,
             )
         cut, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], stop_strings)
         completion_ids = out["completion_ids"].masked_fill(~cut, tokenizer.pad_token_id)

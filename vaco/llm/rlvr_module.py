@@ -197,6 +197,7 @@ class RLVRModule(Learner):
         self.initial_eval_accuracy = float("nan")
         self.last_eval_accuracy = float("nan")
         self._pending: dict[str, Any] | None = None  # a generation batch stopped between minibatches
+        self._initial_eval_pending = False  # a stop came during the first evaluation
         self.compute_dtype: torch.dtype = torch.float32  # resolved for the device in on_fit_start
 
     # ------------------------------------------------------------------ construction
@@ -263,10 +264,18 @@ class RLVRModule(Learner):
         else:
             self._generator.manual_seed(data.seed)
         self.log_run_params()
-        if not self._restored:  # the supervised start, at step 0
-            metrics = self.evaluate()
-            self.initial_eval_accuracy = self.last_eval_accuracy
-            self.log_metrics(metrics, step=0)
+        if not self._restored or self._initial_eval_pending:  # the supervised start, at step 0
+            try:
+                metrics = self.evaluate(should_stop=self._stop_during_generation)
+            except GenerationStopped:
+                # a stop signal during the first evaluation: nothing is logged; the first training
+                # step's generation stops at once and checkpoints (the batch to generate again, and
+                # this evaluation still to do), so the run exits within a token, as during training
+                self._initial_eval_pending = True
+            else:
+                self._initial_eval_pending = False
+                self.initial_eval_accuracy = self.last_eval_accuracy
+                self.log_metrics(metrics, step=0)
 
     def run_params(self) -> dict[str, Any]:
         """The coordinates a user compares runs by, as flat MLflow params."""
@@ -561,9 +570,10 @@ class RLVRModule(Learner):
         every = data.eval_every
         return every > 0 and steps // every > (steps - self.num_minibatches) // every
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, should_stop=None) -> dict[str, float]:
         """Greedy decoding on the test split; ``eval/accuracy`` is the fraction answered correctly
-        (:func:`vaco.llm.evaluation.answer`, what ``vaco evaluate`` runs on a checkpoint)."""
+        (:func:`vaco.llm.evaluation.answer`, what ``vaco evaluate`` runs on a checkpoint).
+        ``should_stop``: asked before every token (:class:`GenerationStopped` when it answers true)."""
         from vaco.llm.evaluation import answer
 
         prompts, targets = self.data.test_set()
@@ -578,6 +588,7 @@ class RLVRModule(Learner):
             batch_size=self.hparams.eval_batch_size,
             device=self.device,
             autocast=self.autocast,
+            should_stop=should_stop,
         )
         self.last_eval_accuracy = sum(greedy.rewards) / len(greedy.rewards)
         return {
@@ -607,6 +618,8 @@ class RLVRModule(Learner):
             # a run stopped inside a generation batch: the batch and how far its minibatches got, or
             # (stopped during generation) the index of the batch to generate again
             "pending": self._pending,
+            # stopped during the first evaluation (before any step): the resume runs it first
+            "initial_eval_pending": self._initial_eval_pending,
         }
 
     def _stop_requested(self) -> bool:
@@ -628,6 +641,7 @@ class RLVRModule(Learner):
         self.initial_eval_accuracy = state["initial_eval_accuracy"]
         self.last_eval_accuracy = state["last_eval_accuracy"]
         self._pending = state.get("pending")
+        self._initial_eval_pending = bool(state.get("initial_eval_pending", False))
 
 
 def _to_device(minibatch: dict[str, Any], device) -> dict[str, Any]:
