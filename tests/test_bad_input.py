@@ -282,8 +282,23 @@ def test_load_yaml_counts_what_aliases_expand_to_and_reads_ordinary_files():
             ("--data.init_args.policy_buffer_size", "1000000000000"),
             "`data.policy_buffer_size` (K = 1,000,000,000,000) needs at least 18,000.0 TB",
         ),
+        (  # each env of gymnasium takes >= 0.5 MB here (0.57-1.24 MB measured)
+            (
+                "--data.init_args.num_envs",
+                "10000000",
+                "--data.init_args.num_steps",
+                "1",
+                "--data.init_args.total_steps",
+                "10000000",
+            ),
+            "`data.num_envs` (10,000,000 envs of >= 0.5 MB) needs at least 5.0 TB",
+        ),
+        (  # a population holds every member's envs and rollouts (it ran out of memory after 6 min)
+            ("--data.init_args.num_envs", "500", "--data.init_args.num_steps", "1000", "--population", "100000"),
+            "`population` x `data.num_envs` x `data.num_steps` (100,000 x 500 x 1,000) needs at least 1.6 TB",
+        ),
     ],
-    ids=["num_envs", "total_steps", "eval_episodes", "huge-batch", "huge-K"],
+    ids=["num_envs", "total_steps", "eval_episodes", "huge-batch", "huge-K", "huge-envs", "huge-population"],
 )
 def test_a_refused_value_prints_only_its_line_and_touches_no_store(tmp_path, override, message):
     """These printed Lightning's "Seed set to 1" and created the SQLite store before refusing; a

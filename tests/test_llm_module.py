@@ -318,7 +318,7 @@ def test_sigterm_during_the_first_evaluation_stops_it_and_the_resume_evaluates_f
                 setting,
                 tmp_path / "stopped",
                 *args,
-                "--trainer.callbacks+=helpers.signals.SignalAtFitStart",
+                "--trainer.callbacks+=helpers.signals.SignalAtFirstEvaluation",
                 objective="vaco_grpo.yaml",
             )
         )

@@ -92,6 +92,23 @@ def test_a_bad_population_field_names_it(tmp_path, mlflow_uri):
     assert result.returncode == 2 and "`population` must be an integer >= 1" in result.stderr
 
 
+def test_a_population_that_cannot_fit_is_refused_by_the_dry_run(tmp_path, mlflow_uri):
+    """A cell whose run fits alone but whose population (`population` of its seeds in one process)
+    cannot: refused before anything starts, naming the fields (the dry run refuses what the run would)."""
+    # alone: 1,000 x 31,250 transitions, >= 1 GB; 2,000 seeds a cell, packed 2,000 at a time: >= 2 TB
+    overrides = {**SWEEP["overrides"], "data.init_args.num_envs": 1000, "data.init_args.num_steps": 31_250}
+    overrides["data.init_args.total_steps"] = 31_250_000
+    defaults = {**SWEEP["defaults"], "seed": list(range(1, 2001))}
+    path = tmp_path / "pop.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "population": 2000, "overrides": overrides, "defaults": defaults}))
+    result = _sweep(path, tmp_path / "out", "--dry-run")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    expected = "`population` x `data.num_envs` x `data.num_steps` (2,000 x 1,000 x 31,250) needs at least 2.0 TB"
+    assert expected in result.stderr, result.stderr[-2000:]
+    path.write_text(yaml.safe_dump({**SWEEP, "population": 1, "overrides": overrides, "defaults": defaults}))
+    assert _sweep(path, tmp_path / "out", "--dry-run").returncode == 0  # alone, it fits
+
+
 def test_packing_forms_the_same_chunks_on_a_rerun_and_leaves_impala_and_checkpointed_cells_alone(tmp_path):
     path = tmp_path / "pop.yaml"
     path.write_text(yaml.safe_dump({**SWEEP, "population": 2, "grid": {"main": {"algorithm": ["vaco", "impala"]}}}))

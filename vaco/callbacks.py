@@ -107,11 +107,15 @@ class IterationCheckpoint(ModelCheckpoint):
         if self.stop_signal is None:  # a stopped run's checkpoint is the one at its stop, mid-run
             super().on_train_epoch_end(trainer, pl_module)
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # stop signals are caught from here on: the learner's on_fit_start comes before training (the
-        # LLM track evaluates there, for minutes) and Lightning installs no handler until training
-        # starts, so a SIGTERM there killed the process at once (no checkpoint, the MLflow run RUNNING)
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # stop signals are caught from here on (the callbacks' on_fit_start runs before the learner's):
+        # the learner's on_fit_start comes before training (the LLM track evaluates there, for
+        # minutes) and Lightning installs no handler until training starts, so a SIGTERM there killed
+        # the process at once (no checkpoint, the MLflow run left RUNNING). Before fit starts (the
+        # envs being built) a signal still ends the process at once: there is nothing to save yet.
         self._install()
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
         # atomic writes and safe reads (vaco.checkpoint) unless the user chose their own CheckpointIO
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = SafeCheckpointIO()

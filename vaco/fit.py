@@ -173,10 +173,21 @@ class VacoCLI(LightningCLI):
             raise ConfigurationError(_config_error(err)) from err
         made = made.get(self.subcommand, made) if self.subcommand else made
         if made.get("population", 1) != 1:
-            from vaco.population_module import PopulationModule
+            from vaco.data.datamodule import RolloutDataModule, check_memory
+            from vaco.population_module import PopulationModule, population_seeds
 
             try:
                 PopulationModule.check_model(made.get("model"))
+                data = made.get("data")
+                if isinstance(data, RolloutDataModule):  # every member's envs and rollouts in this one process
+                    members = len(population_seeds(made["population"], made.get("seed_everything") or 0))
+                    check_memory(
+                        data.num_envs,
+                        data.num_steps,
+                        data.policy_buffer_size,
+                        members=members,
+                        env_bytes=data.collection.env_bytes,
+                    )
             except ValueError as err:
                 raise ConfigurationError(str(err)) from None
 

@@ -34,13 +34,20 @@ class SignalAtBatchStart(Callback):
             os.kill(os.getpid(), self.signum)
 
 
-class SignalAtFitStart(Callback):
-    """Send ``signum`` (default SIGTERM) to this process as fit starts, before the learner's own
-    ``on_fit_start`` (Lightning calls the callbacks' hook first): the LLM track's stop during its
-    first evaluation."""
+class SignalAtFirstEvaluation(Callback):
+    """Send ``signum`` (default SIGTERM) to this process as the learner's first evaluation starts
+    (the LLM track evaluates in its ``on_fit_start``, after every callback's): the evaluation then
+    runs as it would, with the signal arrived."""
 
     def __init__(self, signum: int = int(signal.SIGTERM)) -> None:
         self.signum = signum
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        os.kill(os.getpid(), self.signum)
+        evaluate = pl_module.evaluate
+
+        def signalled(*args, **kwargs):
+            pl_module.evaluate = evaluate  # once
+            os.kill(os.getpid(), self.signum)
+            return evaluate(*args, **kwargs)
+
+        pl_module.evaluate = signalled

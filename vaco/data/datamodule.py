@@ -18,15 +18,27 @@ from vaco.data.policy_buffer import PolicyVersionBuffer
 __all__ = ["RolloutDataModule"]
 
 
-def check_memory(num_envs: int, num_steps: int, policy_buffer_size: int) -> None:
+def check_memory(num_envs: int, num_steps: int, policy_buffer_size: int, members: int = 1, env_bytes: int = 0) -> None:
     """Refuse sizes whose smallest allocation cannot fit in this machine's available memory (one
     line naming the fields). Lower bounds, before any env exists: a rollout holds >= 8 float32
-    numbers per transition (observation, action, log-prob, reward, value, ...), and each of the K
-    policy versions >= the smallest actor's ~4,500 float32 weights (64-64 hidden units)."""
+    numbers per transition (observation, action, log-prob, reward, value, ...), each of the K
+    policy versions >= the smallest actor's ~4,500 float32 weights (64-64 hidden units), and each
+    env ``env_bytes`` (the backend's, :attr:`vaco.data.collection.Collection.env_bytes`). A
+    population (``members`` runs in one process) needs all of it once per member."""
+    S = members
+    of = "`population` x " if S > 1 else ""
+    times = f"{S:,} x " if S > 1 else ""
     _checks.fits_in_memory(
-        num_envs * num_steps * 8 * 4, f"`data.num_envs` x `data.num_steps` ({num_envs:,} x {num_steps:,})"
+        S * num_envs * num_steps * 8 * 4,
+        f"{of}`data.num_envs` x `data.num_steps` ({times}{num_envs:,} x {num_steps:,})",
     )
-    _checks.fits_in_memory(policy_buffer_size * 4_500 * 4, f"`data.policy_buffer_size` (K = {policy_buffer_size:,})")
+    if env_bytes:
+        _checks.fits_in_memory(
+            S * num_envs * env_bytes, f"{of}`data.num_envs` ({times}{num_envs:,} envs of >= {env_bytes / 1e6:.1f} MB)"
+        )
+    _checks.fits_in_memory(
+        S * policy_buffer_size * 4_500 * 4, f"{of}`data.policy_buffer_size` ({times}K = {policy_buffer_size:,})"
+    )
 
 
 class RolloutDataModule(L.LightningDataModule):
@@ -121,7 +133,8 @@ class RolloutDataModule(L.LightningDataModule):
                 f"`data.collection` must be a vaco.data.collection.Collection, got {type(collection).__name__}"
             )
         self.collection.validate(self)  # the env id and the backend's own settings, before any work
-        check_memory(num_envs, num_steps, policy_buffer_size)  # after the backend's own, finer estimate
+        # after the backend's own, finer estimate
+        check_memory(num_envs, num_steps, policy_buffer_size, env_bytes=self.collection.env_bytes)
         if collection is not None:
             self.hparams["collection"] = self.collection.config()
         self._spec: EnvSpec | None = None

@@ -404,7 +404,7 @@ class _Parsed(Exception):
     pass
 
 
-def _check_memory(sweep: Sweep, cell: Cell, tracking_uri: str) -> None:
+def _check_memory(sweep: Sweep, cell: Cell, tracking_uri: str, members: int = 1) -> None:
     """A MuJoCo cell's sizes against the memory here (``vaco.data.datamodule.check_memory``)."""
     from vaco.data.datamodule import RolloutDataModule, check_memory
 
@@ -414,8 +414,12 @@ def _check_memory(sweep: Sweep, cell: Cell, tracking_uri: str) -> None:
     sizes = [init.get(k, defaults[k].default) for k in ("num_envs", "num_steps", "policy_buffer_size")]
     if "env_id" not in init or not all(isinstance(v, int) for v in sizes):
         return  # not a MuJoCo cell (the LLM track's data), or a mistyped size the parser names
-    try:
-        check_memory(*sizes)
+    collection = (init.get("collection") or {}).get("class_path", "vaco.data.InProcess")
+    from vaco.data.collection import GYMNASIUM_ENV_BYTES
+
+    env_bytes = GYMNASIUM_ENV_BYTES if collection.rsplit(".", 1)[-1] in ("InProcess", "Actors") else 0
+    try:  # a population runs up to `population` of a cell's seeds in one process
+        check_memory(*sizes, members=members, env_bytes=env_bytes)
     except ValueError as err:
         raise SweepError(f"cell {cell.id}: {err}") from None
 
@@ -440,8 +444,15 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
 
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     seen = set()
+    seeds_of: dict[
+        str, int
+    ] = {}  # a cell's seeds (the cells that differ from it only by seed): a population's most members
     for cell in cells:
-        _check_memory(sweep, cell, tracking_uri)
+        seeds_of[cell.id[: -len(f"s{cell.seed}")]] = seeds_of.get(cell.id[: -len(f"s{cell.seed}")], 0) + 1
+    for cell in cells:
+        _check_memory(
+            sweep, cell, tracking_uri, members=min(sweep.population, seeds_of[cell.id[: -len(f"s{cell.seed}")]])
+        )
         key = (cell.algorithm, cell.env, tuple(axis for axis, _ in cell.settings))
         if key in seen:
             continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from vaco.data.collection import Collection, RolloutSettings
+from vaco.data.collection import GYMNASIUM_ENV_BYTES, Collection, RolloutSettings
 from vaco.data.parallel.actors import ActorSpec, actor_seed
 from vaco.data.parallel.pool import ActorPool, split_envs, validate_backend, validate_mode
 
@@ -43,6 +43,8 @@ class Actors(Collection):
             (SLURM jobs) or ``submitit_delayed`` (ranks started by the cluster).
         tcp_port: ``distributed`` only: the learner's port (+1, +2 are used too); default: free.
     """
+
+    env_bytes = GYMNASIUM_ENV_BYTES  # the actor processes' envs live on this machine too
 
     field_prefix = "data.collection"  # how its fields are named in errors
 
