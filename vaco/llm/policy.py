@@ -261,6 +261,7 @@ class _Rows:
     def __init__(self, rows: list[int], cache, attention: torch.Tensor, next_position: torch.Tensor, logits):
         self.rows, self.cache, self.attention = rows, cache, attention
         self.next_position, self.logits = next_position, logits
+        self._mergeable = _plain_dynamic(cache)  # decided once: the cache's layout does not change
 
     @classmethod
     def prompt(cls, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, rows: list[int]) -> "_Rows":
@@ -275,10 +276,7 @@ class _Rows:
 
     def mergeable(self) -> bool:
         """Whether the cache is transformers' plain ``DynamicLayer``s (full attention), which merge and trim."""
-        from transformers.cache_utils import DynamicLayer
-
-        layers = list(getattr(self.cache, "layers", []))
-        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+        return self._mergeable
 
     def merge(self, other: "_Rows") -> "_Rows":
         """These rows and ``other``'s as one batch: each side's cache and mask left-padded to the longer one."""
@@ -324,6 +322,13 @@ class _Rows:
         )
         self.cache, self.logits = out.cache, out.logits[:, -1].float()
         self.next_position = self.next_position + 1
+
+
+def _plain_dynamic(cache) -> bool:
+    from transformers.cache_utils import DynamicLayer
+
+    layers = list(getattr(cache, "layers", []))
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _holds_a_stop(tokenizer, row: list[int], stops: list[str]) -> bool:

@@ -177,7 +177,7 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     todo = {cell.id for cell in cells}
     groups: dict[str, list[Cell]] = {}
     for cell in expand(sweep):
-        groups.setdefault(cell.id[: -len(f"s{cell.seed}")], []).append(cell)
+        groups.setdefault(seedless_id(cell), []).append(cell)
     jobs, out = [], dict(states)
     for group in groups.values():
         for start in range(0, len(group), sweep.population):
@@ -263,6 +263,11 @@ def expand(sweep: Sweep) -> list[Cell]:
                 cell = dataclasses.replace(cell, algorithm=block.label)
             cells.setdefault(cell.id, cell)
     return list(cells.values())
+
+
+def seedless_id(cell: Cell) -> str:
+    """The cell's id without its seed: the cells that share it differ only by seed (a population's members)."""
+    return cell.id[: -len(f"s{cell.seed}")]
 
 
 def _make_cell(sweep: Sweep, algo: Algorithm, env, K, seed, realign, given: dict[str, float]) -> Cell:

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -429,6 +430,7 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
     override fields fail here, before anything starts, with jsonargparse's message; and every
     cell's sizes (num_envs x num_steps, K) must fit in this machine's memory."""
     from vaco.fit import VacoCLI
+    from vaco.sweep.grid import seedless_id
 
     class ParseOnly(VacoCLI):
         def init_parser(self, **kwargs):
@@ -444,15 +446,9 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
 
     logging.getLogger("lightning.fabric.utilities.seed").setLevel(logging.WARNING)
     seen = set()
-    seeds_of: dict[
-        str, int
-    ] = {}  # a cell's seeds (the cells that differ from it only by seed): a population's most members
+    seeds_of = Counter(seedless_id(cell) for cell in cells)  # a cell's seeds: a population's most members
     for cell in cells:
-        seeds_of[cell.id[: -len(f"s{cell.seed}")]] = seeds_of.get(cell.id[: -len(f"s{cell.seed}")], 0) + 1
-    for cell in cells:
-        _check_memory(
-            sweep, cell, tracking_uri, members=min(sweep.population, seeds_of[cell.id[: -len(f"s{cell.seed}")]])
-        )
+        _check_memory(sweep, cell, tracking_uri, members=min(sweep.population, seeds_of[seedless_id(cell)]))
         key = (cell.algorithm, cell.env, tuple(axis for axis, _ in cell.settings))
         if key in seen:
             continue
