@@ -5,13 +5,13 @@
 # prints go to docs/gpu.md and docs/performance.md with the card's name (info.log).
 #   CHECKS="population warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
 #   population first: the other four ran on an H100 on 2026-11-27 (docs/gpu.md); populations never ran on a GPU.
-#   POP=4 (the population compared with one run; 16 takes ~16x one run's collection: see check_population)
+#   POP=16 (the population compared with one run: see check_population)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 T_TEST=${T_TEST:-100} T_UPDATE=${T_UPDATE:-75} T_FIT=${T_FIT:-140} T_WARP=${T_WARP:-140}
 GRAPH=${GRAPH:-true} WORLDS=${WORLDS:-64 512 4096}
-T_POP_WARP=${T_POP_WARP:-90} T_POP_FIT=${T_POP_FIT:-240} POP=${POP:-4}
+T_POP_WARP=${T_POP_WARP:-90} T_POP_FIT=${T_POP_FIT:-240} POP=${POP:-16}
 step() { echo "== $1 ($(date +%T))"; }
 {
   step info
@@ -57,11 +57,11 @@ check_update() {
   echo "rc=$?" | tee -a "$OUT/profile_update.log"
 }
 check_population() {
-  # Issue 45's GPU check. (1) env steps/s of one Warp env of 500, 2,000 and 8,000 Hopper worlds: what
-  # populations of 1, 4 and 16 x 500 worlds would step if their collection were one env (not built:
-  # each member steps its own 500 worlds today). (2) two iterations of `vaco fit` at the paper's
-  # 500 x 1,000 as a population of 1 and of $POP: the aggregate end-to-end steps/s as built (members
-  # collect one after another; the update is batched). Goal (not expected as built): POP=16 >= 10x POP=1.
+  # Issue 45's GPU check. (1) env steps/s of one Warp env of 500, 2,000 and 8,000 Hopper worlds: the
+  # simulator of populations of 1, 4 and 16 x 500 worlds (a population's members step as blocks of
+  # one model, vaco.data.lockstep). (2) two iterations of `vaco fit` at the paper's 500 x 1,000 as a
+  # population of 1 and of $POP: the aggregate end-to-end steps/s (collection in lockstep, the update
+  # batched; the members' policy calls and learner passes one after another). Goal: POP=16 >= 10x POP=1.
   step "populations on Warp on cuda: one env of 500 / 2,000 / 8,000 worlds"
   timeout "$T_POP_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds 500 2000 8000 \
     --out "$OUT/population_worlds.json" 2>&1 | tee "$OUT/population_worlds.log"

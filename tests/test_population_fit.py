@@ -226,3 +226,61 @@ def test_a_population_checkpoints_at_every_period_and_counts_its_steps_as_a_solo
         IterationCheckpoint._save_last_checkpoint = original
     steps = 2 * 4  # update_epochs x num_minibatches, as a solo run counts them
     assert [v for v, _ in saved][:3] == [1, 2, 3] and [g for _, g in saved][:3] == [steps, 2 * steps, 3 * steps]
+
+
+def test_a_warp_population_steps_its_members_in_one_model_and_each_is_its_seed_run_alone(
+    tmp_path, mlflow_uri, monkeypatch
+):
+    """On MuJoCo Warp (its CPU device) the members' worlds are blocks of one model stepped in lockstep
+    (vaco.data.lockstep): seeds 5 and 6 together, 2 iterations then a resume to 3, against each seed's
+    solo run: weights, normaliser and every metric but the timings equal."""
+    from vaco.data.lockstep import Lockstep
+
+    lockstep_rollouts = []
+    original = Lockstep.rollout
+    monkeypatch.setattr(Lockstep, "rollout", lambda self: lockstep_rollouts.append(1) or original(self))
+    warp = [
+        "--data.init_args.collection",
+        '{"class_path": "vaco.data.warp.Warp", "init_args": {"evaluate_on": "gymnasium"}}',
+        "--data.init_args.num_steps",
+        "16",
+    ]
+    batch = 2 * 16
+    pop, solo = tmp_path / "pop", tmp_path / "solo"
+    _fit(
+        pop,
+        "vaco",
+        *warp,
+        "--population",
+        "2",
+        "--seed_everything",
+        "5",
+        "--data.init_args.total_steps",
+        str(2 * batch),
+    )
+    members = sorted(_runs(mlflow_uri), key=lambda r: int(r.data.tags[MEMBER_TAG]))
+    ckpt_path = pop / "checkpoints" / members[0].info.run_id / "last.ckpt"
+    more = ["--data.init_args.total_steps", str(3 * batch)]
+    _fit(pop, "vaco", *warp, "--population", "2", "--seed_everything", "5", "--ckpt_path", str(ckpt_path), *more)
+    assert len(lockstep_rollouts) == 3  # every iteration collected both members in one model
+    for seed in (5, 6):
+        _fit(
+            solo / str(seed),
+            "vaco",
+            *warp,
+            "--seed_everything",
+            str(seed),
+            "--data.init_args.total_steps",
+            str(2 * batch),
+        )
+    solo_runs = {r.data.params["seed"]: r for r in _runs(mlflow_uri) if POPULATION_TAG not in r.data.tags}
+    together = load_checkpoint(str(ckpt_path))
+    for m, seed in enumerate((5, 6)):
+        run_id = solo_runs[str(seed)].info.run_id
+        last = str(solo / str(seed) / "checkpoints" / run_id / "last.ckpt")
+        _fit(solo / str(seed), "vaco", *warp, "--seed_everything", str(seed), "--ckpt_path", last, *more)
+        mine, theirs = _state(together, f"members.{m}."), _state(_last(solo / str(seed), run_id))
+        assert mine.keys() == theirs.keys() and int(theirs["version"]) == 3
+        for key in theirs:
+            assert torch.equal(mine[key], theirs[key]), (seed, key)
+        assert metric_histories(mlflow_uri, members[m].info.run_id) == metric_histories(mlflow_uri, run_id), seed

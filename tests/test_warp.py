@@ -567,3 +567,48 @@ def test_the_h100_figures_in_the_docs_are_its_measurements():
         f"{stale['env'][f'Hopper-v5:{w}']:,.0f} / {stale['env'][f'Hopper-v5:{w}:cuda_graph']:,.0f}" for w in (64, 512)
     )
     assert re.sub(r"\s+", " ", f"({first}") in re.sub(r"\s+", " ", text)
+
+
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "InvertedPendulum-v5"])  # contacts; episodes that end
+def test_a_populations_members_stepped_in_one_model_are_their_collectors_alone(env_id):
+    """Two members' collectors on blocks of one model of 2 x 2 worlds, stepped in lockstep
+    (vaco.data.lockstep), against each seed's collector on its own 2 worlds: the same batches bit
+    for bit (Hopper: worlds in contact share the model's contact arrays; the pendulum: it tips
+    within a few steps, so a block's worlds reset, drawing their own noise, while the others step
+    on), and again after the members' collectors are restored from a checkpoint into a fresh
+    population. (Warp's CPU device: ~0.1-0.25 s an env step, so the runs are short.)"""
+    from vaco.data.lockstep import Lockstep
+
+    obs_dim, act_dim = (11, 3) if env_id == "Hopper-v5" else (4, 1)
+    seeds, N, T = [4, 9], 2, 12
+
+    def population(seeds):
+        shared = WarpVectorEnv(env_id, N * len(seeds), seed=0, blocks=len(seeds))
+        collectors = [
+            WarpCollector(shared.block(m), T, _buffer(obs_dim, act_dim, K=3), num_iterations=4, seed=s)
+            for m, s in enumerate(seeds)
+        ]
+        return collectors, Lockstep(collectors, set())
+
+    collectors, lockstep = population(seeds)
+    together = iter(lockstep)
+    first = next(together)
+    saved = [c.state_dict() for c in collectors]
+    second = next(together)
+    ended = 0
+    for m, seed in enumerate(seeds):
+        alone = WarpCollector(WarpVectorEnv(env_id, N, seed=seed), T, _buffer(obs_dim, act_dim, K=3), 4, seed=seed)
+        for got in (first[m], second[m]):
+            expected = alone.rollout()
+            ended += int(expected["next", "done"].sum())
+            for key in expected.keys(True, True):
+                assert torch.equal(got[key], expected[key]), (env_id, seed, key)
+    if env_id == "InvertedPendulum-v5":
+        assert ended >= 2  # resets happened while the other block stepped on
+    resumed, lockstep = population(seeds)
+    for c, state in zip(resumed, saved):
+        c.load_state_dict(state)
+    again = lockstep.rollout()
+    for m in range(len(seeds)):
+        for key in second[m].keys(True, True):
+            assert torch.equal(again[m][key], second[m][key]), (env_id, m, key)

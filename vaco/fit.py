@@ -188,6 +188,7 @@ class VacoCLI(LightningCLI):
                         members=members,
                         env_bytes=data.collection.env_bytes,
                     )
+                    data.collection.check_members(data, members)
             except ValueError as err:
                 raise ConfigurationError(str(err)) from None
 

@@ -5,7 +5,9 @@ its own actor and critic (initialised after ``seed_everything(s_m)``, as its sol
 state, policy-version buffer, observation normaliser, reward scaler, envs, random streams, MLflow run
 and evaluation. What the members share is the work of one iteration:
 
-1. **collection**: each member's own collector (its data module's, any backend) in turn;
+1. **collection**: each member's own collector (its data module's), on MuJoCo Warp in lockstep
+   (every member's worlds are blocks of one model, stepped in one call: :mod:`vaco.data.lockstep`),
+   on the other backends in turn;
 2. **before the update**, per member: :meth:`vaco.VacoModule.begin_iteration` (the learner pass and
    the advantage: the solo code);
 3. **the update**, batched: :class:`vaco.population.PopulationUpdate` (one ``baddbmm`` per layer for
@@ -24,8 +26,9 @@ A member that meets non-finite values (its envs' output, its advantage's inputs,
 alone, as its solo run would: one line names it and its seed, its MLflow run is FAILED, its row of
 the stacked update is frozen from then on, and the others go on (``vaco fit`` then exits 1).
 
-Not batched yet (each member in turn, exact either way): collection (one vector env of S x N envs and
-one K-policy mixture call for all), the learner pass and the advantage. IMPALA (its advantage is
+Not batched yet (each member in turn, exact either way): the policy calls while collecting (one call
+per member and step, not one K-policy mixture call for all), collection on gymnasium and envpool
+(one vector env per member), the learner pass and the advantage. IMPALA (its advantage is
 re-estimated before every optimiser step) and DDP are refused with one line.
 """
 
@@ -45,6 +48,7 @@ import torch
 from torch import nn
 
 from vaco._checks import NonFiniteInputError
+from vaco.data.lockstep import Lockstep, shares_one_simulator
 from vaco.data.normalization import apply_normalizer
 from vaco.learner import Learner, NonFiniteLossError
 from vaco.lightning_private import reopen_finished_epoch
@@ -132,8 +136,25 @@ class PopulationDataModule(L.LightningDataModule):
     def num_iterations(self) -> int:
         return self.members[0].num_iterations()
 
+    def share_simulator(self) -> None:
+        """Where the backend can (:meth:`~vaco.data.collection.Collection.lockstep_envs`: Warp), put
+        every member's envs in one simulator, member ``m``'s collector on its block ``m``; called
+        before the members bind (which build their own collectors otherwise)."""
+        if any(member.collector is not None for member in self.members):
+            return
+        first = self.members[0]
+        seeds = [member.seed for member in self.members]  # the collector's seed of a rank-0 run (no DDP)
+        envs = first.collection.lockstep_envs(self.members, seeds)
+        if envs is None:
+            return
+        for member, env, seed in zip(self.members, envs, seeds):
+            member.collector = member.collection.collector(member, seed=seed, env=env)
+
     def train_dataloader(self):
-        return _Members([m.collector for m in self.members], self.stopped)
+        collectors = [m.collector for m in self.members]
+        if shares_one_simulator(collectors):
+            return Lockstep(collectors, self.stopped)
+        return _Members(collectors, self.stopped)
 
     def teardown(self, stage: str) -> None:
         for member in self.members:
@@ -222,6 +243,7 @@ class PopulationModule(Learner):
             raise ValueError(
                 "`population`: a population trains in one process; DDP (trainer.devices > 1) is not supported"
             )
+        data.share_simulator()
         for member, member_data in zip(self.members, data.members):
             member.trainer = self.trainer
             member_data.trainer = self.trainer

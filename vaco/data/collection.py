@@ -75,8 +75,21 @@ class Collection:
     def env_spec(self, data: RolloutSettings) -> EnvSpec:
         return env_spec(data.env_id, data.env_kwargs)
 
-    def collector(self, data: RolloutSettings, seed: int) -> BaseCollector:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def collector(self, data: RolloutSettings, seed: int, env: VectorEnv | None = None) -> BaseCollector:
+        """The collector of ``data``'s batches, seeded with ``seed``; on ``env`` where given (one of
+        :meth:`lockstep_envs`), else on envs of its own."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def check_members(self, data: RolloutSettings, members: int) -> None:
+        """Raise a ValueError naming the field if ``members`` runs of ``data`` (a population) cannot
+        run in one process on this backend (beyond :func:`vaco.data.datamodule.check_memory`)."""
+
+    def lockstep_envs(self, datas: list[RolloutSettings], seeds: list[int]) -> list[VectorEnv] | None:
+        """A population's envs as blocks of one simulator (member ``m``'s collector on the ``m``-th,
+        seeded ``seeds[m]``), stepped for all at once by :class:`vaco.data.lockstep.Lockstep`; None
+        (the default) where the backend has no such simulator: each member collects on its own envs,
+        in turn."""
+        return None
 
     def eval_env(self, data: RolloutSettings, num_envs: int, seed: int) -> VectorEnv:
         """The ``num_envs`` envs evaluation episodes run on (seeded by the loop's ``reset(seed)``)."""

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.collectors import BaseCollector
 
-__all__ = ["CollectorBase", "StepBuffers", "VectorEnv"]
+__all__ = ["CollectorBase", "Segment", "StepBuffers", "VectorEnv"]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -237,42 +237,79 @@ class CollectorBase(BaseCollector):
     def rollout(self) -> TensorDict:
         """One iteration's batch ``[num_envs, num_steps]``: each env acts with the version in its
         slot for the whole segment; episodes that end reset in the same step (the final
-        observation is kept as ``("next", "observation")``)."""
+        observation is kept as ``("next", "observation")``).
+
+        The loop in three phases (:meth:`begin_rollout`, :meth:`act` / :meth:`observe` per step,
+        :meth:`end_rollout`), so that several collectors whose envs are blocks of one simulator step
+        it once per step for all (:class:`vaco.data.lockstep.Lockstep`, a population's members)."""
         start = time.perf_counter()
-        N, T, env = self.num_envs, self.num_steps, self.env
+        segment = self.begin_rollout()
+        for t in range(self.num_steps):
+            self.observe(segment, t, self.env.step(self.act(segment, t)))
+        batch = self.end_rollout(segment)
+        self.last_collect_seconds = time.perf_counter() - start
+        return batch
+
+    @torch.no_grad()
+    def begin_rollout(self) -> Segment:
+        """Start a segment: a seeded reset where none happened yet, each env's version, the buffers."""
         if self._obs is None:
-            self._obs = env.reset(self.seed)
+            self._obs = self.env.reset(self.seed)
             self._ep_return.zero_()
             self._ep_length.zero_()
         policy = self.policy_buffer.mixture(self._assign_slots())
-        act_dim = env.act_dim
-        buffers = StepBuffers.empty(T, N, self._obs.shape[-1], act_dim, self.device)
-        for t in range(T):
-            buffers.obs[t] = self._obs
-            loc, scale = policy(buffers.obs[t])
-            noise = torch.randn(N, act_dim, generator=self.generator, dtype=torch.float32, device=self.device)
-            action = torch.addcmul(loc, scale, noise)
-            # log N(a; loc, scale) with a = loc + scale * noise
-            buffers.log_probs[t] = (-0.5 * noise.square() - scale.log()).sum(-1) - act_dim * _LOG_SQRT_2PI
-            buffers.actions[t], buffers.locs[t], buffers.scales[t] = action, loc, scale.expand_as(loc)
-            clipped = torch.maximum(torch.minimum(action, env.action_high), env.action_low)
-            new_obs, reward, term, trunc, final_obs = env.step(clipped)
-            done = term | trunc
-            buffers.next_obs[t] = final_obs
-            self._ep_return += reward.double()
-            self._ep_length += 1
-            buffers.ep_returns[t] = self._ep_return
-            buffers.ep_lengths[t] = self._ep_length
-            self._ep_return.masked_fill_(done, 0.0)
-            self._ep_length.masked_fill_(done, 0)
-            buffers.rewards[t] = self.reward_scaler(reward, term, done) if self.reward_scaler is not None else reward
-            buffers.terminated[t], buffers.truncated[t] = term, trunc
-            self._obs = new_obs
+        buffers = StepBuffers.empty(self.num_steps, self.num_envs, self._obs.shape[-1], self.env.act_dim, self.device)
+        return Segment(policy, buffers)
+
+    @torch.no_grad()
+    def act(self, segment: Segment, t: int) -> torch.Tensor:
+        """Step ``t``'s actions (sampled from each env's version; recorded), clipped to the bounds."""
+        buffers, env = segment.buffers, self.env
+        buffers.obs[t] = self._obs
+        loc, scale = segment.policy(buffers.obs[t])
+        noise = torch.randn(
+            self.num_envs, env.act_dim, generator=self.generator, dtype=torch.float32, device=self.device
+        )
+        action = torch.addcmul(loc, scale, noise)
+        # log N(a; loc, scale) with a = loc + scale * noise
+        buffers.log_probs[t] = (-0.5 * noise.square() - scale.log()).sum(-1) - env.act_dim * _LOG_SQRT_2PI
+        buffers.actions[t], buffers.locs[t], buffers.scales[t] = action, loc, scale.expand_as(loc)
+        return torch.maximum(torch.minimum(action, env.action_high), env.action_low)
+
+    @torch.no_grad()
+    def observe(self, segment: Segment, t: int, outcome: tuple[torch.Tensor, ...]) -> None:
+        """Record step ``t``'s outcome (``VectorEnv.step``'s tuple): rewards (scaled), flags, the
+        final observations, episode statistics."""
+        new_obs, reward, term, trunc, final_obs = outcome
+        buffers = segment.buffers
+        done = term | trunc
+        buffers.next_obs[t] = final_obs
+        self._ep_return += reward.double()
+        self._ep_length += 1
+        buffers.ep_returns[t] = self._ep_return
+        buffers.ep_lengths[t] = self._ep_length
+        self._ep_return.masked_fill_(done, 0.0)
+        self._ep_length.masked_fill_(done, 0)
+        buffers.rewards[t] = self.reward_scaler(reward, term, done) if self.reward_scaler is not None else reward
+        buffers.terminated[t], buffers.truncated[t] = term, trunc
+        self._obs = new_obs
+
+    @torch.no_grad()
+    def end_rollout(self, segment: Segment) -> TensorDict:
+        """The segment's ``[N, T]`` batch (a FloatingPointError where the envs returned NaN/inf)."""
+        buffers = segment.buffers
         if not buffers.all_finite():
             raise FloatingPointError(
                 f"the environment returned NaN/inf observations or rewards at iteration {self.iteration}"
             )
-        batch = buffers.batch(policy.versions.to(self.device), self.batch_device)
+        batch = buffers.batch(segment.policy.versions.to(self.device), self.batch_device)
         self.iteration += 1
-        self.last_collect_seconds = time.perf_counter() - start
         return batch
+
+
+@dataclasses.dataclass
+class Segment:
+    """A rollout in progress: the versions acting (the mixture) and the step buffers."""
+
+    policy: Any
+    buffers: StepBuffers

@@ -93,11 +93,34 @@ class Warp(Collection):
             data.env_id, num_worlds, device=self.device, seed=seed, cone=self.cone, cuda_graph=self.uses_graph
         )
 
-    def collector(self, data: RolloutSettings, seed: int):
+    def check_members(self, data: RolloutSettings, members: int) -> None:
+        from vaco.data.warp.env import check_worlds
+
+        # a population's members share one model of members x num_envs worlds (lockstep_envs)
+        check_worlds(data.env_id, members * data.num_envs, self.device, field="population` x `data.num_envs")
+
+    def lockstep_envs(self, datas: list[RolloutSettings], seeds: list[int]) -> list:
+        """One model of ``len(datas) x num_envs`` worlds, member ``m``'s block ``m`` (its own reset
+        generator, seeded by its collector's first reset): every member's worlds step in one call."""
+        from vaco.data.warp.env import WarpVectorEnv
+
+        data = datas[0]
+        env = WarpVectorEnv(
+            data.env_id,
+            len(datas) * data.num_envs,
+            device=self.device,
+            seed=seeds[0],
+            cone=self.cone,
+            cuda_graph=self.uses_graph,
+            blocks=len(datas),
+        )
+        return [env.block(m) for m in range(len(datas))]
+
+    def collector(self, data: RolloutSettings, seed: int, env=None):
         from vaco.data.warp.warp_collector import WarpCollector
 
         return WarpCollector(
-            self._env(data, data.num_envs, seed),
+            env if env is not None else self._env(data, data.num_envs, seed),
             data.num_steps,
             None,
             data.num_iterations(),

@@ -31,7 +31,7 @@ import torch
 
 from vaco.data.warp.tasks import Sim, Task, task
 
-__all__ = ["WarpVectorEnv", "load_model"]
+__all__ = ["WarpBlock", "WarpVectorEnv", "load_model"]
 
 
 def _import_warp():
@@ -169,6 +169,10 @@ class WarpVectorEnv:
             CUDA driver >= 12.4 (conditional graph nodes); where either is missing, or the capture
             fails, the env warns and launches the kernels one by one. On an H100: 12x the env steps/s
             of kernel-by-kernel stepping at 4,096 Hopper worlds (docs/gpu.md).
+        blocks: split the worlds into this many equal blocks, each with its own reset generator
+            (a population's members: :meth:`block` is member ``b``'s view, and the worlds of a
+            block reset, draw their noise and checkpoint exactly as an env of
+            ``num_worlds // blocks`` worlds alone would). Every block steps in one call.
     """
 
     def __init__(
@@ -179,12 +183,16 @@ class WarpVectorEnv:
         seed: int = 0,
         cone: str | None = None,
         cuda_graph: bool = False,
+        blocks: int = 1,
     ):
         import mujoco
 
         self.spec = task(env_id)
         if not (isinstance(num_worlds, int) and num_worlds >= 1):
             raise ValueError(f"`num_envs` must be an integer >= 1, got {num_worlds!r}")
+        if not (isinstance(blocks, int) and blocks >= 1 and num_worlds % blocks == 0):
+            raise ValueError(f"`blocks` must divide the {num_worlds} worlds into equal blocks, got {blocks!r}")
+        self.blocks, self.block_size = blocks, num_worlds // blocks
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"`device`: {device!r} asked for, but torch sees no CUDA device")
@@ -226,8 +234,8 @@ class WarpVectorEnv:
         low, high = self.mj_model.actuator_ctrlrange.T
         self.action_low = torch.as_tensor(low, dtype=torch.float32, device=self.device)
         self.action_high = torch.as_tensor(high, dtype=torch.float32, device=self.device)
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(int(seed))
+        # one reset generator per block (a population member's), each drawing its own block's noise
+        self.generators = [torch.Generator(device=self.device).manual_seed(int(seed)) for _ in range(blocks)]
         self.length = torch.zeros(num_worlds, dtype=torch.long, device=self.device)
         self._position = torch.zeros(num_worlds, dtype=torch.float32, device=self.device)
         self.info: dict[str, torch.Tensor] = {}  # after a step: x_position and x_velocity per world (gymnasium's info)
@@ -241,14 +249,37 @@ class WarpVectorEnv:
         self._graph = None  # captured on the first step (see _physics)
         self._use_graph = bool(cuda_graph) and _graphs_supported(wp, wp_device)
 
+    @property
+    def generator(self) -> torch.Generator:
+        """The reset generator (of an env of one block)."""
+        if self.blocks != 1:
+            raise AttributeError("an env of several blocks has one reset generator per block: `generators`")
+        return self.generators[0]
+
+    def _block(self, b: int) -> slice:
+        return slice(b * self.block_size, (b + 1) * self.block_size)
+
+    def block(self, b: int) -> WarpBlock:
+        """Block ``b``'s worlds as an env of their own (reset, state), stepped with every block."""
+        if not 0 <= b < self.blocks:
+            raise IndexError(f"block {b} of {self.blocks}")
+        return WarpBlock(self, b)
+
     # ------------------------------------------------------------------ gymnasium-like API
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Reset every world; returns the observations ``[W, obs_dim]``."""
+        if self.blocks != 1:
+            raise RuntimeError("an env of several blocks resets block by block: `block(b).reset(seed)`")
+        return self.reset_block(0, seed)
+
+    def reset_block(self, b: int, seed: int | None = None) -> torch.Tensor:
+        """Reset block ``b``'s worlds (reseeding its generator); returns their observations."""
         if seed is not None:
-            self.generator.manual_seed(int(seed))
-        self._mask.fill_(True)
-        self._reset_masked()
-        return self._observe()
+            self.generators[b].manual_seed(int(seed))
+        self._mask.fill_(False)
+        self._mask[self._block(b)] = True
+        self._reset_masked(draw=[b])
+        return self._observe()[self._block(b)]
 
     @torch.no_grad()
     def step(self, action: torch.Tensor):
@@ -315,20 +346,37 @@ class WarpVectorEnv:
     def _observe(self) -> torch.Tensor:
         return self.spec.observation(self.sim)
 
-    def _reset_masked(self) -> None:
+    def _reset_masked(self, draw: list[int] | None = None) -> None:
         """gymnasium's reset for the worlds in ``self._mask``: clear the data (``mj_resetData``),
         draw ``qpos0 + U(-s, s)`` and ``U(-s, s)`` (or ``s * N(0, 1)``) velocities, and, where the
-        task reads derived quantities, a forward pass (``set_state`` -> ``mj_forward``)."""
+        task reads derived quantities, a forward pass (``set_state`` -> ``mj_forward``).
+
+        Each block draws its own noise from its own generator, for its block of worlds: the blocks in
+        ``draw``, or (None: a step) on a GPU every block, on the CPU the blocks where a world resets,
+        which is what an env of that one block alone would draw. (The forward pass recomputes the
+        derived quantities of every world from its state; a world that is not reset keeps its state.)"""
         mask = self._mask
-        if self._skip_idle_resets and not bool(mask.any()):
+        if draw is None:
+            if self._skip_idle_resets:
+                if self.blocks == 1:
+                    draw = [0] if bool(mask.any()) else []
+                else:
+                    draw = torch.nonzero(mask.view(self.blocks, -1).any(-1)).flatten().tolist()
+            else:
+                draw = range(self.blocks)
+        if self._skip_idle_resets and not draw:
             return
         s = self.spec.reset_noise
-        shape_q, shape_v = self.sim.qpos.shape, self.sim.qvel.shape
-        noise_q = torch.rand(shape_q, generator=self.generator, device=self.device) * (2 * s) - s
-        if self.spec.qvel_noise == "normal":
-            noise_v = s * torch.randn(shape_v, generator=self.generator, device=self.device)
-        else:
-            noise_v = torch.rand(shape_v, generator=self.generator, device=self.device) * (2 * s) - s
+        shape_q, shape_v = (self.block_size, self.sim.qpos.shape[-1]), (self.block_size, self.sim.qvel.shape[-1])
+        noise_q = torch.zeros(self.sim.qpos.shape, device=self.device)
+        noise_v = torch.zeros(self.sim.qvel.shape, device=self.device)
+        for b in draw:
+            gen, rows = self.generators[b], self._block(b)
+            noise_q[rows] = torch.rand(shape_q, generator=gen, device=self.device) * (2 * s) - s
+            if self.spec.qvel_noise == "normal":
+                noise_v[rows] = s * torch.randn(shape_v, generator=gen, device=self.device)
+            else:
+                noise_v[rows] = torch.rand(shape_v, generator=gen, device=self.device) * (2 * s) - s
         with self._wp.ScopedDevice(self._wp_device):
             self._mjw.reset_data(self.model, self.data, reset=self._wp_mask)
         m = mask.unsqueeze(-1)
@@ -344,37 +392,90 @@ class WarpVectorEnv:
     def set_state(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
         """Put every world in the given state (gymnasium's ``set_state``); returns the observations."""
         self._mask.fill_(True)
+        return self._set_state(slice(None), qpos, qvel)
+
+    def _set_state(self, rows: slice, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
+        """The worlds of ``rows`` (also marked in ``self._mask``) in the given state."""
         with self._wp.ScopedDevice(self._wp_device):
             self._mjw.reset_data(self.model, self.data, reset=self._wp_mask)
-        self.sim.qpos.copy_(qpos)
-        self.sim.qvel.copy_(qvel)
+        self.sim.qpos[rows] = qpos
+        self.sim.qvel[rows] = qvel
         with self._wp.ScopedDevice(self._wp_device):
             self._mjw.forward(self.model, self.data)
-        self._position.copy_(self.spec.position(self.sim))
+        self._position[rows] = self.spec.position(self.sim)[rows]
         return self._observe()
 
     def state_dict(self) -> OrderedDict:
         """What the next step depends on: the state, the solver's warm start, episode lengths,
         the reset RNG (tensors only; checkpoints load with ``weights_only=True``)."""
-        return OrderedDict(
-            qpos=self.sim.qpos.cpu().clone(),
-            qvel=self.sim.qvel.cpu().clone(),
-            ctrl=self.sim.ctrl.cpu().clone(),
-            qacc_warmstart=self._warmstart.cpu().clone(),
-            time=self._time.cpu().clone(),
-            length=self.length.cpu().clone(),
-            position=self._position.cpu().clone(),
-            generator=self.generator.get_state(),
-        )
+        if self.blocks != 1:
+            raise RuntimeError("an env of several blocks is saved block by block: `block(b).state_dict()`")
+        return self.block_state_dict(0)
 
     def load_state_dict(self, state: OrderedDict) -> None:
-        self.set_state(state["qpos"].to(self.device), state["qvel"].to(self.device))
-        self.sim.ctrl.copy_(state["ctrl"])
-        self._warmstart.copy_(state["qacc_warmstart"])
-        self._time.copy_(state["time"])
-        self.length.copy_(state["length"])
-        self._position.copy_(state["position"])
-        self.generator.set_state(state["generator"])
+        if self.blocks != 1:
+            raise RuntimeError("an env of several blocks is restored block by block: `block(b).load_state_dict()`")
+        self.load_block_state_dict(0, state)
+
+    def block_state_dict(self, b: int) -> OrderedDict:
+        """Block ``b``'s :meth:`state_dict`: what an env of its worlds alone would save."""
+        rows = self._block(b)
+        return OrderedDict(
+            qpos=self.sim.qpos[rows].cpu().clone(),
+            qvel=self.sim.qvel[rows].cpu().clone(),
+            ctrl=self.sim.ctrl[rows].cpu().clone(),
+            qacc_warmstart=self._warmstart[rows].cpu().clone(),
+            time=self._time[rows].cpu().clone(),
+            length=self.length[rows].cpu().clone(),
+            position=self._position[rows].cpu().clone(),
+            generator=self.generators[b].get_state(),
+        )
+
+    def load_block_state_dict(self, b: int, state: OrderedDict) -> None:
+        rows = self._block(b)
+        if tuple(state["qpos"].shape) != tuple(self.sim.qpos[rows].shape):
+            raise ValueError(
+                f"the saved envs hold {tuple(state['qpos'].shape)} positions, these {tuple(self.sim.qpos[rows].shape)}"
+            )
+        self._mask.fill_(False)
+        self._mask[rows] = True
+        self._set_state(rows, state["qpos"].to(self.device), state["qvel"].to(self.device))
+        self.sim.ctrl[rows] = state["ctrl"].to(self.device)
+        self._warmstart[rows] = state["qacc_warmstart"].to(self.device)
+        self._time[rows] = state["time"].to(self.device)
+        self.length[rows] = state["length"].to(self.device)
+        self._position[rows] = state["position"].to(self.device)
+        self.generators[b].set_state(state["generator"])
 
     def close(self) -> None:
         pass
+
+
+class WarpBlock:
+    """Block ``b`` of a :class:`WarpVectorEnv`'s worlds as a :class:`~vaco.data.collector_base.VectorEnv`
+    of its own for reset and state (one population member's envs). Its worlds step with every
+    block's, in one call of the whole env (:class:`~vaco.data.lockstep.Lockstep`), not alone."""
+
+    def __init__(self, env: WarpVectorEnv, b: int) -> None:
+        self.shared, self.index = env, b
+        self.rows = env._block(b)
+        self.device, self.num_envs = env.device, env.block_size
+        self.spec, self.dt, self.obs_dim, self.act_dim = env.spec, env.dt, env.obs_dim, env.act_dim
+        self.action_low, self.action_high = env.action_low, env.action_high
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        return self.shared.reset_block(self.index, seed)
+
+    def step(self, action: torch.Tensor):
+        raise RuntimeError(
+            "a block's worlds step with the whole env's (vaco.data.lockstep.Lockstep steps every block at once)"
+        )
+
+    def state_dict(self) -> OrderedDict:
+        return self.shared.block_state_dict(self.index)
+
+    def load_state_dict(self, state: OrderedDict) -> None:
+        self.shared.load_block_state_dict(self.index, state)
+
+    def close(self) -> None:
+        pass  # the whole env is closed by its owner
