@@ -137,7 +137,7 @@ def main() -> None:
             rows.append(row)
             print(
                 f"round {r + 1} S={S:3d}: in turn {turn:7.3f} s, lockstep {lock:7.3f} s an iteration of all members "
-                f"({row['ratio']:.2f}x; {row['lockstep_sps']:,.0f} vs {row['in_turn_sps']:,.0f} env steps/s); "
+                f"({row['ratio']:.2f}x; env steps/s: {row['lockstep_sps']:,.0f} lockstep, {row['in_turn_sps']:,.0f} in turn); "
                 f"batches equal: {equal}",
                 flush=True,
             )

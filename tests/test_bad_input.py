@@ -297,8 +297,32 @@ def test_load_yaml_counts_what_aliases_expand_to_and_reads_ordinary_files():
             ("--data.init_args.num_envs", "500", "--data.init_args.num_steps", "1000", "--population", "100000"),
             "`population` x `data.num_envs` x `data.num_steps` (100,000 x 500 x 1,000) needs at least 1.6 TB",
         ),
+        (  # on Warp a population's members are blocks of one model: its S x N worlds must fit
+            (
+                "--data.init_args.collection",
+                '{"class_path": "vaco.data.warp.Warp"}',
+                "--data.init_args.num_envs",
+                "1000",
+                "--data.init_args.num_steps",
+                "1",
+                "--data.init_args.total_steps",
+                "1000",
+                "--population",
+                "10000",
+            ),
+            "`population` x `data.num_envs`: 10,000,000 worlds of Hopper-v5 need about",
+        ),
     ],
-    ids=["num_envs", "total_steps", "eval_episodes", "huge-batch", "huge-K", "huge-envs", "huge-population"],
+    ids=[
+        "num_envs",
+        "total_steps",
+        "eval_episodes",
+        "huge-batch",
+        "huge-K",
+        "huge-envs",
+        "huge-population",
+        "huge-warp-population",
+    ],
 )
 def test_a_refused_value_prints_only_its_line_and_touches_no_store(tmp_path, override, message):
     """These printed Lightning's "Seed set to 1" and created the SQLite store before refusing; a

@@ -29,7 +29,7 @@ __all__ = ["Lockstep", "shares_one_simulator"]
 def shares_one_simulator(collectors: Sequence[object]) -> bool:
     """Whether every collector's envs are a block of the same simulator (see the module docstring)."""
     shared = [getattr(getattr(c, "env", None), "shared", None) for c in collectors]
-    return len(shared) > 1 and shared[0] is not None and all(s is shared[0] for s in shared)
+    return len(shared) >= 1 and shared[0] is not None and all(s is shared[0] for s in shared)
 
 
 class Lockstep:
