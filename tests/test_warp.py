@@ -618,3 +618,28 @@ def test_a_populations_members_stepped_in_one_model_are_their_collectors_alone(e
     for m in range(len(seeds)):
         for key in second[m].keys(True, True):
             assert torch.equal(again[m][key], second[m][key]), (env_id, m, key)
+
+
+def test_a_member_whose_worlds_turn_nan_stops_alone_and_the_others_step_on_unchanged():
+    """Member 1's Hopper worlds are set to NaN mid-run (as a simulator blow-up would leave them): its
+    next lockstep batch is a FloatingPointError, member 0's is still its solo collector's bit for bit
+    (the worlds share the model's contact arrays and solver); once member 1 is stopped its worlds are
+    reset from its seed and act with zeros, and member 0 goes on unchanged."""
+    from vaco.data.lockstep import Lockstep
+
+    N, T = 2, 8
+    shared = WarpVectorEnv("Hopper-v5", 2 * N, seed=0, blocks=2)
+    collectors = [WarpCollector(shared.block(m), T, _buffer(11, 3), 4, seed=s) for m, s in enumerate((3, 8))]
+    lockstep = Lockstep(collectors, stopped := set())
+    alone = WarpCollector(WarpVectorEnv("Hopper-v5", N, seed=3), T, _buffer(11, 3), 4, seed=3)
+    first = lockstep.rollout()
+    shared.sim.qpos[N:] = float("nan")  # member 1's worlds only
+    second = lockstep.rollout()
+    assert isinstance(second[1], FloatingPointError) and not isinstance(second[0], Exception)
+    stopped.add(1)
+    third = lockstep.rollout()
+    assert third[1] is None and torch.isfinite(shared.sim.qpos[N:]).all()
+    for got in (first[0], second[0], third[0]):
+        expected = alone.rollout()
+        for key in expected.keys(True, True):
+            assert torch.equal(got[key], expected[key]), key
