@@ -3,6 +3,15 @@
 this machine, alternating in one run.
 
     python benchmarks/population_fit.py [--rounds 1] [--population 4] [--out benchmarks/results/population_fit.json]
+        [--extra ARG ...]   # appended to every command: another backend or size, e.g. a Warp cell
+
+For instance the cell on MuJoCo Warp's CPU device, where a population's members step in lockstep
+(vaco.data.lockstep), at a size that device can step in minutes:
+
+    python benchmarks/population_fit.py --population 4 --extra --data.init_args.collection \
+        '{"class_path": "vaco.data.warp.Warp", "init_args": {"evaluate_on": "gymnasium"}}' \
+        --data.init_args.num_envs 4 --data.init_args.num_steps 16 --data.init_args.total_steps 192 \
+        --data.init_args.eval_every 0 --data.init_args.eval_episodes 2
 
 Variants (each from scratch, its own SQLite store and folder, this interpreter and tree):
 
@@ -54,7 +63,7 @@ CELL = [
 ]
 
 
-def _variant(root: Path, groups: list[list[int]]) -> dict:
+def _variant(root: Path, groups: list[list[int]], extra: list[str]) -> dict:
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
     # create the store once, before two processes race to create its tables
@@ -66,7 +75,7 @@ def _variant(root: Path, groups: list[list[int]]) -> dict:
         seeds = ["--seed_everything", str(group[0])]
         if len(group) > 1:
             seeds += ["--population", json.dumps(group)]
-        commands.append([sys.executable, "-m", "vaco.cli", "fit", *CELL, *seeds])
+        commands.append([sys.executable, "-m", "vaco.cli", "fit", *CELL, *extra, *seeds])
     start = time.perf_counter()
     running: list[subprocess.Popen] = []
     logs = []
@@ -117,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of every variant")
     parser.add_argument("--population", type=int, default=4, help="members per population (divides 8)")
     parser.add_argument("--out", default="benchmarks/results/population_fit.json")
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="arguments appended to every command")
     args = parser.parse_args(argv)
     if len(SEEDS) % args.population:
         parser.error("--population must divide 8")
@@ -132,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, groups in variants.items():
             root = work / f"{name.replace(' ', '_')}-{round_}"
             root.mkdir()
-            results[name].append(_variant(root, groups))
+            results[name].append(_variant(root, groups, args.extra))
             print(f"round {round_ + 1}: {name}: {results[name][-1]}", flush=True)
     summary = {
         name: {key: round(sum(r[key] for r in rows) / len(rows), 2) for key in rows[0]}
@@ -148,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "rounds": args.rounds,
         "cell": " ".join(CELL[4:]),
+        "extra": args.extra,
         "per_round": results,
         "mean": summary,
         "work_dir": str(work),
