@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 T_TEST=${T_TEST:-100} T_UPDATE=${T_UPDATE:-75} T_FIT=${T_FIT:-140} T_WARP=${T_WARP:-140}
 GRAPH=${GRAPH:-true} WORLDS=${WORLDS:-64 512 4096}
-T_POP_WARP=${T_POP_WARP:-90} T_POP_FIT=${T_POP_FIT:-240} POP=${POP:-16}
+T_POP_WARP=${T_POP_WARP:-90} T_POP_COLLECT=${T_POP_COLLECT:-150} T_POP_FIT=${T_POP_FIT:-240} POP=${POP:-16}
 step() { echo "== $1 ($(date +%T))"; }
 {
   step info
@@ -59,13 +59,19 @@ check_update() {
 check_population() {
   # Issue 45's GPU check. (1) env steps/s of one Warp env of 500, 2,000 and 8,000 Hopper worlds: the
   # simulator of populations of 1, 4 and 16 x 500 worlds (a population's members step as blocks of
-  # one model, vaco.data.lockstep). (2) two iterations of `vaco fit` at the paper's 500 x 1,000 as a
+  # one model, vaco.data.lockstep). (1b) the collection of 1, 4 and 16 members x 500 worlds in turn
+  # against lockstep, side by side in one process (batches compared; on cuda equality is reported,
+  # not required: Warp's atomics). (2) two iterations of `vaco fit` at the paper's 500 x 1,000 as a
   # population of 1 and of $POP: the aggregate end-to-end steps/s (collection in lockstep, the update
   # batched; the members' policy calls and learner passes one after another). Goal: POP=16 >= 10x POP=1.
   step "populations on Warp on cuda: one env of 500 / 2,000 / 8,000 worlds"
   timeout "$T_POP_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds 500 2000 8000 \
     --out "$OUT/population_worlds.json" 2>&1 | tee "$OUT/population_worlds.log"
   echo "rc=$?" | tee -a "$OUT/population_worlds.log"
+  step "populations on Warp on cuda: S members x 500 worlds collected in turn and in lockstep, side by side"
+  timeout "$T_POP_COLLECT" python3 benchmarks/population_collection.py --device cuda --members 1 4 16 --worlds 500 \
+    --steps 32 --iterations 3 --rounds 1 --out "$OUT/population_collection.json" 2>&1 | tee "$OUT/population_collection.log"
+  echo "rc=$?" | tee -a "$OUT/population_collection.log"
   for p in 1 "$POP"; do
     step "vaco fit --population $p on Warp on cuda (Hopper, VACO, 500 x 1,000, 2 iterations, cuda_graph $GRAPH)"
     rm -rf /tmp/runp; mkdir -p /tmp/runp
