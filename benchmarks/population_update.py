@@ -32,7 +32,8 @@ from vaco import RolloutDataModule, VacoModule  # noqa: E402
 from vaco.advantages import VTrace  # noqa: E402
 from vaco.data.normalization import OBS_CLIP  # noqa: E402
 from vaco.objectives import TVFilter  # noqa: E402
-from vaco.population import TRAIN_KEYS, PopulationUpdate  # noqa: E402
+from vaco.population import PopulationUpdate
+from vaco.vaco_module import TRAIN_KEYS  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -40,8 +41,8 @@ LAYERS = {
     ),
     4: (
         "vaco.learner",
-        "vaco.update",
         "vaco.vaco_module",
+        "vaco.population",
         "vaco.llm.rlvr_module",
         "vaco.llm",
         "vaco.callbacks",
@@ -266,3 +267,76 @@ def test_lightning_private_api_is_fenced_and_exists_on_this_lightning():
                 assert path.name in ("lightning_private.py", "fit.py"), (
                     f"{path.name} uses {attribute} outside the fence"
                 )
+
+
+# One `vaco fit` whose second iteration is traced: the vaco files whose Python code runs between
+# the start of iteration 2 and the start of iteration 3 (collection, update, checkpoint, logging).
+_TRACE_ONE_ITERATION = r"""
+import json, os, sys
+import vaco.vaco_module as vm
+package = os.path.dirname(vm.__file__)
+files, calls = {}, [0]
+def trace(frame, event, arg):
+    if event == "call" and frame.f_code.co_filename.startswith(package + os.sep):
+        name = os.path.relpath(frame.f_code.co_filename, os.path.dirname(package))
+        files.setdefault(name, set()).add(frame.f_code.co_qualname)
+step = vm.VacoModule.training_step
+def training_step(self, dataloader_iter):
+    calls[0] += 1
+    sys.setprofile(trace if calls[0] == 2 else None)
+    return step(self, dataloader_iter)
+vm.VacoModule.training_step = training_step
+from vaco.cli import main
+try:
+    main(sys.argv[2:])
+except SystemExit as stop:
+    assert not stop.code, stop.code
+sys.setprofile(None)
+assert calls[0] == 3, calls
+with open(sys.argv[1], "w") as out:
+    json.dump({name: sorted(functions) for name, functions in sorted(files.items())}, out)
+"""
+
+
+def test_the_iteration_walk_names_every_file_one_iteration_runs_and_no_other(tmp_path):
+    """The walk in docs/architecture.md is the whole iteration: one real `vaco fit` (the walk's
+    command at tiny sizes, a checkpoint every iteration) is traced through its second iteration,
+    and the vaco files whose code ran are exactly the walk's files; the count the doc states is
+    that number. A file the iteration starts to call (or stops calling) fails here by name."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from helpers.runs import REPO
+
+    out = tmp_path / "files.json"
+    argv = [
+        "fit",
+        *("--config", str(REPO / "configs/env/hopper.yaml"), "--config", str(REPO / "configs/algo/vaco.yaml")),
+        *("--data.init_args.num_envs", "2", "--data.init_args.num_steps", "32", "--data.init_args.total_steps", "192"),
+        *("--data.init_args.eval_every", "0", "--data.init_args.eval_episodes", "1"),
+        *("--model.init_args.update_epochs", "1", "--model.init_args.num_minibatches", "2"),
+        *("--checkpoint.every_n_iterations", "1", "--trainer.default_root_dir", str(tmp_path / "run")),
+        "--trainer.enable_progress_bar=false",
+    ]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    done = subprocess.run(
+        [sys.executable, "-c", _TRACE_ONE_ITERATION, str(out), *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    functions = json.loads(out.read_text())
+    ran = set(functions)
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## One VACO iteration, file by file", 1)[1].split("\n## ", 1)[0]
+    walk = set(re.findall(r"^\| \d+ \| `([^`]+)` \|", section, flags=re.M))
+    missing = {name: functions[name] for name in sorted(ran - walk)}
+    assert not missing, f"one iteration runs code in files the walk does not name: {missing}"
+    assert walk - ran == set(), f"the walk names files one iteration does not run: {sorted(walk - ran)}"
+    stated = re.search(r"runs code in (\d+) of vaco's files", section)
+    assert stated and int(stated.group(1)) == len(ran), (stated and stated.group(0), len(ran))

@@ -18,7 +18,8 @@ from helpers.runs import build_run
 from vaco.advantages import GAE, VTrace
 from vaco.data.normalization import OBS_CLIP
 from vaco.objectives import PPOKL, SPO, PPOClip, TVFilter
-from vaco.population import TRAIN_KEYS, PopulationUpdate
+from vaco.population import PopulationUpdate
+from vaco.vaco_module import TRAIN_KEYS
 
 SEEDS = (3, 4, 5, 6)
 ITERATIONS = 3

@@ -3,7 +3,7 @@
 A population's members have their own weights, optimiser state and data; batching them puts a
 leading member dimension ``S`` on every tensor, so that one kernel call does the work of S. The
 point of this module is that it changes no member's numbers: member ``m``'s update here is **bit
-for bit** :meth:`vaco.update.MinibatchUpdate.update` of that run alone (tested in
+for bit** :meth:`vaco.vaco_module.MinibatchUpdate.run` of that run alone (tested in
 ``tests/test_population.py`` on VACO, PPO-clip, adaptive PPO-KL and SPO for S = 1, 2 and 4, and by
 ``benchmarks/population_update.py`` on the study cell's Hopper data for S = 1 to 8). Measured on
 this machine's torch 2.13 CPU build, that holds because each piece keeps the solo path's
@@ -38,9 +38,8 @@ import torch
 from torch import nn
 
 from vaco.networks import gaussian_entropy, gaussian_log_prob
-from vaco.update import TRAIN_KEYS
 
-__all__ = ["BatchedMLP", "PopulationUpdate", "TRAIN_KEYS", "stack_parameters"]
+__all__ = ["BatchedMLP", "PopulationUpdate", "stack_parameters"]
 
 #: members' slices of a stacked parameter must hold a multiple of this many numbers (the CPU
 #: kernels' vector width, with room): see :class:`PopulationUpdate`
@@ -165,7 +164,7 @@ class PopulationUpdate:
 
     # ------------------------------------------------------------------ the members' forward
     def _forward(self, obs: torch.Tensor, action: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The learner's quantities on ``[S, B, ...]`` minibatches (``MinibatchUpdate._minibatch``)."""
+        """The learner's quantities on ``[S, B, ...]`` minibatches (``vaco.vaco_module.MinibatchUpdate._minibatch``)."""
         params = self.params
         loc = self.actor_net(params, obs)
         scale = params["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
@@ -196,7 +195,7 @@ class PopulationUpdate:
         normalize: Callable[[torch.Tensor], torch.Tensor],
         active: Sequence[bool] | None = None,
     ):
-        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`TRAIN_KEYS`);
+        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.vaco_module.TRAIN_KEYS`);
         ``normalize`` maps raw ``[S, B, obs]`` observations to the networks' inputs, per member.
         Returns each member's outputs averaged over the steps (a dict per member, as the solo
         update returns) and whether each member's every step was finite (a member that was not

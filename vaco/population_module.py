@@ -53,8 +53,7 @@ from vaco.data.normalization import apply_normalizer
 from vaco.learner import Learner, NonFiniteLossError
 from vaco.lightning_private import reopen_finished_epoch
 from vaco.population import PopulationUpdate
-from vaco.update import TRAIN_KEYS
-from vaco.vaco_module import VacoModule, _numpy_rng_state, _set_numpy_rng_state, _si
+from vaco.vaco_module import TRAIN_KEYS, VacoModule, _numpy_rng_state, _set_numpy_rng_state, _si
 
 __all__ = ["PopulationModule", "PopulationDataModule", "population_seeds", "POPULATION_TAG", "MEMBER_TAG"]
 
