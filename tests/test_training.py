@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -331,14 +332,42 @@ def _listening(port: int | None = None) -> set[str]:
     return found
 
 
+def _host_named_elsewhere(tmp_path: Path) -> tuple[tuple[str, ...], str, str] | None:
+    """A command prefix that runs a command in its own UTS and mount namespaces, under a host name
+    that resolves to this machine's first non-loopback IPv4 address (a hosts file bind-mounted over
+    /etc/hosts), with that name and address; None where they cannot be made (not root, no
+    ``unshare``, no such address)."""
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        return None
+    shown = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True)
+    addresses = [line.split()[3].split("/")[0] for line in shown.stdout.splitlines() if " inet " in line]
+    if not addresses:
+        return None
+    name, address = "vaco-ddp-elsewhere", addresses[0]
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"127.0.0.1 localhost\n{address} {name}\n")
+    # sh -c SCRIPT NAME HOSTS COMMAND...: the script names the host, mounts the hosts file, says what
+    # the name resolves to (on stderr), then runs the command
+    script = 'hostname "$0" && mount --bind "$1" /etc/hosts && getent hosts "$0" >&2 && shift && exec "$@"'
+    prefix = ("unshare", "--uts", "--mount", "sh", "-c", script, name, str(hosts))
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
+    return (prefix, name, address) if probe.returncode == 0 and address in probe.stderr else None
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
-    """Two CPU ranks stay in sync; their rendezvous store listens on the loopback only (PyTorch's own
-    listens on every interface), watched in /proc/net while the run goes."""
+    """Two CPU ranks stay in sync, and every socket they listen on is on the loopback: the
+    rendezvous store (PyTorch's own listens on every interface) and the ranks' gloo pairs, with the
+    host name resolving to this machine's network address (gloo binds there unless told otherwise):
+    the run is made in its own UTS and mount namespaces where the host name is set and /etc/hosts
+    says so. Every listening socket is watched in /proc/net while the run goes."""
     import concurrent.futures
 
     from helpers.mlflow_server import free_port
 
+    elsewhere = _host_named_elsewhere(tmp_path)
     port = free_port()
     pool = concurrent.futures.ThreadPoolExecutor(1)
     running = pool.submit(
@@ -373,6 +402,7 @@ def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
         cwd=tmp_path,
         timeout=900,
         env={"MASTER_PORT": str(port)},
+        prefix=elsewhere[0] if elsewhere else (),
     )
     listening, before, new = set(), _listening(), set()
     while not running.done():
@@ -382,6 +412,11 @@ def test_ddp_two_processes_train_in_sync(tmp_path, mlflow_uri):
     out = running.result()
     pool.shutdown()
     assert out.returncode == 0, out.stderr[-4000:]
+    if elsewhere:  # the run's host name resolved to the network address, not the loopback
+        _, name, address = elsewhere
+        assert re.search(rf"^{re.escape(address)}\s+{name}$", out.stderr, flags=re.M), out.stderr[:500]
+    else:
+        warnings.warn("no UTS/mount namespace here: the host name resolves as the machine's does", stacklevel=1)
     assert listening == {"0100007F"}, listening  # 127.0.0.1 only, never 0.0.0.0 or [::]
     # and the ranks' gloo pairs (ephemeral ports) too: every socket that listened during the run
     assert new and {entry.rsplit(":", 1)[0] for entry in new} == {"0100007F"}, new

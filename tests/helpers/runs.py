@@ -98,11 +98,16 @@ def tiny_trainer(tmp_path: Path, logger, callbacks: list, *, accelerator: str = 
     )
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None):
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: int = 600, env: dict | None = None, prefix: tuple[str, ...] = ()
+):
+    """``vaco *args`` as a subprocess (``prefix``: a command that runs it, such as ``unshare ...``)."""
     import subprocess
 
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run([VACO, *args], cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*prefix, VACO, *args], cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def fit_inverted_pendulum_ppo(tmp_path: Path, uri: str, collection: str):
