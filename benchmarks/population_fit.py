@@ -3,6 +3,7 @@
 this machine, alternating in one run.
 
     python benchmarks/population_fit.py [--rounds 1] [--population 4] [--out benchmarks/results/population_fit.json]
+        [--baseline DIR]    # also separate runs of another tree (a git worktree: the issue's 555f487)
         [--extra ARG ...]   # appended to every command: another backend or size, e.g. a Warp cell
 
 For instance the cell on MuJoCo Warp's CPU device, where a population's members step in lockstep
@@ -16,7 +17,9 @@ For instance the cell on MuJoCo Warp's CPU device, where a population's members 
 Variants (each from scratch, its own SQLite store and folder, this interpreter and tree):
 
 * ``separate``: 8 ``vaco fit`` processes (seeds 1..8), two at a time: today's sweep of the cell;
-* ``populations of P``: 8 / P ``vaco fit --population [seeds]`` processes, two at a time.
+* ``populations of P``: 8 / P ``vaco fit --population [seeds]`` processes, two at a time;
+* with ``--baseline DIR``, first ``separate at DIR``: the 8 separate runs with the vaco of DIR
+  (``PYTHONPATH=DIR``, this interpreter), e.g. ``git worktree add /tmp/tree555 555f487``.
 
 Both produce the same 8 runs (a member is its seed's run alone, bit for bit: tests/test_population_fit.py),
 so the wall times compare the cost of the same answer. Reported per variant: the wall time, per seed
@@ -63,9 +66,11 @@ CELL = [
 ]
 
 
-def _variant(root: Path, groups: list[list[int]], extra: list[str]) -> dict:
+def _variant(root: Path, groups: list[list[int]], extra: list[str], tree: str | None = None) -> dict:
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    if tree is not None:
+        env["PYTHONPATH"] = tree
     # create the store once, before two processes race to create its tables
     import mlflow
 
@@ -126,11 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of every variant")
     parser.add_argument("--population", type=int, default=4, help="members per population (divides 8)")
     parser.add_argument("--out", default="benchmarks/results/population_fit.json")
+    parser.add_argument("--baseline", default=None, help="a tree whose separate runs are measured too")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="arguments appended to every command")
     args = parser.parse_args(argv)
     if len(SEEDS) % args.population:
         parser.error("--population must divide 8")
-    variants = {
+    trees: dict[str, str | None] = {}
+    variants: dict[str, list[list[int]]] = {}
+    if args.baseline:
+        name = f"separate at {Path(args.baseline).name}"
+        variants[name], trees[name] = [[s] for s in SEEDS], str(Path(args.baseline).resolve())
+    variants |= {
         "separate": [[s] for s in SEEDS],
         f"populations of {args.population}": [
             SEEDS[i : i + args.population] for i in range(0, len(SEEDS), args.population)
@@ -142,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, groups in variants.items():
             root = work / f"{name.replace(' ', '_')}-{round_}"
             root.mkdir()
-            results[name].append(_variant(root, groups, args.extra))
+            results[name].append(_variant(root, groups, args.extra, trees.get(name)))
             print(f"round {round_ + 1}: {name}: {results[name][-1]}", flush=True)
     summary = {
         name: {key: round(sum(r[key] for r in rows) / len(rows), 2) for key in rows[0]}
@@ -152,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         summary[name]["wall_ratio_separate_over_this"] = round(
             summary["separate"]["wall_s"] / summary[name]["wall_s"], 3
         )
+        for base in trees:
+            summary[name][f"wall_ratio_{base.replace(' ', '_')}_over_this"] = round(
+                summary[base]["wall_s"] / summary[name]["wall_s"], 3
+            )
     report = {
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs), {platform.platform()}",
         "processor": platform.processor(),
@@ -159,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "cell": " ".join(CELL[4:]),
         "extra": args.extra,
+        "baseline": trees,
         "per_round": results,
         "mean": summary,
         "work_dir": str(work),
@@ -171,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  {name:22s} wall {row['wall_s']:7.1f} s | per seed {row['per_seed_s']:6.1f} s | collect "
             f"{row['collect_s_per_seed']:5.1f} s | update {row['update_s_per_seed']:5.1f} s | rest "
             f"{row['rest_s_per_seed']:5.1f} s | x{row['wall_ratio_separate_over_this']:.2f}"
+            + "".join(
+                f" | {base}: x{row[f'wall_ratio_{base.replace(chr(32), chr(95))}_over_this']:.2f}" for base in trees
+            )
         )
     print(f"wrote {args.out}")
     return 0

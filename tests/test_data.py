@@ -255,3 +255,66 @@ def test_halfcheetah_makes_no_settotalmass_warning_but_other_mujoco_warnings_sti
     assert out.returncode == 0, out.stderr
     assert "settotalmass" not in out.stdout + out.stderr
     assert out.stderr.strip().splitlines() == ["WARNING: another warning"]
+
+
+@pytest.mark.parametrize(
+    "env_id, env_kwargs",
+    [
+        ("Hopper-v5", {"max_episode_steps": 15}),
+        (
+            "Hopper-v5",
+            {
+                "exclude_current_positions_from_observation": False,
+                "healthy_z_range": (0.9, 1.9),
+                "ctrl_cost_weight": 0.01,
+                "forward_reward_weight": 2.0,
+                "max_episode_steps": 15,
+            },
+        ),
+        ("Walker2d-v5", {"max_episode_steps": 15}),
+        ("HalfCheetah-v5", {"max_episode_steps": 50}),
+        ("InvertedPendulum-v5", {}),
+    ],
+    ids=["hopper", "hopper-kwargs", "walker2d", "halfcheetah", "inverted-pendulum"],
+)
+def test_the_fast_mujoco_step_is_gymnasiums_own_step_bit_for_bit(env_id, env_kwargs):
+    """GymnasiumEnvs steps these tasks' envs all at once (vaco.data.envs.MujocoSteps) instead of
+    through gymnasium's vector loop: every output (observations, rewards, terminations,
+    truncations, final observations) equals gymnasium's own step's, through episode ends, resets
+    and truncations, with actions outside the bounds (as a Gaussian samples them); and so do the
+    simulator states, the TimeLimit counters and the reset RNGs afterwards."""
+    from vaco.data.collector import GymnasiumEnvs
+    from vaco.data.envs import capture_envs
+
+    fast, own = GymnasiumEnvs(env_id, 6, env_kwargs), GymnasiumEnvs(env_id, 6, env_kwargs)
+    assert fast.fast is not None
+    own.fast = None  # gymnasium's SyncVectorEnv.step
+    assert torch.equal(fast.reset(seed=5), own.reset(seed=5))
+    generator = torch.Generator().manual_seed(0)
+    ends = {"terminated": 0, "truncated": 0}
+    for _ in range(250):
+        action = (torch.rand(6, fast.act_dim, generator=generator) * 3 - 1.5).float()
+        got, expected = fast.step(action), own.step(action.clone())
+        for name, a, b in zip(("obs", "reward", "terminated", "truncated", "final_obs"), got, expected):
+            assert a.dtype == b.dtype and torch.equal(a, b), name
+        ends["terminated"] += int(expected[2].sum())
+        ends["truncated"] += int(expected[3].sum())
+    if env_id != "HalfCheetah-v5":  # HalfCheetah never terminates
+        assert ends["terminated"] >= 6, ends
+    if env_id != "InvertedPendulum-v5":  # the pole falls long before its 1,000 steps
+        assert ends["truncated"] >= 6, ends
+    for a, b in zip(capture_envs(fast.vector), capture_envs(own.vector)):
+        assert torch.equal(a["mj_state"], b["mj_state"])
+        assert a["elapsed_steps"] == b["elapsed_steps"] and a["rng"] == b["rng"]
+
+
+def test_tasks_without_a_fast_step_step_through_gymnasium():
+    """Ant and Humanoid (contact forces in the observation) and any env vaco did not make with its
+    own wrappers step through gymnasium's own code."""
+    from vaco.data.collector import GymnasiumEnvs
+    from vaco.data.envs import MujocoSteps
+
+    assert GymnasiumEnvs("Ant-v5", 2).fast is None
+    venv = make_vector_env("Hopper-v5", 2, keep_info=True)  # no DropInfo: other wrappers
+    assert MujocoSteps.of(venv, "Hopper-v5") is None
+    venv.close()

@@ -1,9 +1,16 @@
-"""Environment factory, specs and exact simulator snapshots.
+"""Environment factory, specs, exact simulator snapshots, and gymnasium's MuJoCo step for all envs at once.
 
 Envs are gymnasium vector envs in ``SAME_STEP`` autoreset mode: the step that ends an episode
 returns the *reset* observation and puts the final one in ``info["final_obs"]``, so every step
 is a real transition. (gymnasium 1.x's default, ``NEXT_STEP``, inserts a fake step after each
 episode end, which GAE code written for gym 0.x silently learns from.)
+
+:class:`MujocoSteps` is gymnasium's own ``step`` of Hopper, Walker2d, HalfCheetah and
+InvertedPendulum (v5) for every env of such a vector env at once, bit for bit: half of a
+gymnasium step on this CPU is Python around MuJoCo's ``mj_step`` (the vector loop, three
+wrappers, ``is_healthy`` twice, numpy on 11 numbers); here each env costs its ``mj_step`` and
+two copies, and the observations, rewards and terminations are computed for all envs in one
+numpy expression each.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ __all__ = [
     "capture_envs",
     "restore_envs",
     "quiet_known_mujoco_warnings",
+    "MujocoSteps",
 ]
 
 #: MuJoCo warnings about gymnasium's own model files that a user can do nothing about (MuJoCo 4.0
@@ -176,3 +184,159 @@ def restore_envs(venv: gym.vector.SyncVectorEnv, states: list[dict]) -> None:
         if limit is not None:
             limit._elapsed_steps = saved["elapsed_steps"]
         base.np_random.bit_generator.state = saved["rng"]
+
+
+# ---------------------------------------------------------------------------------------------
+# gymnasium's MuJoCo v5 step for all envs at once, bit for bit. Written by hand because neither
+# gymnasium nor TorchRL steps a SyncVectorEnv's MuJoCo envs other than one Python step at a time.
+
+#: gymnasium versions whose MuJoCo v5 ``step`` this was written from and tested against
+#: (``tests/test_data.py``); another version steps through gymnasium's own code
+TESTED_GYMNASIUM = ("1.4",)
+
+
+@dataclass(frozen=True)
+class _Task:
+    """What a task's ``step`` computes after ``mj_step`` (gymnasium/envs/mujoco/<task>_v5.py)."""
+
+    healthy: str | None  # "state" (Hopper: qpos[1:3] and the state range), "pose" (Walker2d: qpos[1:3]), None
+    clip_velocity: bool  # the observation's qvel clipped to +-10 (Hopper, Walker2d)
+    pendulum: bool = False  # InvertedPendulum: reward 1 while |qpos[1]| <= 0.2 and all finite
+
+
+#: the tasks :class:`MujocoSteps` steps, by id and gymnasium class
+MUJOCO_STEPS = {
+    "Hopper-v5": ("gymnasium.envs.mujoco.hopper_v5", "HopperEnv", _Task("state", True)),
+    "Walker2d-v5": ("gymnasium.envs.mujoco.walker2d_v5", "Walker2dEnv", _Task("pose", True)),
+    "HalfCheetah-v5": ("gymnasium.envs.mujoco.half_cheetah_v5", "HalfCheetahEnv", _Task(None, False)),
+    "InvertedPendulum-v5": (
+        "gymnasium.envs.mujoco.inverted_pendulum_v5",
+        "InvertedPendulumEnv",
+        _Task(None, False, pendulum=True),
+    ),
+}
+
+
+class MujocoSteps:
+    """gymnasium's ``step`` for every env of ``venv`` (made by :func:`make_vector_env`) at once,
+    with its ``SAME_STEP`` autoreset and ``TimeLimit``, bit for bit (``tests/test_data.py``
+    compares every output and the simulator states with gymnasium's own step, on each task, with
+    resets, truncations and changed ``env_kwargs``).
+
+    Per env: the action into ``data.ctrl``, ``mj_step`` for ``frame_skip`` steps and
+    ``mj_rnePostConstraint`` (as ``MujocoEnv.do_simulation``), ``qpos``/``qvel`` copied out, the
+    ``TimeLimit`` counter advanced. Then for all envs at once, as the task's ``step`` computes
+    them one at a time and in the same dtypes: the observation, the reward (``forward_reward_weight
+    * x_velocity + healthy_reward - ctrl_cost_weight * sum(action^2)``, the control cost in the
+    action's dtype as numpy 2 computes it), termination. An env that ends is reset through its own
+    wrappers (gymnasium's ``reset``, its own RNG), as the vector env would. The task's settings are
+    read from each env, so ``env_kwargs`` apply. :meth:`of` returns None where this does not apply
+    (another task, another gymnasium, other wrappers, rendering, envs not yet reset), and the
+    caller steps through gymnasium."""
+
+    def __init__(self, venv: gym.vector.SyncVectorEnv, task: _Task) -> None:
+        self.venv, self.task = venv, task
+        self.envs = list(venv.envs)
+        self.limits = [_time_limit(env) for env in self.envs]
+        self.bases = [env.unwrapped for env in self.envs]
+        self.sims = [(base.model, base.data) for base in self.bases]
+        first = self.bases[0]
+        self.frame_skip, self.dt = first.frame_skip, first.dt
+        self.num_envs = len(self.envs)
+        self.qpos = np.empty((self.num_envs, first.model.nq))
+        self.qvel = np.empty((self.num_envs, first.model.nv))
+        self.x_before = np.empty(self.num_envs)
+        # every env's settings (env_kwargs apply to all envs of one vector env alike; checked)
+        self.settings = _settings(first, task)
+        if any(
+            _settings(b, task) != self.settings or (b.frame_skip, b.dt) != (self.frame_skip, self.dt)
+            for b in self.bases
+        ):
+            raise ValueError("the envs of one vector env differ in their task settings")
+
+    @classmethod
+    def of(cls, venv, env_id: str) -> MujocoSteps | None:
+        """The fast step for ``venv``'s envs, or None where gymnasium's own step must run."""
+        import importlib
+
+        if env_id not in MUJOCO_STEPS or not gym.__version__.startswith(TESTED_GYMNASIUM):
+            return None
+        module, name, task = MUJOCO_STEPS[env_id]
+        cls_ = getattr(importlib.import_module(module), name)
+        for env in venv.envs:
+            chain = []
+            while env is not None:
+                chain.append(type(env))
+                env = getattr(env, "env", None)
+            if chain != [DropInfo, gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing, cls_]:
+                return None
+        if any(env.unwrapped.render_mode is not None for env in venv.envs):
+            return None
+        return cls(venv, task)
+
+    def ready(self) -> bool:
+        """Every env has been reset (gymnasium's OrderEnforcing refuses a step before that)."""
+        return all(env.env.env._has_reset for env in self.envs)
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One step of every env: the next observations (after any reset), rewards, terminations,
+        truncations and the final observations (the next ones where no episode ended)."""
+        import mujoco
+
+        frame_skip, qpos, qvel, x_before = self.frame_skip, self.qpos, self.qvel, self.x_before
+        truncated = np.zeros(self.num_envs, dtype=bool)
+        for i, ((model, data), limit) in enumerate(zip(self.sims, self.limits)):
+            x_before[i] = data.qpos[0]
+            data.ctrl[:] = actions[i]
+            mujoco.mj_step(model, data, nstep=frame_skip)
+            mujoco.mj_rnePostConstraint(model, data)
+            qpos[i] = data.qpos
+            qvel[i] = data.qvel
+            limit._elapsed_steps += 1
+            truncated[i] = limit._elapsed_steps >= limit._max_episode_steps
+        obs, reward, terminated = self._after(actions)
+        final = obs.copy()
+        for i in np.flatnonzero(terminated | truncated):
+            obs[i], _ = self.envs[i].reset()
+        return obs, reward, terminated, truncated, final
+
+    def _after(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The task's observation, reward and termination for all envs (its ``step`` after
+        ``do_simulation``), in gymnasium's order of operations and dtypes."""
+        task, s, qpos, qvel = self.task, self.settings, self.qpos, self.qvel
+        if task.pendulum:
+            obs = np.concatenate((qpos, qvel), axis=1)
+            terminated = ~np.isfinite(obs).all(axis=1) | (np.abs(obs[:, 1]) > 0.2)
+            return obs, (~terminated).astype(np.float64), terminated
+        velocity = np.clip(qvel, -10, 10) if task.clip_velocity else qvel
+        position = qpos[:, 1:] if s["exclude_current_positions"] else qpos
+        obs = np.concatenate((position, velocity), axis=1)
+        x_velocity = (qpos[:, 0] - self.x_before) / self.dt
+        # numpy 2: a Python float times a float32 array stays float32, as in the task's control_cost
+        ctrl_cost = s["ctrl_cost_weight"] * np.sum(np.square(actions), axis=1)
+        forward = s["forward_reward_weight"] * x_velocity
+        if task.healthy is None:
+            return obs, forward - ctrl_cost, np.zeros(self.num_envs, dtype=bool)
+        z, angle = qpos[:, 1], qpos[:, 2]
+        (min_z, max_z), (min_angle, max_angle) = s["healthy_z_range"], s["healthy_angle_range"]
+        healthy = (min_z < z) & (z < max_z) & (min_angle < angle) & (angle < max_angle)
+        if task.healthy == "state":
+            state = np.concatenate((qpos, qvel), axis=1)[:, 2:]
+            min_state, max_state = s["healthy_state_range"]
+            healthy &= np.all((min_state < state) & (state < max_state), axis=1)
+        reward = (forward + healthy * s["healthy_reward"]) - ctrl_cost
+        return obs, reward, ~healthy & bool(s["terminate_when_unhealthy"])
+
+
+def _settings(base, task: _Task) -> dict:
+    """The task settings a step reads (gymnasium's private attributes of the v5 envs)."""
+    if task.pendulum:
+        return {}
+    names = ["forward_reward_weight", "ctrl_cost_weight", "exclude_current_positions_from_observation"]
+    if task.healthy is not None:
+        names += ["healthy_reward", "terminate_when_unhealthy", "healthy_z_range", "healthy_angle_range"]
+    if task.healthy == "state":
+        names.append("healthy_state_range")
+    out = {name: getattr(base, f"_{name}") for name in names}
+    out["exclude_current_positions"] = out.pop("exclude_current_positions_from_observation")
+    return out
