@@ -109,7 +109,7 @@ def test_a_population_that_cannot_fit_is_refused_by_the_dry_run(tmp_path, mlflow
     assert _sweep(path, tmp_path / "out", "--dry-run").returncode == 0  # alone, it fits
 
 
-def test_packing_forms_the_same_chunks_on_a_rerun_and_leaves_impala_and_checkpointed_cells_alone(tmp_path):
+def test_packing_forms_the_same_chunks_on_a_rerun_packs_impala_and_leaves_checkpointed_cells_alone(tmp_path):
     path = tmp_path / "pop.yaml"
     path.write_text(yaml.safe_dump({**SWEEP, "population": 2, "grid": {"main": {"algorithm": ["vaco", "impala"]}}}))
     sweep = S.load_sweep(path, str(tmp_path / "out"))
@@ -120,7 +120,8 @@ def test_packing_forms_the_same_chunks_on_a_rerun_and_leaves_impala_and_checkpoi
     ids = [job.id for job in jobs]
     assert "vaco-inverted_pendulum-K2-s1+2" in ids and "vaco-inverted_pendulum-K2-s3" in ids
     assert "vaco-inverted_pendulum-K2-s4" in ids  # the rest of seed 3's chunk: one cell, alone
-    assert [i for i in ids if i.startswith("impala")] == [f"impala-inverted_pendulum-K2-s{s}" for s in (1, 2, 3, 4)]
+    # IMPALA too (its V-trace re-estimated per member before every step)
+    assert [i for i in ids if i.startswith("impala")] == [f"impala-inverted_pendulum-K2-s{s}" for s in ("1+2", "3+4")]
     assert job_states["vaco-inverted_pendulum-K2-s1+2"] == "new"
     # a rerun after seed 1's member finished... a population finishes together: both are skipped
     done = {**states, "vaco-inverted_pendulum-K2-s1": "finished", "vaco-inverted_pendulum-K2-s2": "finished"}

@@ -127,8 +127,6 @@ class PopulationUpdate:
                 f"a population needs one actor, critic, objective and generator per member, got {len(actors)}, "
                 f"{len(critics)}, {len(objectives)}, {len(generators)}"
             )
-        if objectives[0].reestimate_advantage:
-            raise ValueError(f"{type(objectives[0]).__name__} re-estimates its advantage every step: not batched yet")
         self.size = len(actors)
         self.objectives = list(objectives)
         self.generators = list(generators)
@@ -194,6 +192,7 @@ class PopulationUpdate:
         train: Mapping[str, torch.Tensor],
         normalize: Callable[[torch.Tensor], torch.Tensor],
         active: Sequence[bool] | None = None,
+        reestimate: Callable[[], Mapping[str, torch.Tensor]] | None = None,
     ):
         """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.vaco_module.TRAIN_KEYS`);
         ``normalize`` maps raw ``[S, B, obs]`` observations to the networks' inputs, per member.
@@ -201,7 +200,17 @@ class PopulationUpdate:
         update returns) and whether each member's every step was finite (a member that was not
         stops, as its solo run would: its Adam step count is shared with the others from then on).
         Each member's objective then adapts its coefficients to its own means. A member that is not
-        ``active`` (stopped earlier) has every step undone, as a non-finite one is."""
+        ``active`` (stopped earlier) has every step undone, as a non-finite one is.
+
+        ``reestimate`` (required when the objective re-estimates its advantage, IMPALA): called
+        before every minibatch, as the solo update re-estimates before every step; it returns the
+        members' new ``advantage``, ``value_target`` and ``state_value`` (``[S, N]``) from their
+        current weights (:meth:`write_back` gives them to the members' own modules first)."""
+        if self.objectives[0].reestimate_advantage and reestimate is None:
+            raise ValueError(
+                f"{type(self.objectives[0]).__name__} re-estimates its advantage every step: pass reestimate"
+            )
+        train = dict(train)
         buffers = {
             name: torch.stack([dict(o.named_buffers())[name] for o in self.objectives])
             for name, _ in self.objectives[0].named_buffers()
@@ -216,6 +225,8 @@ class PopulationUpdate:
             # each member's permutation from its own generator, drawn as its solo run draws it
             orders = torch.stack([torch.randperm(n, generator=g) for g in self.generators])
             for k in range(self.num_minibatches):
+                if reestimate is not None:
+                    train.update(reestimate())
                 idx = orders[:, k * size : (k + 1) * size]
                 minibatch = {key: value[members, idx] for key, value in train.items()}
                 minibatch.update(self._forward(normalize(minibatch["observation"]), minibatch["action"]))

@@ -28,13 +28,15 @@ the stacked update is frozen from then on, and the others go on (``vaco fit`` th
 
 Not batched yet (each member in turn, exact either way): the policy calls while collecting (one call
 per member and step, not one K-policy mixture call for all), collection on gymnasium and envpool
-(one vector env per member), the learner pass and the advantage. IMPALA (its advantage is
-re-estimated before every optimiser step) and DDP are refused with one line.
+(one vector env per member), the learner pass and the advantage (IMPALA re-estimates it before
+every optimiser step: each member's learner pass and V-trace in turn, then the batched step). DDP
+is refused with one line.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import sys
 import time
@@ -209,11 +211,6 @@ class PopulationModule(Learner):
             raise ValueError(
                 f"`population`: populations train vaco.VacoModule runs (MuJoCo), not {type(model).__name__}"
             )
-        if model.objective.reestimate_advantage:
-            raise ValueError(
-                f"`population`: {type(model.objective).__name__} (IMPALA) re-estimates its advantage before every "
-                "optimiser step and is not batched yet; run its seeds as separate runs (population 1)"
-            )
 
     @classmethod
     def from_run(cls, model: VacoModule, data, seeds: Sequence[int]) -> tuple[PopulationModule, PopulationDataModule]:
@@ -343,7 +340,10 @@ class PopulationModule(Learner):
         normalize = self._normalizer(members)
         # through Lightning's wrapper: it counts the optimiser steps (global_step), as the solo run's do
         self.updater.step_optimizer = self.optimizers().step
-        means, finite = self.updater.update(train, normalize, active)
+        reestimate = None
+        if members[0].objective.reestimate_advantage:  # IMPALA: V-trace again before every step
+            reestimate = functools.partial(self._reestimate, members, steps, active, train)
+        means, finite = self.updater.update(train, normalize, active, reestimate)
         self.updater.write_back([m.actor for m in members], [m.critic for m in members])
         self.lr_schedulers().step()
         going = [m for m in range(len(members)) if active[m] and finite[m]]
@@ -359,6 +359,26 @@ class PopulationModule(Learner):
         self.version += 1
         self.last_metrics = _mean_metrics([members[m].last_metrics for m in going])
         self.progress = self._progress([members[m] for m in going])
+
+    @torch.no_grad()
+    def _reestimate(self, members, steps, active, train) -> dict[str, torch.Tensor]:
+        """IMPALA's re-estimation for every member, as its solo update makes it before each step
+        (``MinibatchUpdate._reestimate``): the members' current weights into their own modules,
+        then each active member's learner pass and V-trace on its own batch. A stopped member's rows
+        stay as they were."""
+        self.updater.write_back([m.actor for m in members], [m.critic for m in members])
+        rows: dict[str, list[torch.Tensor]] = {"advantage": [], "value_target": [], "state_value": []}
+        for m, (member, step) in enumerate(zip(members, steps)):
+            if step is None or not active[m]:
+                for key in rows:
+                    rows[key].append(train[key][m])
+                continue
+            member._learner_pass(step.batch, step.flat)
+            member.advantage(step.batch)
+            rows["advantage"].append(step.batch["advantage"].reshape(-1))
+            rows["value_target"].append(step.batch["value_target"].reshape(-1))
+            rows["state_value"].append(step.flat["state_value"])
+        return {key: torch.stack(values) for key, values in rows.items()}
 
     def _all_stopped(self) -> str:
         return (

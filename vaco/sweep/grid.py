@@ -169,8 +169,8 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     """The jobs that run ``cells`` (those not finished) and their states: with ``sweep.population``
     P > 1, the cells that differ only by seed are taken P at a time, in the sweep's seed order, over
     the whole grid (so that a rerun forms the same populations); a population runs the members of
-    its chunk that have neither finished nor a checkpoint of their own (those resume alone); IMPALA's
-    cells and the LLM track's run alone (:func:`_batchable`).
+    its chunk that have neither finished nor a checkpoint of their own (those resume alone); the LLM
+    track's cells run alone (:func:`_batchable`).
     Returns (jobs, states with each population's: ``resume`` where its folder has a checkpoint)."""
     if sweep.population <= 1:
         return list(cells), dict(states)
@@ -182,7 +182,7 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     for group in groups.values():
         for start in range(0, len(group), sweep.population):
             chunk = [c for c in group[start : start + sweep.population] if c.id in todo]
-            # a member with its own checkpoint resumes alone; IMPALA and the LLM track are not batched
+            # a member with its own checkpoint resumes alone; the LLM track is not batched
             batched = _batchable(sweep.algorithms[group[0].base])
             alone = [c for c in chunk if states.get(c.id) != "new" or not batched]
             together = [c for c in chunk if states.get(c.id) == "new" and batched]
@@ -200,12 +200,12 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
 
 
 def _batchable(algo: Algorithm) -> bool:
-    """Whether a population can train this algorithm: a ``vaco.VacoModule`` (MuJoCo) whose objective
-    does not re-estimate its advantage before every step (IMPALA does)."""
+    """Whether a population can train this algorithm: a ``vaco.VacoModule`` (MuJoCo): every
+    built-in objective, IMPALA's re-estimation included."""
     from vaco.vaco_module import VacoModule
 
     model = import_class(algo.config["model"].get("class_path", "vaco.VacoModule"))
-    return issubclass(model, VacoModule) and not import_class(algo.objective).reestimate_advantage
+    return issubclass(model, VacoModule)
 
 
 @dataclasses.dataclass
