@@ -5,6 +5,8 @@ here; the plan block's one-line errors."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -314,3 +316,44 @@ def test_until_decided_runs_the_looks_in_turn_and_keeps_each_looks_verdicts(tmp_
     assert len(runs) == 16 and {r.info.status for r in runs} == {"FINISHED"}
     again = subprocess.run(command, capture_output=True, text=True)
     assert again.returncode == 0 and "start " not in again.stdout, again.stdout[-3000:]
+
+
+def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_are_added(tmp_path):
+    """A plan's ``references`` (task -> [min, max], fixed numbers) replace the report's own rule for
+    the tasks they name: every run's normalised score is (final - min) / (max - min) with the plan's
+    numbers (checked here by hand), and a run added far above the others leaves every other run's
+    score where it was (the runs' own rule rescales them all). `vaco report --data --plan` applies
+    them and says so."""
+    import yaml
+
+    from test_robustness import _runs
+    from vaco import report as R
+
+    runs = [r for r in _runs() if r.algorithm in ("vaco", "ppo_clip")]
+    refs = {"Hopper-v5": (100.0, 900.0), "HalfCheetah-v5": (-50.0, 2500.0)}
+    report = R.build_report("fixed", runs, reps=50, fixed_bounds=refs)
+    for run in runs:
+        low, high = refs[run.env]
+        assert report.normalized[run.run_id] == pytest.approx((run.score()[1][-1] - low) / (high - low), rel=1e-12)
+    steps, values = runs[0].score()
+    outlier = dataclasses.replace(
+        runs[0], run_id="far-above", seed=99, histories={**runs[0].histories, "eval/return": (steps, values * 10)}
+    )
+    again = R.build_report("fixed", [*runs, outlier], reps=50, fixed_bounds=refs)
+    assert {k: v for k, v in again.normalized.items() if k != "far-above"} == report.normalized
+    own = R.build_report("own", runs, reps=50)
+    own_again = R.build_report("own", [*runs, outlier], reps=50)
+    moved = [k for k in own.normalized if own.normalized[k] != own_again.normalized[k]]
+    assert len(moved) > len(runs) // 3  # the runs' own rule: the outlier rescales its task
+
+    data = R.save_runs(runs, tmp_path / "runs.csv.gz")
+    plan = tmp_path / "plan.yaml"
+    family = [{"arm": "vaco", "against": "ppo_clip", "K": 16}]
+    references = {task: list(bounds) for task, bounds in refs.items()}
+    plan.write_text(yaml.safe_dump({"plan": {"family": family, "looks": [6], "references": references}}))
+    out = tmp_path / "report"
+    argv = ["--data", str(data), "--plan", str(plan), "--reps", "50", "--no-sensitivity", "--no-mlflow"]
+    assert R.main([*argv, "--out", str(out)]) == 0
+    plan_md = (out / "plan.md").read_text()
+    assert "scores normalised by the plan's fixed references: HalfCheetah-v5 [-50, 2500], Hopper-v5 [100, 900]" in plan_md
+    assert "Hopper-v5: normalised by the plan's fixed references [100, 900]" in (out / "summary.md").read_text()

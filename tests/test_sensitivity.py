@@ -130,8 +130,40 @@ def test_a_verdict_that_changes_with_the_scoring_is_flagged_scale_dependent(tmp_
     assert "### Does the verdict depend on the scoring?" in summary and "Scale-dependent: **vaco K=4**" in summary
     frame = __import__("pandas").read_csv(tmp_path / "rep" / "sensitivity.csv")
     assert len(frame) == 12 and frame["declared"].sum() == 1
+    assert "Under Holm's correction over all 12 of them" in summary
     assert R.main(["--data", str(data), "--reps", "20", "--no-sensitivity", "--out", str(tmp_path / "r2")]) == 0
     assert "Does the verdict depend" not in (tmp_path / "r2" / "summary.md").read_text()
+
+
+def test_the_tables_verdicts_under_holm_equal_a_step_down_loop():
+    """Every verdict of the sensitivity table re-decided with Holm over the whole table: the
+    adjusted p-values equal Holm's step-down loop written here, the words follow them, and a
+    correction only ever weakens a verdict ("differs" or "equivalent" to "undecided")."""
+    rep = R.build_report("s", _runs(collapse=0.3), reps=300, margin=0.05)
+    found = sensitivity(rep, R.robustness(rep))
+    rows = [*found.rows, *found.design]
+    corrected = found.under_holm(0.05)
+
+    def step_down(p):
+        order = sorted(range(len(p)), key=lambda i: (p[i], i))
+        adjusted, running = [0.0] * len(p), 0.0
+        for rank, i in enumerate(order):
+            running = max(running, min(1.0, (len(p) - rank) * p[i]))
+            adjusted[i] = running
+        return adjusted
+
+    p_d = step_down([r.verdict.p_differs for r in rows])
+    p_e = step_down([r.verdict.p_equivalent for r in rows])
+    assert [c[0] for c in corrected] == pytest.approx(p_d) and [c[1] for c in corrected] == pytest.approx(p_e)
+    for row, (d, e, word) in zip(rows, corrected):
+        assert word == ("differs" if d <= 0.05 else "equivalent" if e <= 0.05 else "undecided")
+        assert word == row.verdict.word or word == "undecided"
+    counts = found.holm_counts(0.05)
+    assert sum(alone for alone, _ in counts.values()) == len(rows)
+    assert counts == {
+        w: (sum(r.verdict.word == w for r in rows), sum(r.verdict.word == w == c[2] for r, c in zip(rows, corrected)))
+        for w in {r.verdict.word for r in rows}
+    }
 
 
 def test_the_two_way_model_interaction_equals_the_contrasts_of_the_2x2_design():

@@ -152,9 +152,7 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
                 f"{int(2 * len(judgement.verdicts) / judgement.level)})"
             )
     if plan.references:
-        lines.append(
-            "  the plan's fixed normalisation references are recorded but not yet applied: the scores are normalised "
-            "by the report's own rule (--normalize-over)"
-        )
+        fixed = ", ".join(f"{task} [{low:g}, {high:g}]" for task, low, high in plan.references)
+        lines.append(f"  scores normalised by the plan's fixed references: {fixed} (every section of this report)")
     lines.append("every other verdict of this report is exploratory (outside the declared family)")
     return lines

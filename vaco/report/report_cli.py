@@ -301,6 +301,23 @@ def main(argv: list[str] | None = None) -> int:
         study_plan = _read_plan(args.plan, report) if args.plan else declared_plan
         if study_plan is not None and (declared_plan is None or study_plan.digest != declared_plan.digest):
             declared_at = None  # written after the runs: exploratory
+        if study_plan is not None and study_plan.references:  # the plan's fixed references normalise every score
+            report = build_report(
+                experiment,
+                runs,
+                notes,
+                last_evals=args.last_evals,
+                score=args.score,
+                reference=reference,
+                reps=args.reps,
+                seed=args.seed,
+                min_runs=args.min_runs,
+                baseline=args.baseline,
+                normalization=args.normalize_over,
+                margin=args.margin,
+                step_pairs=step_pairs,
+                fixed_bounds={task: (low, high) for task, low, high in study_plan.references},
+            )
     except ValueError as err:
         print(f"vaco report: {err}", file=sys.stderr)
         return 2

@@ -102,6 +102,7 @@ def _scoring_section(report: Report, data: Sensitivity) -> list[str]:
     else:
         s += ["No verdict changes with the scoring.", ""]
     s += [_scoring_table(data.rows, data.last_n, "algorithm"), ""]
+    s += [holm_sentence(data), ""]
     if data.models:
         s += [
             "Two-way model (statsmodels OLS on the declared score, min-max scale): score ~ algorithm x lagged + "
@@ -152,6 +153,21 @@ def _flagged_sentence(flagged: dict[tuple[str, int], list[str]]) -> str:
             for (name, K), words in flagged.items()
         )
         + "."
+    )
+
+
+def holm_sentence(data: Sensitivity, alpha: float = 0.05) -> str:
+    """How the table's verdicts fare under Holm's correction over all of them (exploratory)."""
+    counts = data.holm_counts(alpha)
+    total = sum(alone for alone, _ in counts.values())
+    kept = ", ".join(
+        f"{kept} of the {alone} **{word}** verdicts stay {word}" for word, (alone, kept) in sorted(counts.items())
+    )
+    return (
+        f"Each verdict of this table is decided at {alpha:g} on its own. Under Holm's correction over all {total} "
+        f"of them (this table and the 2x2 contrasts' below; a family-wise level of {alpha:g}, exploratory: "
+        f"no plan declared them a family): {kept}. `sensitivity.csv` holds each row's p-values and their "
+        "Holm adjustment (`p_differs_holm`, `p_equivalent_holm`, `verdict_holm`)."
     )
 
 

@@ -402,6 +402,7 @@ def build_report(
     normalization: str = "main",
     margin: float = DEFAULT_MARGIN,
     step_pairs: Mapping[str, str] | None = None,
+    fixed_bounds: Mapping[str, tuple[float, float]] | None = None,
 ) -> Report:
     """Final and normalised scores, AUCs and the reference value of each axis (given, else the
     most used; the paper's delta 0.2 and rho_bar 1 win a tie) of a set of runs.
@@ -409,6 +410,8 @@ def build_report(
     ``normalization``: ``"main"`` (the paper's) takes each task's min and max over the runs of the
     main comparison (every axis at its reference value) of the main algorithms, leaving out
     ablation and control variants (:func:`is_variant`); ``"all"`` over every run in the report.
+    ``fixed_bounds`` (a study plan's references: task -> (min, max), numbers that do not move as
+    runs are added) replace that rule for the tasks they name; the report notes each.
     """
     if not (isinstance(margin, (int, float)) and 0 < margin and math.isfinite(margin)):
         raise ValueError(f"`--margin` must be a positive number (normalised units), got {margin!r}")
@@ -443,6 +446,15 @@ def build_report(
             notes.append(f"{task}: runs end at different env steps {sorted(steps)}; their scores are not comparable")
     chosen = _reference_values(usable, dict(reference or {}))
     bounds = normalization_bounds(_normalizing_scores(usable, final, chosen, normalization, notes))
+    for task, (low, high) in (fixed_bounds or {}).items():
+        if task in bounds:
+            notes.append(
+                f"{task}: normalised by the plan's fixed references [{low:g}, {high:g}] (the runs' own rule gives "
+                f"[{bounds[task][0]:.1f}, {bounds[task][1]:.1f}])"
+            )
+            bounds[task] = (float(low), float(high))
+        else:
+            notes.append(f"the plan's fixed references name {task}, which none of these runs is on")
     for task, (low, high) in bounds.items():
         if low == high:
             notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")

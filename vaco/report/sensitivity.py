@@ -120,10 +120,41 @@ class Sensitivity:
             words[(r.algorithm, r.K)].append(r.verdict.word)
         return {key: w for key, w in words.items() if len(set(w)) > 1}
 
+    def under_holm(self, alpha: float = 0.05) -> list[tuple[float | None, float | None, str | None]]:
+        """Every verdict of the table (:attr:`rows`, then :attr:`design`) re-decided with Holm's
+        correction over the whole table at family-wise level ``alpha``: per row, its Holm-adjusted p
+        of "no difference", of the equivalence test, and its word (``differs`` where the first is at
+        most ``alpha``, else ``equivalent`` where the second is, else ``undecided``; None without a
+        p-value). The table decides each row at ``alpha`` alone; this is what survives the count."""
+        from vaco.report.plan import holm
+
+        rows = [*self.rows, *self.design]
+        tested = [
+            i for i, r in enumerate(rows) if r.verdict.p_differs is not None and r.verdict.p_equivalent is not None
+        ]
+        _, p_d = holm([rows[i].verdict.p_differs for i in tested], alpha) if tested else (None, [])
+        _, p_e = holm([rows[i].verdict.p_equivalent for i in tested], alpha) if tested else (None, [])
+        out: list[tuple[float | None, float | None, str | None]] = [(None, None, None)] * len(rows)
+        for i, d, e in zip(tested, p_d, p_e):
+            word = "differs" if d <= alpha else "equivalent" if e <= alpha else "undecided"
+            out[i] = (d, e, word)
+        return out
+
+    def holm_counts(self, alpha: float = 0.05) -> dict[str, tuple[int, int]]:
+        """word -> (rows with that word at ``alpha`` alone, rows keeping it under :meth:`under_holm`)."""
+        rows = [*self.rows, *self.design]
+        counts: dict[str, tuple[int, int]] = {}
+        for row, (_, _, word) in zip(rows, self.under_holm(alpha)):
+            alone, kept = counts.get(row.verdict.word, (0, 0))
+            counts[row.verdict.word] = (alone + 1, kept + int(word == row.verdict.word))
+        return counts
+
     def frame(self):
-        """One row per (comparison, scoring): the difference of drops, its interval and verdict."""
+        """One row per (comparison, scoring): the difference of drops, its interval and verdict,
+        its p-values and their Holm adjustment over the whole table (:meth:`under_holm`)."""
         import pandas as pd
 
+        corrected = self.under_holm()
         return pd.DataFrame(
             [
                 {
@@ -139,8 +170,13 @@ class Sensitivity:
                     "verdict": r.verdict.word,
                     "seeds_needed": r.verdict.seeds_needed,
                     "declared": r.declared,
+                    "p_differs": r.verdict.p_differs,
+                    "p_equivalent": r.verdict.p_equivalent,
+                    "p_differs_holm": holm_d,
+                    "p_equivalent_holm": holm_e,
+                    "verdict_holm": word,
                 }
-                for r in [*self.rows, *self.design]
+                for r, (holm_d, holm_e, word) in zip([*self.rows, *self.design], corrected)
             ]
         )
 
