@@ -355,5 +355,7 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
     argv = ["--data", str(data), "--plan", str(plan), "--reps", "50", "--no-sensitivity", "--no-mlflow"]
     assert R.main([*argv, "--out", str(out)]) == 0
     plan_md = (out / "plan.md").read_text()
-    assert "scores normalised by the plan's fixed references: HalfCheetah-v5 [-50, 2500], Hopper-v5 [100, 900]" in plan_md
+    assert (
+        "scores normalised by the plan's fixed references: HalfCheetah-v5 [-50, 2500], Hopper-v5 [100, 900]" in plan_md
+    )
     assert "Hopper-v5: normalised by the plan's fixed references [100, 900]" in (out / "summary.md").read_text()
