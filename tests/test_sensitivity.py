@@ -131,6 +131,8 @@ def test_a_verdict_that_changes_with_the_scoring_is_flagged_scale_dependent(tmp_
     frame = __import__("pandas").read_csv(tmp_path / "rep" / "sensitivity.csv")
     assert len(frame) == 12 and frame["declared"].sum() == 1
     assert "Under Holm's correction over all 12 of them" in summary
+    # 100 resamples: the smallest bootstrap p is 2/101, and Holm over 12 cannot go below 0.238
+    assert "**Too coarse to judge**" in summary and "`--reps` of at least 480" in summary
     assert R.main(["--data", str(data), "--reps", "20", "--no-sensitivity", "--out", str(tmp_path / "r2")]) == 0
     assert "Does the verdict depend" not in (tmp_path / "r2" / "summary.md").read_text()
 

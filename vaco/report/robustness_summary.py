@@ -102,7 +102,7 @@ def _scoring_section(report: Report, data: Sensitivity) -> list[str]:
     else:
         s += ["No verdict changes with the scoring.", ""]
     s += [_scoring_table(data.rows, data.last_n, "algorithm"), ""]
-    s += [holm_sentence(data), ""]
+    s += [holm_sentence(data, report.reps), ""]
     if data.models:
         s += [
             "Two-way model (statsmodels OLS on the declared score, min-max scale): score ~ algorithm x lagged + "
@@ -156,19 +156,29 @@ def _flagged_sentence(flagged: dict[tuple[str, int], list[str]]) -> str:
     )
 
 
-def holm_sentence(data: Sensitivity, alpha: float = 0.05) -> str:
-    """How the table's verdicts fare under Holm's correction over all of them (exploratory)."""
+def holm_sentence(data: Sensitivity, reps: int, alpha: float = 0.05) -> str:
+    """How the table's verdicts fare under Holm's correction over all of them (exploratory), and
+    whether the bootstrap's resolution (its smallest p, ``2 / (reps + 1)``) lets Holm reject at all."""
     counts = data.holm_counts(alpha)
     total = sum(alone for alone, _ in counts.values())
     kept = ", ".join(
         f"{kept} of the {alone} **{word}** verdicts stay {word}" for word, (alone, kept) in sorted(counts.items())
     )
-    return (
+    sentence = (
         f"Each verdict of this table is decided at {alpha:g} on its own. Under Holm's correction over all {total} "
         f"of them (this table and the 2x2 contrasts' below; a family-wise level of {alpha:g}, exploratory: "
         f"no plan declared them a family): {kept}. `sensitivity.csv` holds each row's p-values and their "
         "Holm adjustment (`p_differs_holm`, `p_equivalent_holm`, `verdict_holm`)."
     )
+    floor = 2 / (reps + 1)
+    bootstrap = any(r.verdict.method == "bootstrap" for r in [*data.rows, *data.design])
+    if bootstrap and total and floor * total > alpha:
+        sentence += (
+            f" **Too coarse to judge**: with {reps} bootstrap resamples the smallest p is {floor:.3g}, so Holm over "
+            f"{total} cannot go below {min(1.0, floor * total):.3g} and no bootstrap verdict can survive it; run "
+            f"with `--reps` of at least {int(2 * total / alpha)} to judge the table under the correction."
+        )
+    return sentence
 
 
 def scoring_lines(data: Sensitivity, design: bool = False) -> list[str]:
