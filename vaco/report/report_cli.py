@@ -272,10 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{', '.join(sorted({r.algorithm for r in runs}))}"
                 )
             runs = [r for r in runs if r.algorithm in args.algorithms]
-        report = build_report(
-            experiment,
-            runs,
-            notes,
+        settings = dict(
             last_evals=args.last_evals,
             score=args.score,
             reference=reference,
@@ -287,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             margin=args.margin,
             step_pairs=step_pairs,
         )
+        report = build_report(experiment, runs, notes, **settings)
         if args.baseline is not None and args.baseline not in report.algorithms:
             raise ValueError(
                 f"`--baseline`: no runs of {args.baseline!r}; the algorithms are {', '.join(report.algorithms)}"
@@ -302,22 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         if study_plan is not None and (declared_plan is None or study_plan.digest != declared_plan.digest):
             declared_at = None  # written after the runs: exploratory
         if study_plan is not None and study_plan.references:  # the plan's fixed references normalise every score
-            report = build_report(
-                experiment,
-                runs,
-                notes,
-                last_evals=args.last_evals,
-                score=args.score,
-                reference=reference,
-                reps=args.reps,
-                seed=args.seed,
-                min_runs=args.min_runs,
-                baseline=args.baseline,
-                normalization=args.normalize_over,
-                margin=args.margin,
-                step_pairs=step_pairs,
-                fixed_bounds={task: (low, high) for task, low, high in study_plan.references},
-            )
+            fixed = {task: (low, high) for task, low, high in study_plan.references}
+            report = build_report(experiment, runs, notes, **settings, fixed_bounds=fixed)
     except ValueError as err:
         print(f"vaco report: {err}", file=sys.stderr)
         return 2
