@@ -6,6 +6,9 @@
 #   CHECKS="population warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
 #   population first: the other four ran on an H100 on 2026-11-27 (docs/gpu.md); populations never ran on a GPU.
 #   POP=16 (the population compared with one run: see check_population)
+#   DEADLINE=<epoch seconds>: no check runs past it (each one's limit is cut to the time left; one with
+#   under 10 s left is skipped and says so), so that a device call's own limit never kills the script
+#   before its logs are written. population = population_worlds population_fit population_collection.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
@@ -13,6 +16,17 @@ T_TEST=${T_TEST:-100} T_UPDATE=${T_UPDATE:-75} T_FIT=${T_FIT:-140} T_WARP=${T_WA
 GRAPH=${GRAPH:-true} WORLDS=${WORLDS:-64 512 4096}
 T_POP_WARP=${T_POP_WARP:-90} T_POP_COLLECT=${T_POP_COLLECT:-150} T_POP_FIT=${T_POP_FIT:-240} POP=${POP:-16}
 step() { echo "== $1 ($(date +%T))"; }
+lim() {  # the limit for a check: its own ($1) or the seconds left before DEADLINE, whichever is less
+  local t=$1
+  if [ -n "${DEADLINE:-}" ]; then local left=$((DEADLINE - $(date +%s))); [ "$left" -lt "$t" ] && t=$left; fi
+  [ "$t" -lt 10 ] && { echo "skipped: under 10 s left before DEADLINE" >&2; echo 0; return; }
+  echo "$t"
+}
+run_for() {  # run_for SECONDS CMD...: the command under `timeout`, or nothing when no time is left
+  local t; t=$(lim "$1"); shift
+  [ "$t" = 0 ] && { echo "rc=skipped (DEADLINE)"; return 124; }
+  timeout "$t" "$@"
+}
 {
   step info
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -22,19 +36,19 @@ step() { echo "== $1 ($(date +%T))"; }
 
 check_warp() {
   step "Warp env throughput, with and without a CUDA graph"
-  timeout "$T_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds $WORLDS \
+  run_for "$T_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds $WORLDS \
     --out "$OUT/warp_throughput.json" 2>&1 | tee "$OUT/warp_throughput.log"
   echo "rc=$?" | tee -a "$OUT/warp_throughput.log"
 }
 check_test() {
   step "pytest -m gpu"
-  timeout "$T_TEST" python3 -m pytest -q -m gpu tests --ignore=tests/test_notebook.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
+  run_for "$T_TEST" python3 -m pytest -q -m gpu tests --ignore=tests/test_notebook.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
   echo "rc=$?" | tee -a "$OUT/pytest_gpu.log"
 }
 check_fit() {
   step "vaco fit on Warp on cuda (Hopper, VACO, 500 x 1,000, cuda_graph $GRAPH)"
   rm -rf /tmp/run; mkdir -p /tmp/run
-  MLFLOW_TRACKING_URI=sqlite:////tmp/run/mlflow.db timeout "$T_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
+  MLFLOW_TRACKING_URI=sqlite:////tmp/run/mlflow.db run_for "$T_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
     --config configs/algo/vaco.yaml --config configs/collection/warp.yaml --config configs/hardware/gpu.yaml \
     --data.init_args.num_envs 500 --data.init_args.num_steps 1000 --data.init_args.collection.init_args.device cuda \
     --data.init_args.collection.init_args.cuda_graph "$GRAPH" --data.init_args.collection.init_args.evaluate_on gymnasium \
@@ -52,7 +66,7 @@ PY
 }
 check_update() {
   step "paper-scale update (VACO, 500 x 1,000, learner on cuda)"
-  timeout "$T_UPDATE" python3 benchmarks/profile_update.py --algorithm vaco --num-envs 500 --num-steps 1000 --iterations 2 \
+  run_for "$T_UPDATE" python3 benchmarks/profile_update.py --algorithm vaco --num-envs 500 --num-steps 1000 --iterations 2 \
     --no-profile --device cuda --collect-on warp 2>&1 | tee "$OUT/profile_update.log"
   echo "rc=$?" | tee -a "$OUT/profile_update.log"
 }
@@ -64,19 +78,26 @@ check_population() {
   # not required: Warp's atomics). (2) two iterations of `vaco fit` at the paper's 500 x 1,000 as a
   # population of 1 and of $POP: the aggregate end-to-end steps/s (collection in lockstep, the update
   # batched; the members' policy calls and learner passes one after another). Goal: POP=16 >= 10x POP=1.
+  check_population_worlds; check_population_fit; check_population_collection
+}
+check_population_worlds() {
   step "populations on Warp on cuda: one env of 500 / 2,000 / 8,000 worlds"
-  timeout "$T_POP_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds 500 2000 8000 \
+  run_for "$T_POP_WARP" python3 benchmarks/warp_throughput.py --device cuda --skip-fit --seconds 2 --worlds 500 2000 8000 \
     --out "$OUT/population_worlds.json" 2>&1 | tee "$OUT/population_worlds.log"
   echo "rc=$?" | tee -a "$OUT/population_worlds.log"
+}
+check_population_collection() {
   step "populations on Warp on cuda: S members x 500 worlds collected in turn and in lockstep, side by side"
-  timeout "$T_POP_COLLECT" python3 benchmarks/population_collection.py --device cuda --members 1 4 16 --worlds 500 \
+  run_for "$T_POP_COLLECT" python3 benchmarks/population_collection.py --device cuda --members 1 4 16 --worlds 500 \
     --steps 32 --iterations 3 --rounds 1 --out "$OUT/population_collection.json" 2>&1 | tee "$OUT/population_collection.log"
   echo "rc=$?" | tee -a "$OUT/population_collection.log"
+}
+check_population_fit() {
   for p in 1 "$POP"; do
     step "vaco fit --population $p on Warp on cuda (Hopper, VACO, 500 x 1,000, 2 iterations, cuda_graph $GRAPH)"
     rm -rf /tmp/runp; mkdir -p /tmp/runp
     start=$(date +%s.%N)
-    MLFLOW_TRACKING_URI=sqlite:////tmp/runp/mlflow.db timeout "$T_POP_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
+    MLFLOW_TRACKING_URI=sqlite:////tmp/runp/mlflow.db run_for "$T_POP_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
       --config configs/algo/vaco.yaml --config configs/collection/warp.yaml --config configs/hardware/gpu.yaml \
       --data.init_args.num_envs 500 --data.init_args.num_steps 1000 --data.init_args.collection.init_args.device cuda \
       --data.init_args.collection.init_args.cuda_graph "$GRAPH" --data.init_args.collection.init_args.evaluate_on gymnasium \
@@ -89,9 +110,14 @@ p, start, end, rc = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sy
 wall = end - start
 print(f"population {p}: rc={rc}, wall {wall:.1f} s (start-up, compile and both iterations), aggregate {p * 1_000_000 / wall:,.0f} env steps/s")
 c = mlflow.MlflowClient("sqlite:////tmp/runp/mlflow.db")
+per = []
 for r in c.search_runs([e.experiment_id for e in c.search_experiments()]):
     hist = {k: [round(m.value, 3) for m in c.get_metric_history(r.info.run_id, k)] for k in ("perf/collect_seconds", "perf/update_seconds", "perf/sps")}
     print(r.info.status, r.data.tags.get("vaco.population_member"), hist)
+    per.append(hist)
+for i in range(min((len(h["perf/collect_seconds"]) for h in per), default=0)):
+    busy = sum(h["perf/collect_seconds"][i] + h["perf/update_seconds"][i] for h in per)  # each member's share
+    print(f"iteration {i + 1}: {len(per)} member(s), collect + update {busy:.2f} s, aggregate {len(per) * 500_000 / busy:,.0f} steps/s")
 PY
   done
 }
