@@ -219,7 +219,7 @@ class PopulationUpdate:
         size = n // self.num_minibatches
         members = torch.arange(self.size).unsqueeze(1)
         sums: dict[str, torch.Tensor] = {}
-        finite_all = torch.ones(self.size, dtype=torch.bool)
+        finite_all: torch.Tensor | None = None  # on the loss's device: no transfer per minibatch
         steps = 0
         for _epoch in range(self.update_epochs):
             # each member's permutation from its own generator, drawn as its solo run draws it
@@ -239,7 +239,7 @@ class PopulationUpdate:
                 if self.max_grad_norm is not None:
                     self._clip(self.max_grad_norm)
                 self._step(finite)
-                finite_all &= finite
+                finite_all = finite if finite_all is None else finite_all & finite
                 for key, value in out.items():
                     sums[key] = sums.get(key, 0.0) + value.detach()
                 steps += 1
@@ -248,7 +248,7 @@ class PopulationUpdate:
         means = [{key: total / steps for key, total in zip(sums, member)} for member in totals]
         for objective, member_means in zip(self.objectives, means):
             objective.update_coefficients(member_means)
-        return means, finite_all.tolist()
+        return means, ([True] * self.size if finite_all is None else finite_all.tolist())
 
     @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
