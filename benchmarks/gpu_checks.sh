@@ -4,7 +4,7 @@
 # that hangs or compiles for too long still leaves the others' logs under $OUT. Figures it
 # prints go to docs/gpu.md and docs/performance.md with the card's name (info.log).
 #   CHECKS="population warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
-#   population first: the other four ran on an H100 on 2026-11-27 (docs/gpu.md); populations never ran on a GPU.
+#   population first: the other four ran on an H100 on 2026-11-27, populations and `test` on an H200 on 2026-11-28 (docs/gpu.md).
 #   POP=16 (the population compared with one run: see check_population)
 #   DEADLINE=<epoch seconds>: no check runs past it (each one's limit is cut to the time left; one with
 #   under 10 s left is skipped and says so), so that a device call's own limit never kills the script
@@ -93,7 +93,7 @@ check_population_collection() {
   echo "rc=$?" | tee -a "$OUT/population_collection.log"
 }
 check_population_fit() {
-  for p in 1 "$POP"; do
+  for p in ${POPS:-1 $POP}; do  # POPS="16": only that population
     step "vaco fit --population $p on Warp on cuda (Hopper, VACO, 500 x 1,000, 2 iterations, cuda_graph $GRAPH)"
     rm -rf /tmp/runp; mkdir -p /tmp/runp
     start=$(date +%s.%N)
