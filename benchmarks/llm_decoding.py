@@ -1,0 +1,186 @@
+"""Which decoding path: vaco's own loop against what transformers provides, side by side (issue 48).
+
+Three measurements on the same prompts, in one process, one after another:
+
+1. **End to end, greedy** (temperature 0, so every path must produce the same tokens, and does: checked
+   row by row): ``vaco.llm.policy.generate`` (its eager loop with a dynamic KV cache and continuous
+   batching over ``--slots``) against transformers' own continuous batching with a paged KV cache
+   (``model.generate_batch``: its scheduler, ``paged|sdpa`` attention). Kept tokens per second.
+2. **One decoding step** at ``--slots`` rows, a fixed number of steps after the prompt pass: the
+   dynamic cache (vaco's loop), transformers' ``StaticCache`` eager, and the ``StaticCache`` step
+   under ``torch.compile`` (fixed shapes, what a compiled decode loop would run; its compile time is
+   reported apart). Milliseconds per step.
+
+vaco's loop keeps what the training needs and the others do not give as they are: each row samples
+from its own random stream (samples do not depend on the batching), each drawn token's log-prob is
+recorded as it is drawn, and a stop string ends a row. So a faster path would have to win by enough to
+be worth rebuilding those; this measures whether it does on the machine at hand.
+
+    python benchmarks/llm_decoding.py --model models/SmolLM2-135M-Instruct [--rows 16] [--slots 8] [--max-new-tokens 64] [--steps 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from vaco.llm.data import DEFAULT_PROMPT_TEMPLATE, format_prompt  # noqa: E402
+from vaco.llm.policy import encode_prompts, generate, load_causal_lm, load_tokenizer  # noqa: E402
+from vaco.llm.synthetic import generate_problems  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="models/SmolLM2-135M-Instruct")
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=48, help="decoding steps timed per variant (after 4 untimed)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile step (minutes to compile on a CPU)")
+    parser.add_argument("--out", default="benchmarks/results/llm_decoding.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers import GenerationConfig, StaticCache
+
+    device = torch.device(args.device)
+    tokenizer = load_tokenizer(args.model)
+    model = load_causal_lm(args.model, args.dtype).to(device).eval()
+    prompts = [format_prompt(DEFAULT_PROMPT_TEMPLATE, p["question"]) for p in generate_problems(args.rows, seed=args.seed)]
+    ids, mask, _ = encode_prompts(tokenizer, prompts, 512)
+    ids, mask = ids.to(device), mask.to(device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    result: dict = {}
+    # -------------------------------------------------------------- 1. end to end, greedy
+    sync()
+    start = time.perf_counter()
+    with torch.no_grad():
+        mine = generate(
+            model, ids, mask, max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, temperature=0.0, slots=args.slots,
+        )
+    sync()
+    vaco_s = time.perf_counter() - start
+    vaco_rows = [mine["completion_ids"][i][mine["completion_mask"][i]].tolist() for i in range(args.rows)]
+    inputs = [ids[i][mask[i].bool()].tolist() for i in range(args.rows)]
+    config = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, do_sample=False,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    sync()
+    start = time.perf_counter()
+    theirs = model.generate_batch(inputs, generation_config=config, warmup=False)
+    sync()
+    hf_s = time.perf_counter() - start
+    by_index = sorted(theirs.values(), key=lambda out: int(str(out.request_id).rsplit("_", 1)[-1]))
+    hf_rows = [list(out.generated_tokens) for out in by_index]
+    tokens = sum(len(r) for r in vaco_rows)
+    same = sum(a == b for a, b in zip(vaco_rows, hf_rows))
+    result["end_to_end"] = {
+        "vaco_seconds": vaco_s, "vaco_tokens_per_second": tokens / vaco_s,
+        "transformers_generate_batch_seconds": hf_s,
+        "transformers_generate_batch_tokens_per_second": sum(len(r) for r in hf_rows) / hf_s,
+        "tokens": tokens, "rows_with_identical_tokens": same, "rows": args.rows,
+    }
+    print(
+        f"end to end, greedy, {args.rows} rows, {args.slots} slots, <= {args.max_new_tokens} new tokens: "
+        f"vaco {vaco_s:.1f} s ({tokens / vaco_s:.1f} tokens/s), transformers generate_batch {hf_s:.1f} s "
+        f"({sum(len(r) for r in hf_rows) / hf_s:.1f} tokens/s); rows with identical tokens: {same} of {args.rows}",
+        flush=True,
+    )
+
+    # -------------------------------------------------------------- 2. one decoding step
+    B = args.slots
+    step_ids, step_mask = ids[:B], mask[:B].long()
+    L, N = step_ids.shape[1], args.steps + 4
+
+    @torch.no_grad()
+    def dynamic_steps() -> list[float]:
+        out = model(input_ids=step_ids, attention_mask=step_mask, use_cache=True, logits_to_keep=1)
+        cache, att, token, times = out.cache, step_mask, out.logits[:, -1].argmax(-1), []
+        for _ in range(N):
+            att = torch.cat([att, att.new_ones(B, 1)], -1)
+            sync()
+            t0 = time.perf_counter()
+            out = model(input_ids=token[:, None], attention_mask=att, cache=cache, use_cache=True)
+            token = out.logits[:, -1].argmax(-1)
+            sync()
+            times.append(time.perf_counter() - t0)
+            cache = out.cache
+        return times[4:]
+
+    @torch.no_grad()
+    def static_steps(forward) -> tuple[list[float], float]:
+        cache = StaticCache(config=model.config, max_cache_len=L + N)
+        att = torch.cat([step_mask, step_mask.new_zeros(B, N)], -1)
+        out = model(
+            input_ids=step_ids, attention_mask=att[:, :L], cache=cache, use_cache=True, logits_to_keep=1,
+            cache_position=torch.arange(L, device=device),
+        )
+        token, times = out.logits[:, -1].argmax(-1), []
+        for i in range(N):
+            att[:, L + i] = 1
+            sync()
+            t0 = time.perf_counter()
+            out = forward(
+                input_ids=token[:, None], attention_mask=att, cache=cache, use_cache=True,
+                cache_position=torch.tensor([L + i], device=device),
+            )
+            token = out.logits[:, -1].argmax(-1)
+            sync()
+            times.append(time.perf_counter() - t0)
+        return times[4:], times[0]
+
+    def ms(times: list[float]) -> float:
+        return 1000 * sum(times) / len(times)
+
+    steps = {"dynamic_cache_eager_ms": ms(dynamic_steps())}
+    steps["static_cache_eager_ms"] = ms(static_steps(model.forward)[0])
+    if not args.skip_compile:
+        compiled = torch.compile(model.forward, dynamic=False)
+        start = time.perf_counter()
+        times, first = static_steps(compiled)
+        steps["static_cache_compiled_ms"] = ms(times)
+        steps["compile_seconds"] = first
+        steps["compiled_variant_seconds_in_all"] = time.perf_counter() - start
+    result["decoding_step"] = {"rows": B, "prompt_columns": L, "timed_steps": args.steps, **steps}
+    print(
+        f"one decoding step, {B} rows: dynamic cache {steps['dynamic_cache_eager_ms']:.1f} ms, static cache "
+        f"{steps['static_cache_eager_ms']:.1f} ms"
+        + (
+            f", static cache compiled {steps['static_cache_compiled_ms']:.1f} ms "
+            f"(its first step, the compilation: {steps['compile_seconds']:.1f} s)"
+            if "static_cache_compiled_ms" in steps else ""
+        ),
+        flush=True,
+    )
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
+    result["meta"] = {
+        "machine": f"{name}, {os.cpu_count()} cores, {args.threads} torch thread(s)", "device": str(device),
+        "dtype": args.dtype, "model": args.model, "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **{k: v for k, v in vars(args).items() if k not in ("out",)},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
