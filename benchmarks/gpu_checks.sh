@@ -3,7 +3,7 @@
 # installed the kit (PYTHONPATH=/tmp/site:$PWD). Each check has its own time limit so that one
 # that hangs or compiles for too long still leaves the others' logs under $OUT. Figures it
 # prints go to docs/gpu.md and docs/performance.md with the card's name (info.log).
-#   CHECKS="population warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
+#   CHECKS="population llm warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
 #   population first: the other four ran on an H100 on 2026-11-27, populations and `test` on an H200 on 2026-11-28 (docs/gpu.md).
 #   POP=16 (the population compared with one run: see check_population)
 #   DEADLINE=<epoch seconds>: no check runs past it (each one's limit is cut to the time left; one with
@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 T_TEST=${T_TEST:-100} T_UPDATE=${T_UPDATE:-75} T_FIT=${T_FIT:-140} T_WARP=${T_WARP:-140}
 GRAPH=${GRAPH:-true} WORLDS=${WORLDS:-64 512 4096}
-T_POP_WARP=${T_POP_WARP:-90} T_POP_COLLECT=${T_POP_COLLECT:-150} T_POP_FIT=${T_POP_FIT:-240} POP=${POP:-16}
+T_LLM=${T_LLM:-240} T_POP_WARP=${T_POP_WARP:-90} T_POP_COLLECT=${T_POP_COLLECT:-150} T_POP_FIT=${T_POP_FIT:-240} POP=${POP:-16}
 step() { echo "== $1 ($(date +%T))"; }
 lim() {  # the limit for a check: its own ($1) or the seconds left before DEADLINE, whichever is less
   local t=$1
@@ -70,6 +70,15 @@ check_update() {
     --no-profile --device cuda --collect-on warp 2>&1 | tee "$OUT/profile_update.log"
   echo "rc=$?" | tee -a "$OUT/profile_update.log"
 }
+check_llm() {
+  # Issue 48's GPU figure: vaco's decoding loop against transformers' paged continuous batching and a
+  # StaticCache step under torch.compile(mode="reduce-overhead") (CUDA graphs), on Qwen2.5-0.5B's
+  # architecture with random weights (no model files on the machine; the timing does not depend on them)
+  step "LLM decoding on cuda (Qwen2.5-0.5B architecture, random weights, bf16)"
+  run_for "$T_LLM" python3 benchmarks/llm_decoding.py --architecture qwen2.5-0.5b --device cuda --dtype bfloat16 \
+    --rows 64 --slots 32 --max-new-tokens 256 --steps 64 --out "$OUT/llm_decoding.json" 2>&1 | tee "$OUT/llm_decoding.log"
+  echo "rc=$?" | tee -a "$OUT/llm_decoding.log"
+}
 check_population() {
   # Issue 45's GPU check. (1) env steps/s of one Warp env of 500, 2,000 and 8,000 Hopper worlds: the
   # simulator of populations of 1, 4 and 16 x 500 worlds (a population's members step as blocks of
@@ -121,5 +130,5 @@ for i in range(min((len(h["perf/collect_seconds"]) for h in per), default=0)):
 PY
   done
 }
-for c in ${CHECKS:-population warp test fit update}; do "check_$c"; done  # check_test: `test` is a shell builtin
+for c in ${CHECKS:-population llm warp test fit update}; do "check_$c"; done  # check_test: `test` is a shell builtin
 step done

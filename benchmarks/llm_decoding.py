@@ -17,6 +17,15 @@ recorded as it is drawn, and a stop string ends a row. So a faster path would ha
 be worth rebuilding those; this measures whether it does on the machine at hand.
 
     python benchmarks/llm_decoding.py --model models/SmolLM2-135M-Instruct [--rows 16] [--slots 8] [--max-new-tokens 64] [--steps 48]
+
+On a GPU, with no model files there: ``--architecture qwen2.5-0.5b`` builds the paper's model's
+architecture (Qwen2.5-0.5B's published dimensions) with random weights and random prompt tokens: the
+timing does not depend on the weights, and random weights rarely emit EOS, so every row decodes to
+``--max-new-tokens`` (the worst case of a base model that runs on). On cuda the compiled step uses
+``torch.compile(mode="reduce-overhead")`` (CUDA graphs). ``--layers N`` shrinks the architecture (a
+CPU smoke test of the GPU command).
+
+    python benchmarks/llm_decoding.py --architecture qwen2.5-0.5b --device cuda --dtype bfloat16 --rows 64 --slots 32 --max-new-tokens 256
 """
 
 from __future__ import annotations
@@ -32,9 +41,39 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from vaco.llm.data import DEFAULT_PROMPT_TEMPLATE, format_prompt  # noqa: E402
 from vaco.llm.policy import encode_prompts, generate, load_causal_lm, load_tokenizer  # noqa: E402
-from vaco.llm.synthetic import generate_problems  # noqa: E402
+
+#: Qwen2.5-0.5B's published configuration (the paper's LLM), for random-weight timing
+QWEN25_05B = dict(
+    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643, pad_token_id=151643,
+)
+
+
+def random_model(name: str, layers: int | None, dtype: str, device: torch.device, seed: int):
+    """The named architecture with random weights (no files needed), on ``device``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if name != "qwen2.5-0.5b":
+        raise SystemExit(f"--architecture: only qwen2.5-0.5b is known, got {name!r}")
+    config = dict(QWEN25_05B, **({"num_hidden_layers": layers} if layers else {}))
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(**config))
+    return model.to(device=device, dtype=getattr(torch, dtype)).eval(), config
+
+
+def random_prompts(rows: int, length: int, vocab: int, eos: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded random prompts of ``length // 2`` to ``length`` tokens (never EOS)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(length // 2, length + 1, (rows,), generator=gen)
+    ids = torch.full((rows, length), eos, dtype=torch.long)
+    mask = torch.zeros(rows, length, dtype=torch.bool)
+    for i, n in enumerate(lengths.tolist()):
+        tokens = torch.randint(0, vocab - 1, (n,), generator=gen)
+        ids[i, length - n :] = torch.where(tokens == eos, tokens + 1, tokens)
+        mask[i, length - n :] = True
+    return ids, mask
 
 
 def main() -> None:
@@ -49,16 +88,28 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile step (minutes to compile on a CPU)")
+    parser.add_argument("--architecture", default=None, help="qwen2.5-0.5b: random weights of that architecture, random prompts")
+    parser.add_argument("--layers", type=int, default=None, help="with --architecture: fewer layers (a smoke test)")
+    parser.add_argument("--prompt-tokens", type=int, default=192, help="with --architecture: the longest prompt")
     parser.add_argument("--out", default="benchmarks/results/llm_decoding.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import GenerationConfig, StaticCache
 
     device = torch.device(args.device)
-    tokenizer = load_tokenizer(args.model)
-    model = load_causal_lm(args.model, args.dtype).to(device).eval()
-    prompts = [format_prompt(DEFAULT_PROMPT_TEMPLATE, p["question"]) for p in generate_problems(args.rows, seed=args.seed)]
-    ids, mask, _ = encode_prompts(tokenizer, prompts, 512)
+    if args.architecture:
+        model, config = random_model(args.architecture, args.layers, args.dtype, device, args.seed)
+        eos = pad = config["eos_token_id"]
+        ids, mask = random_prompts(args.rows, args.prompt_tokens, config["vocab_size"], eos, args.seed)
+    else:
+        from vaco.llm.data import DEFAULT_PROMPT_TEMPLATE, format_prompt
+        from vaco.llm.synthetic import generate_problems
+
+        tokenizer = load_tokenizer(args.model)
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        model = load_causal_lm(args.model, args.dtype).to(device).eval()
+        prompts = [format_prompt(DEFAULT_PROMPT_TEMPLATE, p["question"]) for p in generate_problems(args.rows, seed=args.seed)]
+        ids, mask, _ = encode_prompts(tokenizer, prompts, 512)
     ids, mask = ids.to(device), mask.to(device)
 
     def sync() -> None:
@@ -71,16 +122,15 @@ def main() -> None:
     start = time.perf_counter()
     with torch.no_grad():
         mine = generate(
-            model, ids, mask, max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, temperature=0.0, slots=args.slots,
+            model, ids, mask, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
+            pad_token_id=pad, temperature=0.0, slots=args.slots,
         )
     sync()
     vaco_s = time.perf_counter() - start
     vaco_rows = [mine["completion_ids"][i][mine["completion_mask"][i]].tolist() for i in range(args.rows)]
     inputs = [ids[i][mask[i].bool()].tolist() for i in range(args.rows)]
     config = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, do_sample=False,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad,
     )
     sync()
     start = time.perf_counter()
@@ -152,7 +202,9 @@ def main() -> None:
     steps = {"dynamic_cache_eager_ms": ms(dynamic_steps())}
     steps["static_cache_eager_ms"] = ms(static_steps(model.forward)[0])
     if not args.skip_compile:
-        compiled = torch.compile(model.forward, dynamic=False)
+        mode = "reduce-overhead" if device.type == "cuda" else "default"  # CUDA graphs on a GPU
+        compiled = torch.compile(model.forward, dynamic=False, mode=mode)
+        steps["compile_mode"] = mode
         start = time.perf_counter()
         times, first = static_steps(compiled)
         steps["static_cache_compiled_ms"] = ms(times)
@@ -172,7 +224,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     result["meta"] = {
         "machine": f"{name}, {os.cpu_count()} cores, {args.threads} torch thread(s)", "device": str(device),
-        "dtype": args.dtype, "model": args.model, "torch": torch.__version__,
+        "dtype": args.dtype, "model": args.architecture and f"{args.architecture} (random weights)" or args.model, "torch": torch.__version__,
         "transformers": __import__("transformers").__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **{k: v for k, v in vars(args).items() if k not in ("out",)},
     }
