@@ -45,9 +45,19 @@ from vaco.llm.policy import encode_prompts, generate, load_causal_lm, load_token
 
 #: Qwen2.5-0.5B's published configuration (the paper's LLM), for random-weight timing
 QWEN25_05B = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-    num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-    tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643, pad_token_id=151643,
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    bos_token_id=151643,
+    eos_token_id=151643,
+    pad_token_id=151643,
 )
 
 
@@ -87,8 +97,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile step (minutes to compile on a CPU)")
-    parser.add_argument("--architecture", default=None, help="qwen2.5-0.5b: random weights of that architecture, random prompts")
+    parser.add_argument(
+        "--skip-compile", action="store_true", help="leave out the torch.compile step (minutes to compile on a CPU)"
+    )
+    parser.add_argument(
+        "--architecture", default=None, help="qwen2.5-0.5b: random weights of that architecture, random prompts"
+    )
     parser.add_argument("--layers", type=int, default=None, help="with --architecture: fewer layers (a smoke test)")
     parser.add_argument("--prompt-tokens", type=int, default=192, help="with --architecture: the longest prompt")
     parser.add_argument("--out", default="benchmarks/results/llm_decoding.json")
@@ -108,7 +122,9 @@ def main() -> None:
         tokenizer = load_tokenizer(args.model)
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         model = load_causal_lm(args.model, args.dtype).to(device).eval()
-        prompts = [format_prompt(DEFAULT_PROMPT_TEMPLATE, p["question"]) for p in generate_problems(args.rows, seed=args.seed)]
+        prompts = [
+            format_prompt(DEFAULT_PROMPT_TEMPLATE, p["question"]) for p in generate_problems(args.rows, seed=args.seed)
+        ]
         ids, mask, _ = encode_prompts(tokenizer, prompts, 512)
     ids, mask = ids.to(device), mask.to(device)
 
@@ -122,15 +138,24 @@ def main() -> None:
     start = time.perf_counter()
     with torch.no_grad():
         mine = generate(
-            model, ids, mask, max_new_tokens=args.max_new_tokens, eos_token_id=eos,
-            pad_token_id=pad, temperature=0.0, slots=args.slots,
+            model,
+            ids,
+            mask,
+            max_new_tokens=args.max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            temperature=0.0,
+            slots=args.slots,
         )
     sync()
     vaco_s = time.perf_counter() - start
     vaco_rows = [mine["completion_ids"][i][mine["completion_mask"][i]].tolist() for i in range(args.rows)]
     inputs = [ids[i][mask[i].bool()].tolist() for i in range(args.rows)]
     config = GenerationConfig(
-        max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=pad,
     )
     sync()
     start = time.perf_counter()
@@ -142,10 +167,13 @@ def main() -> None:
     tokens = sum(len(r) for r in vaco_rows)
     same = sum(a == b for a, b in zip(vaco_rows, hf_rows))
     result["end_to_end"] = {
-        "vaco_seconds": vaco_s, "vaco_tokens_per_second": tokens / vaco_s,
+        "vaco_seconds": vaco_s,
+        "vaco_tokens_per_second": tokens / vaco_s,
         "transformers_generate_batch_seconds": hf_s,
         "transformers_generate_batch_tokens_per_second": sum(len(r) for r in hf_rows) / hf_s,
-        "tokens": tokens, "rows_with_identical_tokens": same, "rows": args.rows,
+        "tokens": tokens,
+        "rows_with_identical_tokens": same,
+        "rows": args.rows,
     }
     print(
         f"end to end, greedy, {args.rows} rows, {args.slots} slots, <= {args.max_new_tokens} new tokens: "
@@ -179,7 +207,11 @@ def main() -> None:
         cache = StaticCache(config=model.config, max_cache_len=L + N)
         att = torch.cat([step_mask, step_mask.new_zeros(B, N)], -1)
         out = model(
-            input_ids=step_ids, attention_mask=att[:, :L], cache=cache, use_cache=True, logits_to_keep=1,
+            input_ids=step_ids,
+            attention_mask=att[:, :L],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
             cache_position=torch.arange(L, device=device),
         )
         token, times = out.logits[:, -1].argmax(-1), []
@@ -188,7 +220,10 @@ def main() -> None:
             sync()
             t0 = time.perf_counter()
             out = forward(
-                input_ids=token[:, None], attention_mask=att, cache=cache, use_cache=True,
+                input_ids=token[:, None],
+                attention_mask=att,
+                cache=cache,
+                use_cache=True,
                 cache_position=torch.tensor([L + i], device=device),
             )
             token = out.logits[:, -1].argmax(-1)
@@ -217,15 +252,20 @@ def main() -> None:
         + (
             f", static cache compiled {steps['static_cache_compiled_ms']:.1f} ms "
             f"(its first step, the compilation: {steps['compile_seconds']:.1f} s)"
-            if "static_cache_compiled_ms" in steps else ""
+            if "static_cache_compiled_ms" in steps
+            else ""
         ),
         flush=True,
     )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     result["meta"] = {
-        "machine": f"{name}, {os.cpu_count()} cores, {args.threads} torch thread(s)", "device": str(device),
-        "dtype": args.dtype, "model": args.architecture and f"{args.architecture} (random weights)" or args.model, "torch": torch.__version__,
-        "transformers": __import__("transformers").__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": f"{name}, {os.cpu_count()} cores, {args.threads} torch thread(s)",
+        "device": str(device),
+        "dtype": args.dtype,
+        "model": args.architecture and f"{args.architecture} (random weights)" or args.model,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **{k: v for k, v in vars(args).items() if k not in ("out",)},
     }
     out = Path(args.out)
