@@ -217,13 +217,15 @@ class PopulationUpdate:
         }
         n = train["observation"].shape[1]
         size = n // self.num_minibatches
-        members = torch.arange(self.size).unsqueeze(1)
+        device = train["observation"].device
+        # the gather's indices live where the batch does: on a GPU no host-to-device copy per key and minibatch
+        members = torch.arange(self.size, device=device).unsqueeze(1)
         sums: dict[str, torch.Tensor] = {}
         finite_all: torch.Tensor | None = None  # on the loss's device: no transfer per minibatch
         steps = 0
         for _epoch in range(self.update_epochs):
             # each member's permutation from its own generator, drawn as its solo run draws it
-            orders = torch.stack([torch.randperm(n, generator=g) for g in self.generators])
+            orders = torch.stack([torch.randperm(n, generator=g) for g in self.generators]).to(device)
             for k in range(self.num_minibatches):
                 if reestimate is not None:
                     train.update(reestimate())
