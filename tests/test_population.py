@@ -123,12 +123,24 @@ def test_each_member_of_a_population_updates_exactly_as_its_solo_run(tmp_path, m
             assert all(torch.equal(a.log_std, r["after"]["actor.log_std"]) for a, r in zip(actors, records))
 
 
-def test_a_member_whose_loss_is_not_finite_keeps_its_weights_and_the_others_update(tmp_path):
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        # the members' flags and the gather's indices on the GPU (a --population 16 on an H200 once
+        # stopped on a CPU flag meeting the loss's on cuda: docs/gpu.md)
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")],
+        ),
+    ],
+)
+def test_a_member_whose_loss_is_not_finite_keeps_its_weights_and_the_others_update(tmp_path, device):
     torch.manual_seed(0)
     from vaco.networks import Critic, GaussianActor
 
-    actors = [GaussianActor(4, 2) for _ in range(3)]
-    critics = [Critic(4) for _ in range(3)]
+    actors = [GaussianActor(4, 2).to(device) for _ in range(3)]
+    critics = [Critic(4).to(device) for _ in range(3)]
     population = PopulationUpdate(
         actors,
         critics,
@@ -152,6 +164,7 @@ def test_a_member_whose_loss_is_not_finite_keeps_its_weights_and_the_others_upda
         "value_target": torch.randn(3, n, generator=g),
         "state_value": torch.randn(3, n, generator=g),
     }
+    train = {key: value.to(device) for key, value in train.items()}
     train["advantage"][1, 5] = float("nan")  # member 1 goes bad
     before = {name: p.detach().clone() for name, p in population.params.items()}
     _, finite = population.update(train, lambda obs: obs)
