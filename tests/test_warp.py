@@ -30,7 +30,11 @@ def warp_env(env_id: str, cone: str | None = None) -> WarpVectorEnv:
     key = (env_id, cone)
     if key not in _envs:
         _envs[key] = WarpVectorEnv(env_id, WORLDS, seed=0, cone=cone)
-    return _envs[key]
+    env = _envs[key]
+    # shared for its compiled kernels, not its episode clock: a world left at step 998 by an
+    # earlier test in this process would truncate (and reset) inside the next one's comparison
+    env.length.zero_()
+    return env
 
 
 def gym_env(env_id: str, cone: str | None = None):
