@@ -11,9 +11,11 @@ import os
 import re
 import shlex
 import subprocess
+from pathlib import Path
 
 import mlflow
 import pytest
+import torch
 import yaml
 
 from helpers.runs import REPO, VACO, metric_histories
@@ -224,11 +226,15 @@ def annealed(i: int, iterations: int) -> float:
 def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_cannot_change(tmp_path):
     """Extending a finished 2-iteration run to 4: the same MLflow run, the budget's history, and
     the learning rate of the new budget's schedule from the first resumed iteration (it used to
-    train that iteration at the old schedule's end, 0, and barely move: TV ~1e-7)."""
+    train that iteration at the old schedule's end, 0, and barely move: TV ~1e-7). The run's folder
+    is moved between the two: the resume keeps writing its ``last.ckpt`` (it wrote ``last-v1.ckpt``
+    beside it, and a later resume from ``last.ckpt`` took the older state)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     base = [*BASE, "--model.init_args.lr", str(LR)]
-    first = _run([VACO, "fit", *base, "--data.init_args.total_steps", "256"], tmp_path, uri)
+    (tmp_path / "before").mkdir()
+    first = _run([VACO, "fit", *base, "--data.init_args.total_steps", "256"], tmp_path / "before", uri)
     assert first.returncode == 0, first.stderr[-3000:]
+    tmp_path = (tmp_path / "before").rename(tmp_path / "after")
     ckpt = str(next(tmp_path.glob("checkpoints/*/last.ckpt")))
     run_id = next(tmp_path.glob("checkpoints/*")).name
 
@@ -265,6 +271,8 @@ def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_
     assert history["train/tv"][2][1] > 1e-4  # the first resumed iteration moved the policy
     assert runs[0].data.tags["total_steps"] == "512" and "total_steps" not in runs[0].data.params
     assert runs[0].info.status == "FINISHED"
+    assert sorted(p.name for p in Path(ckpt).parent.iterdir()) == ["last.ckpt"]
+    assert torch.load(ckpt, weights_only=True)["vaco"]["total_steps"] == 512  # the resumed state, in last.ckpt
 
 
 def test_resume_without_a_budget_keeps_the_checkpoints_and_says_so(tmp_path):

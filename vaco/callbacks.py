@@ -47,8 +47,16 @@ class IterationCheckpoint(ModelCheckpoint):
     def __init__(self, every_n_iterations: int = 10, dirpath: str | None = None) -> None:
         if not (isinstance(every_n_iterations, int) and every_n_iterations >= 0):
             raise ValueError(f"`checkpoint.every_n_iterations` must be an integer >= 0, got {every_n_iterations!r}")
+        # one file per run, overwritten: without enable_version_counter=False, a run resumed from a
+        # folder that was moved (Lightning then forgets the last path it wrote) saved last-v1.ckpt
+        # beside the old last.ckpt, and a later resume from last.ckpt silently took the older state
         super().__init__(
-            dirpath=dirpath, save_last=True, save_top_k=0, every_n_train_steps=0, save_on_train_epoch_end=True
+            dirpath=dirpath,
+            save_last=True,
+            save_top_k=0,
+            every_n_train_steps=0,
+            save_on_train_epoch_end=True,
+            enable_version_counter=False,
         )
         self.every_n_iterations = every_n_iterations
         self.stop_signal: int | None = None  # the signal that asked the run to stop, once it has stopped
