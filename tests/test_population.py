@@ -174,3 +174,84 @@ def test_a_member_whose_loss_is_not_finite_keeps_its_weights_and_the_others_upda
         assert torch.isfinite(p).all(), name
     assert not torch.equal(population.params["actor.mean.0.weight"][0], before["actor.mean.0.weight"][0])
     assert not torch.equal(population.params["actor.mean.0.weight"][2], before["actor.mean.0.weight"][2])
+
+
+def _nan_population(exact: bool, host_sync: bool, members: int = 3) -> tuple[PopulationUpdate, dict]:
+    """Hopper's sizes (3 actions: log_std and the output biases are list leaves in the exact layout),
+    2 epochs x 4 minibatches; member 1 has one NaN advantage, so one minibatch an epoch is bad for
+    it (after Adam has state to restore) and the others are good."""
+    from vaco.networks import Critic, GaussianActor
+
+    torch.manual_seed(0)
+    actors = [GaussianActor(11, 3) for _ in range(members)]
+    critics = [Critic(11) for _ in range(members)]
+    population = PopulationUpdate(
+        actors,
+        critics,
+        [TVFilter(delta=0.2) for _ in range(members)],
+        [torch.Generator().manual_seed(i) for i in range(members)],
+        update_epochs=2,
+        num_minibatches=4,
+        max_grad_norm=0.5,
+        lr=3e-4,
+        adam_eps=1e-5,
+        exact=exact,
+        host_sync=host_sync,
+    )
+    g = torch.Generator().manual_seed(1)
+    n = 64
+    train = {
+        "observation": torch.randn(members, n, 11, generator=g),
+        "action": torch.randn(members, n, 3, generator=g),
+        "behavior_log_prob": torch.randn(members, n, generator=g) - 4,
+        "behavior_loc": torch.zeros(members, n, 3),
+        "behavior_scale": torch.ones(members, n, 3),
+        "advantage": torch.randn(members, n, generator=g),
+        "value_target": torch.randn(members, n, generator=g),
+        "state_value": torch.randn(members, n, generator=g),
+    }
+    train["advantage"][1, 5] = float("nan")
+    return population, train
+
+
+def test_the_sync_free_step_undoes_a_bad_members_steps_as_the_host_path_does_bit_for_bit():
+    """The GPU's step (no host sync per minibatch; the bad member's weights and Adam state put back
+    with torch.where) against the host's (its rows found with nonzero().tolist()), on the CPU: the
+    same weights, Adam moments and means, bit for bit, with a member that is bad in one minibatch
+    of each epoch and good in the others."""
+    results = []
+    for host_sync in (True, False):
+        population, train = _nan_population(exact=True, host_sync=host_sync)
+        means, finite = population.update(train, lambda obs: obs)
+        state = [
+            {k: v.clone() for k, v in population.optimizer.state[t].items()}
+            for t in population.optimizer.param_groups[0]["params"]
+        ]
+        results.append((population.params, state, means, finite))
+    (params, state, means, finite), (params2, state2, means2, finite2) = results
+    assert finite == finite2 == [True, False, True]
+    assert all(torch.equal(params[name], params2[name]) for name in params)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(state, state2) for k in a)
+    assert str(means) == str(means2)  # NaN means compare equal as text
+    # and the bad member did train in its good minibatches (its step was skipped, not the epoch)
+    fresh, _ = _nan_population(exact=True, host_sync=True)
+    assert not torch.equal(params["actor.mean.0.weight"][1], fresh.params["actor.mean.0.weight"][1])
+
+
+def test_the_gpu_layout_equals_the_exact_one_to_float_rounding():
+    """``exact=False`` (every parameter stacked, the critic's head batched: a GPU's layout) on the
+    CPU against the exact layout: the same update to float rounding, the bad member's steps undone."""
+    exact, train = _nan_population(exact=True, host_sync=True)
+    fast, _ = _nan_population(exact=False, host_sync=False)
+    assert all(not isinstance(leaf, list) for leaf in fast.leaves.values())
+    assert any(isinstance(leaf, list) for leaf in exact.leaves.values())
+    before = {name: p.detach().clone() for name, p in exact.params.items()}
+    for _ in range(3):
+        means, finite = exact.update(train, lambda obs: obs)
+        means_fast, finite_fast = fast.update(train, lambda obs: obs)
+        assert finite == finite_fast == [True, False, True]
+        for m in (0, 2):
+            assert means_fast[m] == pytest.approx(means[m], rel=1e-4, abs=1e-6)
+    for name, p in exact.params.items():
+        torch.testing.assert_close(fast.params[name], p, rtol=1e-4, atol=1e-6, msg=name)
+        assert not torch.equal(p[0], before[name][0]) or "log_std" in name or name.endswith("bias"), name

@@ -26,6 +26,13 @@ arithmetic per member:
   tensor per member (stacked, Hopper's 3-number biases drifted ~1e-11 at 4 members); a member whose
   loss is not finite has its step undone alone (its weights and Adam state restored).
 
+On a GPU none of that is bit for bit to begin with (a solo run there is not reproducible to the
+last bit either: cuBLAS and MuJoCo Warp's atomics), so there the update takes the cheaper layout
+(``exact=False``): every parameter one stacked tensor, the critic's head one batched product, and
+no host sync per minibatch (a non-finite member's step is undone on the device with ``torch.where``,
+as the solo run skips a step with the fused kernel's ``found_inf``). A member then equals its solo
+run to float rounding (``tests/test_population.py`` checks both layouts on the CPU).
+
 ``vaco fit --population`` (:mod:`vaco.population_module`) calls it once per iteration;
 ``benchmarks/population_update.py`` measures it against S solo updates.
 """
@@ -51,9 +58,9 @@ class _BatchedLinear(torch.autograd.Function):
     (``dx = dy @ W``, ``dW = dy.T @ x``, ``db = dy.sum(0)``)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, exact: bool = True) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        if weight.shape[1] == 1 and weight.shape[0] > 1:
+        if exact and weight.shape[1] == 1 and weight.shape[0] > 1:
             # a single output (the critic's head): nn.Linear's matrix-vector product rounds
             # otherwise than a batched product does, so each member takes its own
             return torch.stack([nn.functional.linear(x[s], weight[s], bias[s]) for s in range(weight.shape[0])])
@@ -65,27 +72,28 @@ class _BatchedLinear(torch.autograd.Function):
         grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
         grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
         grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias
+        return grad_x, grad_weight, grad_bias, None
 
 
 class BatchedMLP:
     """The members' copies of one ``nn.Sequential`` of ``Linear`` and ``Tanh`` layers, applied to
     ``[S, B, in]`` with the stacked parameters ``params[f"{prefix}{i}.weight"]`` (``[S, out, in]``)."""
 
-    def __init__(self, template: nn.Sequential, prefix: str) -> None:
+    def __init__(self, template: nn.Sequential, prefix: str, exact: bool = True) -> None:
         for module in template:
             if not isinstance(module, (nn.Linear, nn.Tanh)) or (isinstance(module, nn.Linear) and module.bias is None):
                 raise TypeError(
                     f"a population needs MLPs of Linear (with bias) and Tanh layers, got {type(module).__name__}"
                 )
         self.layers = [(f"{prefix}{i}." if isinstance(m, nn.Linear) else None) for i, m in enumerate(template)]
+        self.exact = exact  # False: a single-output layer is one batched product too (see PopulationUpdate)
 
     def __call__(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         for name in self.layers:
             x = (
                 torch.tanh(x)
                 if name is None
-                else _BatchedLinear.apply(x, params[name + "weight"], params[name + "bias"])
+                else _BatchedLinear.apply(x, params[name + "weight"], params[name + "bias"], self.exact)
             )
         return x
 
@@ -107,6 +115,12 @@ class PopulationUpdate:
             ``update_coefficients`` with the member's own means, as in a solo run.
         generators: each member's CPU generator (the minibatch permutations).
         update_epochs, num_minibatches, max_grad_norm, lr, adam_eps: the run's hyperparameters.
+        exact: each member's arithmetic as its solo run's, bit for bit (the layout described in the
+            module docstring); False: every parameter stacked and the critic's head batched (equal
+            to float rounding). None (default): exact on a CPU, not on a GPU.
+        host_sync: find the members whose loss is not finite on the host, each minibatch (cheap on a
+            CPU); False: undo their steps on the device with no sync (a GPU's queue keeps running).
+            Bit for bit the same result. None (default): True on a CPU, False on a GPU.
     """
 
     def __init__(
@@ -121,6 +135,8 @@ class PopulationUpdate:
         max_grad_norm: float | None,
         lr: float,
         adam_eps: float,
+        exact: bool | None = None,
+        host_sync: bool | None = None,
     ) -> None:
         if not (len(actors) == len(critics) == len(objectives) == len(generators) >= 1):
             raise ValueError(
@@ -131,8 +147,11 @@ class PopulationUpdate:
         self.objectives = list(objectives)
         self.generators = list(generators)
         self.update_epochs, self.num_minibatches, self.max_grad_norm = update_epochs, num_minibatches, max_grad_norm
-        self.actor_net = BatchedMLP(actors[0].mean, "actor.mean.")
-        self.critic_net = BatchedMLP(critics[0].net, "critic.net.")
+        on_cpu = next(actors[0].parameters()).device.type == "cpu"
+        self.exact = on_cpu if exact is None else bool(exact)
+        self.host_sync = on_cpu if host_sync is None else bool(host_sync)
+        self.actor_net = BatchedMLP(actors[0].mean, "actor.mean.", self.exact)
+        self.critic_net = BatchedMLP(critics[0].net, "critic.net.", self.exact)
         actor, critic = stack_parameters(actors), stack_parameters(critics)
         # the solo optimiser's order: the actor's parameters, then the critic's
         self.names = [f"actor.{n}" for n in actor] + [f"critic.{n}" for n in critic]
@@ -140,11 +159,12 @@ class PopulationUpdate:
         # a parameter whose member slices hold a multiple of ALIGN numbers is one stacked leaf; a
         # smaller one (log_std, the output biases) stays one leaf per member, so that the fused
         # Adam kernel runs its vector lanes and scalar tail over each member's numbers exactly as
-        # over the solo tensor (a slice that starts mid-lane rounds otherwise: ~1e-11 apart)
+        # over the solo tensor (a slice that starts mid-lane rounds otherwise: ~1e-11 apart); not
+        # exact: every parameter one stacked leaf (a GPU's kernel computes each number on its own)
         self.leaves: dict[str, torch.Tensor | list[torch.Tensor]] = {
             name: (
                 stacked[name].clone().requires_grad_()
-                if stacked[name][0].numel() % ALIGN == 0
+                if not self.exact or stacked[name][0].numel() % ALIGN == 0
                 else [row.clone().requires_grad_() for row in stacked[name]]
             )
             for name in self.names
@@ -222,6 +242,7 @@ class PopulationUpdate:
         members = torch.arange(self.size, device=device).unsqueeze(1)
         sums: dict[str, torch.Tensor] = {}
         finite_all: torch.Tensor | None = None  # on the loss's device: no transfer per minibatch
+        going = None if active is None else torch.as_tensor(list(active), dtype=torch.bool, device=device)
         steps = 0
         for _epoch in range(self.update_epochs):
             # each member's permutation from its own generator, drawn as its solo run draws it
@@ -234,8 +255,8 @@ class PopulationUpdate:
                 minibatch.update(self._forward(normalize(minibatch["observation"]), minibatch["action"]))
                 loss, out = self._losses(minibatch, buffers)
                 finite = torch.isfinite(loss)
-                if active is not None:
-                    finite = finite & torch.as_tensor(list(active), device=finite.device)
+                if going is not None:
+                    finite = finite & going.to(finite.device)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.sum().backward()  # each member's gradient is its own loss's
                 if self.max_grad_norm is not None:
@@ -274,6 +295,9 @@ class PopulationUpdate:
     def _step(self, finite: torch.Tensor) -> None:
         """Adam on the stacked parameters; a member with a non-finite loss keeps its weights and
         Adam state (the solo run skips that step on the device)."""
+        if not self.host_sync:
+            self._step_on_device(~finite)
+            return
         bad = (~finite).nonzero().flatten().tolist()
         if not bad:
             self.step_optimizer()
@@ -302,6 +326,32 @@ class PopulationUpdate:
                 t[rows] = weights
                 for k, v in state.items():
                     self.optimizer.state[t][k][rows] = v
+
+    def _step_on_device(self, bad: torch.Tensor) -> None:
+        """:meth:`_step` with no host sync: every member's weights and Adam state are kept before the
+        step and put back with ``torch.where`` where ``bad`` (``[S]``, on the device) says so. The
+        same numbers as the host's path (a good member's new values are selected, not recomputed)."""
+        kept = []  # (tensor, its rows' flags, broadcastable)
+        for leaf in self.leaves.values():
+            if isinstance(leaf, list):
+                kept += [(t, bad[m]) for m, t in enumerate(leaf)]
+            else:
+                kept.append((leaf, bad.view(-1, *[1] * (leaf.dim() - 1))))
+        saved = [
+            (t.detach().clone(), {k: v.clone() for k, v in self.optimizer.state.get(t, {}).items() if v.dim() > 0})
+            for t, _ in kept
+        ]
+        with torch.no_grad():
+            for t, rows in kept:
+                if t.grad is not None:
+                    t.grad.masked_fill_(rows, 0.0)  # NaN gradients would poison the fused kernel's shared arithmetic
+        self.step_optimizer()
+        with torch.no_grad():
+            for (t, rows), (weights, state) in zip(kept, saved):
+                t.copy_(torch.where(rows, weights, t))
+                for k, v in state.items():
+                    now = self.optimizer.state[t][k]
+                    now.copy_(torch.where(rows, v, now))
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next iteration (the members share the config's schedule)."""
