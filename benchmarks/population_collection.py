@@ -9,12 +9,16 @@ within each round:
   :class:`~vaco.data.warp.env.WarpVectorEnv` (what a population did before ``vaco.data.lockstep``,
   and what S separate runs do);
 * **lockstep**: the S collectors on blocks of one ``WarpVectorEnv(S x worlds, blocks=S)``,
-  stepped once per step for all (:class:`~vaco.data.lockstep.Lockstep`).
+  stepped once per step for all (:class:`~vaco.data.lockstep.Lockstep`), each member acting and
+  recording in turn (``batched=False``, the CPU's default);
+* **lockstep, batched**: the same, with every member's envs acting in one policy call and recorded
+  at once (``batched=True``, the default on cuda): equal to the in-turn batches to float rounding
+  (bit for bit where a member's envs hold several versions).
 
 The first iteration of each is a warm-up (kernel compilation, CUDA graph capture) and not timed.
 Every lockstep batch is checked against the in-turn batch of the same member (``torch.equal`` on
 every key: on Warp's CPU device they must be equal; on a GPU the check is reported, not required).
-Prints seconds per iteration of all S members each way, the ratio, and aggregate env steps/s;
+Prints seconds per iteration of all S members each way, the ratios, and aggregate env steps/s;
 writes JSON.
 
     python benchmarks/population_collection.py [--device cpu] [--env Hopper-v5] [--members 1 2 4 8]
@@ -79,7 +83,7 @@ def in_turn(args, S: int, dims) -> tuple[list[float], list[list]]:
     return times[1:], batches
 
 
-def lockstep(args, S: int, dims) -> tuple[list[float], list[list]]:
+def lockstep(args, S: int, dims, batched: bool = False) -> tuple[list[float], list[list]]:
     shared = WarpVectorEnv(
         args.env, args.worlds * S, device=args.device, seed=0, cuda_graph=args.device != "cpu", blocks=S
     )
@@ -87,7 +91,7 @@ def lockstep(args, S: int, dims) -> tuple[list[float], list[list]]:
         WarpCollector(shared.block(m), args.steps, buffer(*dims, args.device), args.iterations, seed=m + 1)
         for m in range(S)
     ]
-    loader = Lockstep(collectors, set())
+    loader = Lockstep(collectors, set(), batched=batched)
     times, batches = [], []
     for _ in range(args.iterations):
         sync(args.device)
@@ -116,13 +120,20 @@ def main() -> None:
         for S in args.members:
             t_turn, b_turn = in_turn(args, S, dims)
             t_lock, b_lock = lockstep(args, S, dims)
+            t_batch, b_batch = lockstep(args, S, dims, batched=True)
+            gap = max(
+                float((a[key].double() - b[key].double()).abs().max())
+                for it_a, it_b in zip(b_turn, b_batch)
+                for a, b in zip(it_a, it_b)
+                for key in a.keys(True, True)
+            )
             equal = all(
                 torch.equal(a[key], b[key])
                 for it_a, it_b in zip(b_turn, b_lock)
                 for a, b in zip(it_a, it_b)
                 for key in a.keys(True, True)
             )
-            turn, lock = sum(t_turn) / len(t_turn), sum(t_lock) / len(t_lock)
+            turn, lock, batch = sum(t_turn) / len(t_turn), sum(t_lock) / len(t_lock), sum(t_batch) / len(t_batch)
             steps = S * args.worlds * args.steps
             row = dict(
                 round=r + 1,
@@ -133,12 +144,17 @@ def main() -> None:
                 lockstep_sps=steps / lock,
                 in_turn_sps=steps / turn,
                 equal=equal,
+                batched_s=batch,
+                batched_ratio_over_lockstep=lock / batch,
+                batched_sps=steps / batch,
+                batched_max_abs_gap=gap,
             )
             rows.append(row)
             print(
                 f"round {r + 1} S={S:3d}: in turn {turn:7.3f} s, lockstep {lock:7.3f} s an iteration of all members "
                 f"({row['ratio']:.2f}x; env steps/s: {row['lockstep_sps']:,.0f} lockstep, {row['in_turn_sps']:,.0f} in turn); "
-                f"batches equal: {equal}",
+                f"batches equal: {equal}; batched lockstep {batch:7.3f} s ({lock / batch:.2f}x lockstep, "
+                f"largest gap to in turn {gap:.1e})",
                 flush=True,
             )
     device = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu"

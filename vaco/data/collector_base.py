@@ -85,6 +85,10 @@ class StepBuffers:
             ep_lengths=torch.empty(T, N, dtype=torch.long, device=device),
         )
 
+    def rows(self, rows: slice) -> StepBuffers:
+        """The buffers of envs ``rows`` (views: writing either writes both)."""
+        return StepBuffers(**{f.name: getattr(self, f.name)[:, rows] for f in dataclasses.fields(self)})
+
     def all_finite(self) -> bool:
         return bool(
             torch.isfinite(self.rewards).all() & torch.isfinite(self.next_obs).all() & torch.isfinite(self.obs).all()
@@ -253,13 +257,19 @@ class CollectorBase(BaseCollector):
     @torch.no_grad()
     def begin_rollout(self) -> Segment:
         """Start a segment: a seeded reset where none happened yet, each env's version, the buffers."""
+        policy = self.start_rollout()
+        buffers = StepBuffers.empty(self.num_steps, self.num_envs, self._obs.shape[-1], self.env.act_dim, self.device)
+        return Segment(policy, buffers)
+
+    @torch.no_grad()
+    def start_rollout(self):
+        """:meth:`begin_rollout` without the buffers (a population's lockstep allocates one for all
+        its members): the reset where none happened yet, and the segment's behaviour mixture."""
         if self._obs is None:
             self._obs = self.env.reset(self.seed)
             self._ep_return.zero_()
             self._ep_length.zero_()
-        policy = self.policy_buffer.mixture(self._assign_slots())
-        buffers = StepBuffers.empty(self.num_steps, self.num_envs, self._obs.shape[-1], self.env.act_dim, self.device)
-        return Segment(policy, buffers)
+        return self.policy_buffer.mixture(self._assign_slots())
 
     @torch.no_grad()
     def act(self, segment: Segment, t: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ from torch.func import functional_call, vmap
 
 from vaco.data.normalization import apply_normalizer, normalizer
 
-__all__ = ["PolicyVersionBuffer", "MixturePolicy"]
+__all__ = ["PolicyVersionBuffer", "MixturePolicy", "PopulationPolicy"]
 
 
 def _buffer_name(param_name: str) -> str:
@@ -101,6 +101,7 @@ class MixturePolicy:
     """
 
     def __init__(self, buffer: PolicyVersionBuffer, slots: torch.Tensor) -> None:
+        self.buffer = buffer
         self.slots = slots
         self.versions = buffer.versions[slots]
         self.obs_mean = buffer.obs_mean[slots]
@@ -125,6 +126,43 @@ class MixturePolicy:
     @torch.no_grad()
     def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loc, scale)`` for raw observations ``[N, obs_dim]``, normalised as the learner normalises them."""
+        return self._forward(apply_normalizer(obs, self._shift, self._inv_scale))
+
+    def per_env(self) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Each env's parameters ``{name: [N, *shape]}`` and normaliser ``(shift, inv_scale)``
+        ``[N, obs_dim]``: what :class:`PopulationPolicy` concatenates over a population's members."""
+        n = self.slots.shape[0]
+        params = self.buffer.params(self.slots)
+        return params, self._shift.expand(n, -1), self._inv_scale.expand(n, -1)
+
+
+class PopulationPolicy:
+    """Several mixtures (a population's members, each its own K versions) as one call on all their
+    envs: each env's own parameters and normaliser, concatenated once per rollout, and one
+    ``batched_forward`` (a ``baddbmm`` per layer) per step. The same numbers as each mixture's own
+    call to float rounding (a plain module's product where every env holds one version rounds
+    otherwise than a per-env one): :class:`vaco.data.lockstep.Lockstep` uses it on a GPU, where
+    a population's runs are not bit for bit their solo runs anyway. ``None`` from :meth:`of` where
+    the actor has no ``batched_forward`` (the members then act one by one)."""
+
+    def __init__(self, forward, shift: torch.Tensor, inv_scale: torch.Tensor) -> None:
+        self._forward, self._shift, self._inv_scale = forward, shift, inv_scale
+
+    @classmethod
+    def of(cls, mixtures: list[MixturePolicy]) -> PopulationPolicy | None:
+        batched = getattr(mixtures[0].buffer.template, "batched_forward", None)
+        if batched is None:
+            return None
+        parts = [m.per_env() for m in mixtures]
+        params = {name: torch.cat([p[name] for p, _, _ in parts]) for name in parts[0][0]}
+        forward = batched(params)
+        if forward is None:
+            return None
+        return cls(forward, torch.cat([s for _, s, _ in parts]), torch.cat([i for _, _, i in parts]))
+
+    @torch.no_grad()
+    def __call__(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loc, scale)`` for every member's envs' raw observations, ``[sum of N, obs_dim]``."""
         return self._forward(apply_normalizer(obs, self._shift, self._inv_scale))
 
 
