@@ -170,12 +170,12 @@ class Lockstep:
             ep_return.masked_fill_(done, 0.0)
             ep_length.masked_fill_(done, 0)
             if scale:  # DeviceRewardScaler per member: its own returns' moments, on the rows of [S, N]
-                r = reward.view(-1, n)
-                returns = returns * gamma * (~term.view(-1, n)).double() + r.double()
+                r = reward.reshape(-1, n)
+                returns = returns * gamma * (~term.reshape(-1, n)).double() + r.double()
                 batch_mean = returns.sum(1) / n
                 batch_var = (returns - batch_mean.unsqueeze(1)).square().sum(1) / n
                 mean, var, count = merge_moments(mean, var, count, batch_mean, batch_var, n)
-                returns = returns.masked_fill(done.view(-1, n), 0.0)
+                returns = returns.masked_fill(done.reshape(-1, n), 0.0)
                 reward = (r.double() / (var.unsqueeze(1) + EPS).sqrt()).clamp(-clip, clip).float().view(-1)
             buffers.rewards[t] = reward
             buffers.terminated[t], buffers.truncated[t] = term, trunc
