@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from vaco.data.collector_base import _LOG_SQRT_2PI, CollectorBase, Segment, StepBuffers
-from vaco.data.normalization import EPS, merge_moments
+from vaco.data.normalization import EPS, DeviceRewardScaler, merge_moments
 from vaco.data.policy_buffer import PopulationPolicy
 
 __all__ = ["Lockstep", "shares_one_simulator"]
@@ -90,7 +90,12 @@ class Lockstep:
             for m, c in enumerate(collectors)
             if m not in going
         }
-        if self.batched and going:
+        # batched: the members' reward scalers are the device one (stacked below) or none
+        if (
+            self.batched
+            and going
+            and all(type(c.reward_scaler) in (DeviceRewardScaler, type(None)) for c in collectors)
+        ):
             segments = self._batched(going, idle, steps.pop())
         else:
             segments = {m: collectors[m].begin_rollout() for m in going}
