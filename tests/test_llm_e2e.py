@@ -107,17 +107,10 @@ def test_rlvr_raises_eval_accuracy_above_the_supervised_start(tmp_path, monkeypa
     assert sampled and 0 < float(sampled.group(2)) <= float(sampled.group(1)) <= 1, out.stdout
 
 
-@pytest.mark.slow
-def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, monkeypatch):
-    """configs/sweeps/llm_cpu.yaml's design at a tiny budget: `vaco sweep` runs the LLM cells
-    (K is N, the minibatches per generation batch, as RLVRModule declares) and `vaco report`
-    scores them by eval/accuracy with the same rliable code as the MuJoCo runs."""
-    import subprocess
-    import sys
-
-    import yaml
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+@pytest.fixture(scope="module")
+def tiny_setting(tmp_path_factory) -> Path:
+    """A tiny supervised start (a 1-layer Llama and its tokenizer, train and test files), once a module."""
+    root = tmp_path_factory.mktemp("cpu")
     setting = CpuSetting(
         seed=0,
         families=["boxes"],
@@ -133,18 +126,109 @@ def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, monkeypatc
     )
     with warnings.catch_warnings():  # the supervised start warns about nothing (it warned on every step's loss)
         warnings.simplefilter("error")
-        prepare_cpu_setting(str(tmp_path / "cpu"), setting, verbose=False)
+        prepare_cpu_setting(str(root), setting, verbose=False)
+    return root
+
+
+def _vaco(*args: str, cwd: Path, uri: str, timeout: int = 900):
+    import subprocess
+    import sys
+
+    vaco = str(Path(sys.executable).with_name("vaco"))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([vaco, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_papers_llm_grid_file_runs_end_to_end_on_the_tiny_model(tmp_path, tiny_setting):
+    """configs/sweeps/llm_gsm8k.yaml, the paper's 36-cell GPU grid, through its own files (the sweep
+    file, configs/llm/env/gsm8k_qwen.yaml, both algorithms) on the tiny model on this CPU: its cells
+    with N in {1, 2} and seed 1, the model, data, sizes and device overridden (the launcher local:
+    SLURM's path is tests/test_cluster.py's), then `vaco report` on the paper's experiment: accuracy
+    against N, and the clip and filter fractions (the paper's figure) per algorithm and N."""
+    import yaml
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    shipped = yaml.safe_load((CONFIGS.parent / "sweeps" / "llm_gsm8k.yaml").read_text())
+    assert shipped["defaults"]["env"] == "gsm8k_qwen" and shipped["launcher"] == "slurm"
+    sweep = dict(shipped, configs_dir=str(CONFIGS), output_dir=str(tmp_path / "out"), jobs=2, launcher="local")
+    sweep["defaults"] = dict(shipped["defaults"], K=[1, 2], seed=[1])
+    sweep["overrides"] = {
+        "data.init_args.train_path": str(tiny_setting / "train.jsonl"),
+        "data.init_args.test_path": str(tiny_setting / "test.jsonl"),
+        "data.init_args.prompt_template": "{question}",  # the tiny model's own prompt (the Qwen one is for a base model)
+        "data.init_args.num_steps": 4,
+        "data.init_args.eval_every": 2,
+        "data.init_args.prompts_per_minibatch": 2,
+        "model.init_args.model_path": str(tiny_setting / "model"),
+        "model.init_args.completions_per_prompt": 4,
+        "model.init_args.max_prompt_length": 64,
+        "model.init_args.max_completion_length": 32,
+        "model.init_args.micro_batch_size": 4,
+        "model.init_args.generation_batch_size": 8,
+        "model.init_args.eval_batch_size": 8,
+        "model.init_args.lr": 1e-4,
+        "trainer.accelerator": "cpu",
+    }
+    (tmp_path / "gsm8k.yaml").write_text(yaml.safe_dump(sweep))
+    out = _vaco("sweep", "--config", str(tmp_path / "gsm8k.yaml"), cwd=tmp_path, uri=uri)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name("vaco-llm-gsm8k").experiment_id])
+        if "vaco.sweep.cell" in r.data.tags
+    ]
+    assert sorted(r.data.tags["vaco.sweep.cell"] for r in runs) == [
+        "grpo-gsm8k_qwen-K1-s1",
+        "grpo-gsm8k_qwen-K2-s1",
+        "vaco_grpo-gsm8k_qwen-K1-s1",
+        "vaco_grpo-gsm8k_qwen-K2-s1",
+    ]
+    for r in runs:
+        assert r.info.status == "FINISHED" and r.data.params["N"] == r.data.tags["vaco.K"]
+        assert r.data.params["dtype"] == "bfloat16"  # the paper's setting, computed in float32 on a CPU
+    report = _vaco(
+        "report", "--experiment", "vaco-llm-gsm8k", "--out", str(tmp_path / "report"), "--reps", "50",
+        "--min-runs", "1", cwd=tmp_path, uri=uri, timeout=600,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr[-3000:]
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "4 finished runs on 1 task(s) (gsm8k); algorithms grpo, vaco_grpo; K in [1, 2]" in summary
+    assert "Final eval/accuracy (raw)" in summary and (tmp_path / "report" / "iqm_vs_k.png").is_file()
+    fractions = summary.split("## Filter and clip fractions")[1].split("\n## ")[0]
+    rows = re.findall(r"\| (grpo|vaco_grpo) \| ([12]) \| [^|]+ \| (\d\.\d{4}) \| (\d\.\d{4}) \|", fractions)
+    assert sorted((a, k) for a, k, _, _ in rows) == [
+        ("grpo", "1"),
+        ("grpo", "2"),
+        ("vaco_grpo", "1"),
+        ("vaco_grpo", "2"),
+    ]
+    assert (tmp_path / "report" / "filter_clip_fractions.png").is_file()
+
+
+@pytest.mark.slow
+def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, tiny_setting):
+    """configs/sweeps/llm_cpu.yaml's design at a tiny budget: `vaco sweep` runs the LLM cells
+    (K is N, the minibatches per generation batch, as RLVRModule declares) and `vaco report`
+    scores them by eval/accuracy with the same rliable code as the MuJoCo runs."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
     shipped = yaml.safe_load((CONFIGS.parent / "sweeps" / "llm_cpu.yaml").read_text())
     sweep = dict(shipped, configs_dir=str(CONFIGS), output_dir=str(tmp_path / "out"), jobs=2)
     sweep["defaults"] = dict(shipped["defaults"], K=[1, 2], seed=[1])
     sweep["grid"] = {"main": shipped["grid"]["main"]}
     sweep["overrides"] = {
-        "data.init_args.train_path": str(tmp_path / "cpu" / "train.jsonl"),
-        "data.init_args.test_path": str(tmp_path / "cpu" / "test.jsonl"),
+        "data.init_args.train_path": str(tiny_setting / "train.jsonl"),
+        "data.init_args.test_path": str(tiny_setting / "test.jsonl"),
         "data.init_args.num_steps": 4,
         "data.init_args.eval_every": 2,
         "data.init_args.prompts_per_minibatch": 4,
-        "model.init_args.model_path": str(tmp_path / "cpu" / "model"),
+        "model.init_args.model_path": str(tiny_setting / "model"),
         "model.init_args.completions_per_prompt": 4,
     }
     (tmp_path / "llm.yaml").write_text(yaml.safe_dump(sweep))
