@@ -5,6 +5,10 @@
 # prints go to docs/gpu.md and docs/performance.md with the card's name (info.log).
 #   CHECKS="population llm warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
 #   population first: the other four ran on an H100 on 2026-11-27, populations and `test` on an H200 on 2026-11-28 (docs/gpu.md).
+#   Since that lease (unmeasured): a population on cuda updates in the GPU layout with no host sync per
+#   minibatch and its members act and record in one call a step; the next lease runs first
+#   CHECKS="population_fit population_collection llm" POPS="1 16" (population_collection times the
+#   batched lockstep beside the one-by-one one), then `test`.
 #   POP=16 (the population compared with one run: see check_population)
 #   DEADLINE=<epoch seconds>: no check runs past it (each one's limit is cut to the time left; one with
 #   under 10 s left is skipped and says so), so that a device call's own limit never kills the script
