@@ -192,6 +192,7 @@ def test_a_member_whose_loss_turns_non_finite_stops_alone_and_the_others_are_sti
     assert metric_histories(mlflow_uri, runs["5"].info.run_id) == metric_histories(mlflow_uri, solo.info.run_id)
     together = _last(tmp_path / "pop", runs["5"].info.run_id)
     assert together["vaco"]["population_seeds"] == [5, 7]
+    assert together["vaco"]["update_exact"] is True  # the CPU's layout, which a resume keeps on any device
     mine, theirs = _state(together, "members.0."), _state(_last(tmp_path / "solo", solo.info.run_id))
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 

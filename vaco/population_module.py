@@ -202,6 +202,9 @@ class PopulationModule(Learner):
         # logged as each member run's params; env_spec is filled in on the first fit (vaco evaluate reads it)
         self.save_hyperparameters({**dict(first.hparams), "population": len(members)})
         self.updater: PopulationUpdate | None = None
+        # the update's layout (PopulationUpdate's ``exact``): the device's default, or a resumed
+        # checkpoint's (its Adam state is laid out by it: a GPU population resumed on a CPU keeps it)
+        self._update_exact: bool | None = None
         self._saved_budget: int | None = None
 
     @staticmethod
@@ -286,6 +289,7 @@ class PopulationModule(Learner):
             max_grad_norm=hp.max_grad_norm,
             lr=hp.lr,
             adam_eps=hp.adam_eps,
+            exact=self._update_exact,
         )
         iterations = self.data.num_iterations()
         anneal = hp.anneal_lr
@@ -475,6 +479,7 @@ class PopulationModule(Learner):
             "population_id": self.population_id,
             "population_seeds": list(self.seeds),
             "members": members,
+            "update_exact": None if self.updater is None else self.updater.exact,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -500,6 +505,9 @@ class PopulationModule(Learner):
         random.setstate((3, tuple(state["python_rng"]), None))
         self.population_id = state["population_id"]
         self._saved_budget = state.get("total_steps")
+        # checkpoints from before the GPU layout had the exact one on every device
+        saved_exact = state.get("update_exact", True)
+        self._update_exact = saved_exact if saved_exact is not None else self._update_exact
 
 
 def _mean_metrics(each: Sequence[dict[str, float]]) -> dict[str, float]:
