@@ -139,6 +139,26 @@ def _vaco(*args: str, cwd: Path, uri: str, timeout: int = 900):
     return subprocess.run([vaco, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _cell_runs(uri: str, experiment: str) -> tuple[list, list[str]]:
+    """A sweep's cell runs in ``experiment`` and their cell names, sorted."""
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+        if "vaco.sweep.cell" in r.data.tags
+    ]
+    return runs, sorted(r.data.tags["vaco.sweep.cell"] for r in runs)
+
+
+def _report(experiment: str, tmp_path: Path, uri: str) -> str:
+    """``vaco report`` on ``experiment`` (50 bootstrap draws, one run a group enough); its summary.md."""
+    out = tmp_path / "report"
+    args = ["report", "--experiment", experiment, "--out", str(out), "--reps", "50", "--min-runs", "1"]
+    report = _vaco(*args, cwd=tmp_path, uri=uri, timeout=600)
+    assert report.returncode == 0, report.stderr[-3000:]
+    return (out / "summary.md").read_text()
+
+
 @pytest.mark.slow
 def test_the_papers_llm_grid_file_runs_end_to_end_on_the_tiny_model(tmp_path, tiny_setting):
     """configs/sweeps/llm_gsm8k.yaml, the paper's 36-cell GPU grid, through its own files (the sweep
@@ -173,13 +193,8 @@ def test_the_papers_llm_grid_file_runs_end_to_end_on_the_tiny_model(tmp_path, ti
     (tmp_path / "gsm8k.yaml").write_text(yaml.safe_dump(sweep))
     out = _vaco("sweep", "--config", str(tmp_path / "gsm8k.yaml"), cwd=tmp_path, uri=uri)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    runs = [
-        r
-        for r in client.search_runs([client.get_experiment_by_name("vaco-llm-gsm8k").experiment_id])
-        if "vaco.sweep.cell" in r.data.tags
-    ]
-    assert sorted(r.data.tags["vaco.sweep.cell"] for r in runs) == [
+    runs, cells = _cell_runs(uri, "vaco-llm-gsm8k")
+    assert cells == [
         "grpo-gsm8k_qwen-K1-s1",
         "grpo-gsm8k_qwen-K2-s1",
         "vaco_grpo-gsm8k_qwen-K1-s1",
@@ -188,12 +203,7 @@ def test_the_papers_llm_grid_file_runs_end_to_end_on_the_tiny_model(tmp_path, ti
     for r in runs:
         assert r.info.status == "FINISHED" and r.data.params["N"] == r.data.tags["vaco.K"]
         assert r.data.params["dtype"] == "bfloat16"  # the paper's setting, computed in float32 on a CPU
-    report = _vaco(
-        "report", "--experiment", "vaco-llm-gsm8k", "--out", str(tmp_path / "report"), "--reps", "50",
-        "--min-runs", "1", cwd=tmp_path, uri=uri, timeout=600,
-    )  # fmt: skip
-    assert report.returncode == 0, report.stderr[-3000:]
-    summary = (tmp_path / "report" / "summary.md").read_text()
+    summary = _report("vaco-llm-gsm8k", tmp_path, uri)
     assert "4 finished runs on 1 task(s) (gsm8k); algorithms grpo, vaco_grpo; K in [1, 2]" in summary
     assert "Final eval/accuracy (raw)" in summary and (tmp_path / "report" / "iqm_vs_k.png").is_file()
     fractions = summary.split("## Filter and clip fractions")[1].split("\n## ")[0]
@@ -212,8 +222,6 @@ def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, tiny_setti
     """configs/sweeps/llm_cpu.yaml's design at a tiny budget: `vaco sweep` runs the LLM cells
     (K is N, the minibatches per generation batch, as RLVRModule declares) and `vaco report`
     scores them by eval/accuracy with the same rliable code as the MuJoCo runs."""
-    import subprocess
-    import sys
 
     import yaml
 
@@ -232,24 +240,10 @@ def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, tiny_setti
         "model.init_args.completions_per_prompt": 4,
     }
     (tmp_path / "llm.yaml").write_text(yaml.safe_dump(sweep))
-    vaco = str(Path(sys.executable).with_name("vaco"))
-    env = {**__import__("os").environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [vaco, "sweep", "--config", str(tmp_path / "llm.yaml")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    out = _vaco("sweep", "--config", str(tmp_path / "llm.yaml"), cwd=tmp_path, uri=uri)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    runs = [
-        r
-        for r in client.search_runs([client.get_experiment_by_name("vaco-llm-cpu").experiment_id])
-        if "vaco.sweep.cell" in r.data.tags
-    ]
-    assert sorted(r.data.tags["vaco.sweep.cell"] for r in runs) == [
+    runs, cells = _cell_runs(uri, "vaco-llm-cpu")
+    assert cells == [
         "grpo-gsm8k_cpu-K1-s1",
         "grpo-gsm8k_cpu-K2-s1",
         "vaco_grpo-gsm8k_cpu-K1-s1",
@@ -258,27 +252,7 @@ def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, tiny_setti
     for r in runs:  # K set N, the LLM module's own lag
         assert r.data.params["N"] == r.data.params["K"] == r.data.tags["vaco.K"]
         assert r.data.params["score_metric"] == "eval/accuracy" and r.info.status == "FINISHED"
-    report = subprocess.run(
-        [
-            vaco,
-            "report",
-            "--experiment",
-            "vaco-llm-cpu",
-            "--out",
-            str(tmp_path / "report"),
-            "--reps",
-            "50",
-            "--min-runs",
-            "1",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert report.returncode == 0, report.stderr[-3000:]
-    summary = (tmp_path / "report" / "summary.md").read_text()
+    summary = _report("vaco-llm-cpu", tmp_path, uri)
     assert "4 finished runs on 1 task(s) (gsm8k); algorithms grpo, vaco_grpo; K in [1, 2]" in summary
     assert "Final eval/accuracy (raw)" in summary and "| vaco_grpo K=2 | 1 | 1 |" in summary
     assert "rliable" in summary and len(list((tmp_path / "report").glob("*.png"))) >= 7

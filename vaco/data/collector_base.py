@@ -280,11 +280,7 @@ class CollectorBase(BaseCollector):
         noise = torch.randn(
             self.num_envs, env.act_dim, generator=self.generator, dtype=torch.float32, device=self.device
         )
-        action = torch.addcmul(loc, scale, noise)
-        # log N(a; loc, scale) with a = loc + scale * noise
-        buffers.log_probs[t] = (-0.5 * noise.square() - scale.log()).sum(-1) - env.act_dim * _LOG_SQRT_2PI
-        buffers.actions[t], buffers.locs[t], buffers.scales[t] = action, loc, scale.expand_as(loc)
-        return torch.maximum(torch.minimum(action, env.action_high), env.action_low)
+        return record_actions(buffers, t, loc, scale, noise, env.action_low, env.action_high)
 
     @torch.no_grad()
     def observe(self, segment: Segment, t: int, outcome: tuple[torch.Tensor, ...]) -> None:
@@ -315,6 +311,24 @@ class CollectorBase(BaseCollector):
         batch = buffers.batch(segment.policy.versions.to(self.device), self.batch_device)
         self.iteration += 1
         return batch
+
+
+def record_actions(
+    buffers: StepBuffers,
+    t: int,
+    loc: torch.Tensor,
+    scale: torch.Tensor,
+    noise: torch.Tensor,
+    low: torch.Tensor,
+    high: torch.Tensor,
+) -> torch.Tensor:
+    """Step ``t``'s actions ``loc + scale * noise`` recorded (with their log-prob, loc and scale) in
+    ``buffers``; returns them clipped to ``[low, high]`` (a collector's act; a lockstep's for all members)."""
+    action = torch.addcmul(loc, scale, noise)
+    # log N(a; loc, scale) with a = loc + scale * noise
+    buffers.log_probs[t] = (-0.5 * noise.square() - scale.log()).sum(-1) - noise.shape[-1] * _LOG_SQRT_2PI
+    buffers.actions[t], buffers.locs[t], buffers.scales[t] = action, loc, scale.expand_as(loc)
+    return torch.maximum(torch.minimum(action, high), low)
 
 
 @dataclasses.dataclass

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from vaco.data.collector_base import _LOG_SQRT_2PI, CollectorBase, Segment, StepBuffers
+from vaco.data.collector_base import CollectorBase, Segment, StepBuffers, record_actions
 from vaco.data.normalization import EPS, DeviceRewardScaler, merge_moments
 from vaco.data.policy_buffer import PopulationPolicy
 
@@ -156,10 +156,7 @@ class Lockstep:
             noise = torch.cat(
                 [torch.randn(n, act_dim, generator=c.generator, dtype=torch.float32, device=c.device) for c in members]
             )
-            action = torch.addcmul(loc, sd, noise)
-            buffers.log_probs[t] = (-0.5 * noise.square() - sd.log()).sum(-1) - act_dim * _LOG_SQRT_2PI
-            buffers.actions[t], buffers.locs[t], buffers.scales[t] = action, loc, sd.expand_as(loc)
-            action = torch.maximum(torch.minimum(action, env.action_high), env.action_low)
+            action = record_actions(buffers, t, loc, sd, noise, env.action_low, env.action_high)
             if every:
                 outcome = env.step(action)
             else:
