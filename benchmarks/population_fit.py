@@ -4,6 +4,7 @@ this machine, alternating in one run.
 
     python benchmarks/population_fit.py [--rounds 1] [--population 4] [--out benchmarks/results/population_fit.json]
         [--baseline DIR]    # also separate runs of another tree (a git worktree: the issue's 555f487)
+        [--no-separate]     # with --baseline: leave out this tree's separate runs
         [--extra ARG ...]   # appended to every command: another backend or size, e.g. a Warp cell
 
 For instance the cell on MuJoCo Warp's CPU device, where a population's members step in lockstep
@@ -132,17 +133,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--population", type=int, default=4, help="members per population (divides 8)")
     parser.add_argument("--out", default="benchmarks/results/population_fit.json")
     parser.add_argument("--baseline", default=None, help="a tree whose separate runs are measured too")
+    parser.add_argument(
+        "--no-separate",
+        action="store_true",
+        help="leave out this tree's separate runs (with --baseline: the baseline against populations only)",
+    )
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="arguments appended to every command")
     args = parser.parse_args(argv)
     if len(SEEDS) % args.population:
         parser.error("--population must divide 8")
+    if args.no_separate and not args.baseline:
+        parser.error("--no-separate needs --baseline (something to compare the populations with)")
     trees: dict[str, str | None] = {}
     variants: dict[str, list[list[int]]] = {}
     if args.baseline:
         name = f"separate at {Path(args.baseline).name}"
         variants[name], trees[name] = [[s] for s in SEEDS], str(Path(args.baseline).resolve())
+    if not args.no_separate:
+        variants["separate"] = [[s] for s in SEEDS]
     variants |= {
-        "separate": [[s] for s in SEEDS],
         f"populations of {args.population}": [
             SEEDS[i : i + args.population] for i in range(0, len(SEEDS), args.population)
         ],
@@ -160,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, rows in results.items()
     }
     for name in summary:
-        summary[name]["wall_ratio_separate_over_this"] = round(
-            summary["separate"]["wall_s"] / summary[name]["wall_s"], 3
-        )
+        if "separate" in summary:
+            summary[name]["wall_ratio_separate_over_this"] = round(
+                summary["separate"]["wall_s"] / summary[name]["wall_s"], 3
+            )
         for base in trees:
             summary[name][f"wall_ratio_{base.replace(' ', '_')}_over_this"] = round(
                 summary[base]["wall_s"] / summary[name]["wall_s"], 3
@@ -186,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {name:22s} wall {row['wall_s']:7.1f} s | per seed {row['per_seed_s']:6.1f} s | collect "
             f"{row['collect_s_per_seed']:5.1f} s | update {row['update_s_per_seed']:5.1f} s | rest "
-            f"{row['rest_s_per_seed']:5.1f} s | x{row['wall_ratio_separate_over_this']:.2f}"
+            f"{row['rest_s_per_seed']:5.1f} s"
+            + (f" | x{row['wall_ratio_separate_over_this']:.2f}" if "separate" in summary else "")
             + "".join(
                 f" | {base}: x{row[f'wall_ratio_{base.replace(chr(32), chr(95))}_over_this']:.2f}" for base in trees
             )
