@@ -75,7 +75,13 @@ def _variant(root: Path, groups: list[list[int]], extra: list[str], tree: str | 
     # create the store once, before two processes race to create its tables
     import mlflow
 
-    mlflow.MlflowClient(uri).search_experiments()
+    from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location
+
+    # and the runs' experiment, as `vaco sweep` does: two `vaco fit`s of a tree from before the
+    # logger took the race in its stride (555f487) would both try to create it, and one would fail
+    mlflow.MlflowClient(uri).create_experiment(
+        "vaco", artifact_location=artifact_location(uri, "vaco"), tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    )
     commands = []
     for group in groups:
         seeds = ["--seed_everything", str(group[0])]

@@ -88,6 +88,7 @@ class VacoMLFlowLogger(MLFlowLogger):
 
     def _prepare(self) -> None:
         import mlflow
+        from mlflow.exceptions import MlflowException
 
         client = mlflow.MlflowClient(self._tracking_uri)
         found = client.get_experiment_by_name(self._experiment_name)
@@ -95,7 +96,14 @@ class VacoMLFlowLogger(MLFlowLogger):
             experiment_id = found.experiment_id
         else:  # artifacts beside a SQLite store's file, not in this process's directory (tracking.py)
             where = self._artifact_location or artifact_location(self._tracking_uri, self._experiment_name)
-            experiment_id = client.create_experiment(self._experiment_name, artifact_location=where)
+            try:
+                experiment_id = client.create_experiment(self._experiment_name, artifact_location=where)
+            except MlflowException:
+                # two runs started at once into a new store: the other made it first, so use theirs
+                found = client.get_experiment_by_name(self._experiment_name)
+                if found is None:
+                    raise
+                experiment_id = found.experiment_id
         tags = found.tags if found else {}
         if EXPERIMENT_KIND_TAG not in tags:  # a kind the user chose stays
             client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
