@@ -93,3 +93,40 @@ def test_a_resume_the_logger_refuses_leaves_the_run_as_it_was(tmp_path):
     accepted.log_hyperparams({"lr": 0.0003})
     accepted.finalize("failed")  # a resume that ran and failed is FAILED
     assert client.get_run(run.info.run_id).info.status == "FAILED"
+
+
+def test_runs_started_at_once_into_a_new_store_all_go_on(tmp_path):
+    """Two `vaco fit`s started together into a store that has no experiment yet both look it up,
+    find nothing and create it; the second create fails on the name's unique key (a benchmark's two
+    555f487 runs died of this), and two that find it untagged both insert its kind tag, which fails
+    the same way. The logger creates the experiment with its kind in one write and takes the winner's
+    experiment when it loses. Eight loggers in threads, released together by a barrier, into each
+    of five fresh SQLite stores: every one prepares its run, and each store ends with one experiment
+    of kind model training. (Before the fix it failed on the first or second store, either way.)"""
+    import threading
+
+    from vaco.logger import VacoMLFlowLogger
+    from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
+    for store in range(5):
+        uri = f"sqlite:///{tmp_path / f'store{store}.db'}"
+        mlflow.MlflowClient(uri).search_experiments()  # the tables, before the threads race
+        loggers = [VacoMLFlowLogger(experiment_name="race", tracking_uri=uri) for _ in range(8)]
+        barrier, errors = threading.Barrier(len(loggers)), []
+
+        def prepare(logger, barrier=barrier, errors=errors):
+            barrier.wait()
+            try:
+                logger.experiment  # noqa: B018 - the property creates the experiment and the run
+            except Exception as err:  # the test's verdict, below
+                errors.append(err)
+
+        threads = [threading.Thread(target=prepare, args=(logger,)) for logger in loggers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors, f"store {store}: {errors[0]!r}"
+        experiments = [e for e in mlflow.MlflowClient(uri).search_experiments() if e.name == "race"]
+        assert len(experiments) == 1 and experiments[0].tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+        assert {logger.experiment_id for logger in loggers} == {experiments[0].experiment_id}

@@ -92,21 +92,26 @@ class VacoMLFlowLogger(MLFlowLogger):
 
         client = mlflow.MlflowClient(self._tracking_uri)
         found = client.get_experiment_by_name(self._experiment_name)
-        if found:
-            experiment_id = found.experiment_id
-        else:  # artifacts beside a SQLite store's file, not in this process's directory (tracking.py)
+        if found is None:  # artifacts beside a SQLite store's file, not in this process's directory (tracking.py)
             where = self._artifact_location or artifact_location(self._tracking_uri, self._experiment_name)
-            try:
-                experiment_id = client.create_experiment(self._experiment_name, artifact_location=where)
+            try:  # the kind with it, in one write: a run that finds it a moment later sees the kind too
+                experiment_id = client.create_experiment(
+                    self._experiment_name, artifact_location=where, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+                )
+                tags = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
             except MlflowException:
-                # two runs started at once into a new store: the other made it first, so use theirs
+                # runs started at once into a new store: another made it first, so use theirs
                 found = client.get_experiment_by_name(self._experiment_name)
                 if found is None:
                     raise
-                experiment_id = found.experiment_id
-        tags = found.tags if found else {}
+        if found is not None:
+            experiment_id, tags = found.experiment_id, found.tags
         if EXPERIMENT_KIND_TAG not in tags:  # a kind the user chose stays
-            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            try:
+                client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            except MlflowException:  # another run tagged it at the same moment
+                if EXPERIMENT_KIND_TAG not in client.get_experiment(experiment_id).tags:
+                    raise
         if self._run_id is None and self._run_name is None and self.default_run_name:
             self._run_name = unique_run_name(client, experiment_id, self.default_run_name)
         if self._run_id is not None:  # a resume: the run is RUNNING again (Lightning leaves it FINISHED)
