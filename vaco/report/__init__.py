@@ -1,7 +1,7 @@
 """``vaco report``: MLflow runs -> normalised scores -> rliable aggregates, PNG figures, a Markdown summary.
 
 The package is the workflow: :mod:`~vaco.report.runs` (read runs from MLflow or a data file),
-:mod:`~vaco.report.scores` (statistics as data), :mod:`~vaco.report.robustness` (each algorithm's
+:mod:`~vaco.report.scores` (statistics as data), :mod:`~vaco.report.tables` (the aggregate tables), :mod:`~vaco.report.robustness` (each algorithm's
 drop from its own K = 1), :mod:`~vaco.report.sensitivity` (those verdicts under every scoring),
 :mod:`~vaco.report.design` (the 2x2 step-size design's contrasts), :mod:`~vaco.report.figures` (drawn from them),
 :mod:`~vaco.report.summary` (``summary.md``), :mod:`~vaco.report.report_cli` (``vaco report``, whose
@@ -21,6 +21,7 @@ import vaco.report.runs as _runs
 import vaco.report.scores as _scores
 import vaco.report.sensitivity as _sensitivity
 import vaco.report.summary as _summary
+import vaco.report.tables as _tables
 from vaco.report.ablations import *  # noqa: F403
 from vaco.report.decision import *  # noqa: F403
 from vaco.report.design import *  # noqa: F403
@@ -32,6 +33,7 @@ from vaco.report.runs import *  # noqa: F403
 from vaco.report.scores import *  # noqa: F403
 from vaco.report.sensitivity import *  # noqa: F403
 from vaco.report.summary import *  # noqa: F403
+from vaco.report.tables import *  # noqa: F403
 
 __all__ = sorted(
     {
@@ -46,5 +48,6 @@ __all__ = sorted(
         *_scores.__all__,
         *_sensitivity.__all__,
         *_summary.__all__,
+        *_tables.__all__,
     }
 )

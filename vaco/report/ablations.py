@@ -11,7 +11,8 @@ from collections.abc import Callable
 import numpy as np
 
 from vaco.report.runs import Run
-from vaco.report.scores import Report, Scores, groups_of, iqm_estimates
+from vaco.report.scores import Report, iqm_estimates
+from vaco.report.tables import Scores, groups_of
 
 __all__ = [
     "PHASES",

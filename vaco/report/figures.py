@@ -14,19 +14,15 @@ import numpy as np
 
 from vaco.report.ablations import Ablation, ablation_scores
 from vaco.report.runs import Run
-from vaco.report.scores import (
-    AGGREGATES,
-    Estimate,
+from vaco.report.scores import AGGREGATES, Estimate, Report, common_grid, resample
+from vaco.report.tables import (
     Profiles,
-    Report,
     SampleEfficiency,
     Scores,
     aggregate_scores,
-    common_grid,
     iqm_against_k,
     main_groups,
     profiles,
-    resample,
     sample_efficiency,
 )
 

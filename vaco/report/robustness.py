@@ -35,7 +35,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from vaco.report.decision import Verdict, decide
-from vaco.report.scores import Report, improvement_baseline
+from vaco.report.scores import Report
+from vaco.report.tables import improvement_baseline
 
 __all__ = [
     "FEW_RESAMPLES",

@@ -39,20 +39,16 @@ from vaco.report.figures import (
 from vaco.report.markdown import _ci, _sd, _table
 from vaco.report.robustness import FEW_RESAMPLES, Robustness, distinct_resamples, robustness
 from vaco.report.robustness_summary import _design_section, _robustness_section
-from vaco.report.scores import (
-    AGGREGATES,
-    MAX_CURVE_POINTS,
-    Estimate,
-    Report,
+from vaco.report.scores import AGGREGATES, MAX_CURVE_POINTS, Estimate, Report, is_variant
+from vaco.report.sensitivity import Sensitivity, sensitivity
+from vaco.report.tables import (
     aggregate_scores,
     improvement_baseline,
     iqm_of,
-    is_variant,
     probability_of_improvement,
     profiles,
     sample_efficiency,
 )
-from vaco.report.sensitivity import Sensitivity, sensitivity
 
 __all__ = ["FIGURES", "SECTIONS", "write_report"]
 
