@@ -6,14 +6,17 @@ point of this module is that it changes no member's numbers: member ``m``'s upda
 for bit** :meth:`vaco.vaco_module.MinibatchUpdate.run` of that run alone (tested in
 ``tests/test_population.py`` on VACO, PPO-clip, adaptive PPO-KL and SPO for S = 1, 2 and 4, and by
 ``benchmarks/population_update.py`` on the study cell's Hopper data for S = 1 to 8). Measured on
-this machine's torch 2.13 CPU build, that holds because each piece keeps the solo path's
-arithmetic per member:
+torch 2.13's CPU build on an AMD EPYC (AVX2) and on an Intel Xeon (AVX-512), that holds because
+each piece keeps the solo path's arithmetic per member:
 
 * **networks**: one ``baddbmm`` per ``Linear`` layer over the members' stacked weights, with the
   weight as the same transposed view ``nn.Linear`` multiplies by, and a backward written out
   (:class:`_BatchedLinear`) that computes each member's gradients as ``nn.Linear``'s does
   (autograd's own backward of ``baddbmm`` forms the first layer's weight gradient in another
-  order: ~1e-8 apart);
+  order: ~1e-8 apart); a layer with one output (the critic's head) multiplies member by member,
+  forward and backward, as ``nn.Linear``'s matrix-vector products round otherwise than a batched
+  product (its weight gradient only on AVX-512: the members' solo runs matched on the AVX2 CPU, and
+  not on the Xeon, until that too went member by member);
 * **objectives, unchanged**: written for one run, they reach the population through
   ``torch.func.vmap``, so every reduction is per member (``vmap`` of the objective alone is exact;
   ``vmap`` of ``functional_call`` on the networks is not);
@@ -60,7 +63,8 @@ class _BatchedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, exact: bool = True) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        if exact and weight.shape[1] == 1 and weight.shape[0] > 1:
+        ctx.one_by_one = exact and weight.shape[1] == 1 and weight.shape[0] > 1
+        if ctx.one_by_one:
             # a single output (the critic's head): nn.Linear's matrix-vector product rounds
             # otherwise than a batched product does, so each member takes its own
             return torch.stack([nn.functional.linear(x[s], weight[s], bias[s]) for s in range(weight.shape[0])])
@@ -70,7 +74,12 @@ class _BatchedLinear(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
         grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        if not ctx.needs_input_grad[1]:
+            grad_weight = None
+        elif ctx.one_by_one:  # its weight gradient too: a batched product rounds otherwise on AVX-512
+            grad_weight = torch.stack([grad[s].T @ x[s] for s in range(x.shape[0])])
+        else:
+            grad_weight = torch.bmm(grad.transpose(1, 2), x)
         grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
         return grad_x, grad_weight, grad_bias, None
 
