@@ -275,3 +275,25 @@ def test_a_warp_population_steps_its_members_in_one_model_and_each_is_its_seed_r
         for key in theirs:
             assert torch.equal(mine[key], theirs[key]), (seed, key)
         assert metric_histories(mlflow_uri, members[m].info.run_id) == metric_histories(mlflow_uri, run_id), seed
+
+
+def test_an_envpool_population_is_each_seeds_run_alone(tmp_path, mlflow_uri):
+    """On envpool's C++ pool the members collect one after another, each on its own pool: seeds 5
+    and 6 together for 2 iterations, with evaluations on envpool, against each seed's solo run:
+    weights, normaliser and every metric but the timings equal."""
+    envpool = ["--config", str(CONFIGS / "collection" / "envpool.yaml"), "--data.init_args.total_steps", str(2 * BATCH)]
+    pop, solo = tmp_path / "pop", tmp_path / "solo"
+    _fit(pop, "vaco", *envpool, "--population", "2", "--seed_everything", "5")
+    members = sorted(_runs(mlflow_uri), key=lambda r: int(r.data.tags[MEMBER_TAG]))
+    together = load_checkpoint(str(pop / "checkpoints" / members[0].info.run_id / "last.ckpt"))
+    for seed in (5, 6):
+        _fit(solo / str(seed), "vaco", *envpool, "--seed_everything", str(seed))
+    solo_runs = {r.data.params["seed"]: r for r in _runs(mlflow_uri) if POPULATION_TAG not in r.data.tags}
+    for m, seed in enumerate((5, 6)):
+        run_id = solo_runs[str(seed)].info.run_id
+        mine, theirs = _state(together, f"members.{m}."), _state(_last(solo / str(seed), run_id))
+        assert mine.keys() == theirs.keys() and int(theirs["version"]) == 2
+        for key in theirs:
+            assert torch.equal(mine[key], theirs[key]), (seed, key)
+        histories = metric_histories(mlflow_uri, members[m].info.run_id)
+        assert histories == metric_histories(mlflow_uri, run_id) and len(histories["eval/return"]) == 1, seed
