@@ -135,9 +135,8 @@ def test_mixture_equals_each_version_acting_alone(actor_cls):
 
 # ---------------------------------------------------------------- the collector
 def _collector(env_id="Hopper-v5", N=3, T=200, K=2, seed=0, **kw):
-    buffer, _ = _filled_buffer(
-        K=K, pushes=K, obs_dim=11 if env_id == "Hopper-v5" else 4, act_dim=3 if env_id == "Hopper-v5" else 1
-    )
+    obs_dim, act_dim = {"Hopper-v5": (11, 3), "Ant-v5": (105, 8)}.get(env_id, (4, 1))
+    buffer, _ = _filled_buffer(K=K, pushes=K, obs_dim=obs_dim, act_dim=act_dim)
     return RolloutCollector(env_id, N, T, buffer, num_iterations=5, seed=seed, **kw), buffer
 
 
@@ -215,13 +214,18 @@ def test_truncation_is_flagged_and_bootstrapped_from_the_final_observation():
     collector.shutdown()
 
 
-def test_collector_snapshot_resumes_bit_exactly_mid_episode():
-    a, _ = _collector(N=2, T=150, seed=4)
+@pytest.mark.parametrize("env_id", ["Hopper-v5", "Ant-v5"])
+def test_collector_snapshot_resumes_bit_exactly_mid_episode(env_id):
+    """A collector restored from another's state collects its next batch bit for bit. Ant's reward
+    reads the torso's position before its step, which MuJoCo's integration state does not hold: the
+    snapshot keeps the body kinematics (without them the first reward after a resume differs)."""
+    T = 150 if env_id == "Hopper-v5" else 20
+    a, _ = _collector(env_id, N=2, T=T, seed=4)
     it = iter(a)
     next(it)
     state = a.state_dict()  # mid-episode: Hopper episodes outlast 150 random steps sometimes
     expected = next(it)
-    b, buffer_b = _collector(N=2, T=150, seed=99)  # different seed: everything must come from the state
+    b, buffer_b = _collector(env_id, N=2, T=T, seed=99)  # different seed: everything must come from the state
     b.load_state_dict(state)
     got = next(iter(b))
     for key in expected.keys(True, True):
@@ -318,3 +322,65 @@ def test_tasks_without_a_fast_step_step_through_gymnasium():
     venv = make_vector_env("Hopper-v5", 2, keep_info=True)  # no DropInfo: other wrappers
     assert MujocoSteps.of(venv, "Hopper-v5") is None
     venv.close()
+
+
+@pytest.mark.parametrize("env_id, K", [("Hopper-v5", 3), ("InvertedPendulum-v5", 3), ("Hopper-v5", 1), ("Ant-v5", 2)])
+def test_a_populations_gymnasium_envs_in_lockstep_are_each_members_collector_alone(env_id, K):
+    """A population's gymnasium envs (vaco.data.collection.InProcess.lockstep_envs: each member's own
+    envs, blocks of one JointGymnasium) stepped by Lockstep (one env step for all members a step; the
+    members whose envs hold several versions act in one call, a member on one version through its own
+    plain module; each member's reward scaler), against each seed's collector alone: every key of
+    every batch bit for bit over four rollouts (the pendulum's episodes end within a few steps, so
+    envs reset while the others step on), with members on one version and on several in the same
+    rollout; then again after the members' state is restored into a fresh population; then member 1
+    stops and the others' batches are still their solo ones. Ant has no all-at-once step (contact
+    forces in the observation): each block steps through gymnasium in turn."""
+    from types import SimpleNamespace
+
+    from vaco.data.collection import InProcess
+    from vaco.data.collector import JointGymnasium
+    from vaco.data.lockstep import Lockstep
+
+    seeds, N, T = [4, 9, 2, 7], 2, (8 if env_id == "Ant-v5" else 24)
+    obs_dim, act_dim = {"Hopper-v5": (11, 3), "InvertedPendulum-v5": (4, 1), "Ant-v5": (105, 8)}[env_id]
+    settings = SimpleNamespace(env_id=env_id, num_envs=N, env_kwargs=None)
+
+    def population():
+        envs = InProcess().lockstep_envs([settings] * len(seeds), seeds)
+        assert isinstance(envs[0].shared, JointGymnasium) and (envs[0].shared.fast is None) == (env_id == "Ant-v5")
+        collectors = [
+            RolloutCollector(env_id, N, T, _filled_buffer(K, K, obs_dim, act_dim)[0], 6, seed=s, env=env)
+            for s, env in zip(seeds, envs)
+        ]
+        return collectors, Lockstep(collectors, stopped := set()), stopped
+
+    collectors, lockstep, stopped = population()
+    assert lockstep.batched and lockstep.exact  # the CPU's default
+    alone = [RolloutCollector(env_id, N, T, _filled_buffer(K, K, obs_dim, act_dim)[0], 6, seed=s) for s in seeds]
+    kinds, ended, saved, third = set(), 0, None, None
+    for rollout in range(5):
+        if rollout == 2:
+            saved = [c.state_dict() for c in collectors]
+        if rollout == 4:
+            stopped.add(1)
+        got = lockstep.rollout()
+        third = got if rollout == 2 else third
+        for m, solo in enumerate(alone):
+            if rollout == 4 and m == 1:
+                assert got[m] is None
+                continue
+            expected = solo.rollout()
+            kinds.add(expected["policy_version"][:, 0].unique().numel() > 1)
+            ended += int(expected["next", "done"].sum())
+            for key in expected.keys(True, True):
+                assert torch.equal(got[m][key], expected[key]), (rollout, m, key)
+    assert kinds == ({False} if K == 1 else {False, True})  # one version and several, in one population
+    if env_id == "InvertedPendulum-v5":
+        assert ended >= 8
+    resumed, lockstep, _ = population()
+    for c, state in zip(resumed, saved):
+        c.load_state_dict(state)
+    again = lockstep.rollout()
+    for m in range(len(seeds)):
+        for key in third[m].keys(True, True):
+            assert torch.equal(again[m][key], third[m][key]), (m, key)

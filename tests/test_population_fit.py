@@ -77,12 +77,20 @@ def _last(tmp_path, run_id: str):
 
 
 @pytest.mark.parametrize("algo", ["vaco", "ppo_clip", "impala"])
-def test_each_member_is_its_seed_run_alone_bit_for_bit_and_across_a_resume(tmp_path, mlflow_uri, algo):
+def test_each_member_is_its_seed_run_alone_bit_for_bit_and_across_a_resume(tmp_path, mlflow_uri, algo, monkeypatch):
     """A population of seeds 5 and 6 against the solo runs of 5 and 6: 2 iterations, then each
     extended to 3 by a resume. Weights, normaliser and every metric (but perf/) must be equal.
-    IMPALA re-estimates V-trace before every optimiser step, from each member's current weights."""
+    IMPALA re-estimates V-trace before every optimiser step, from each member's current weights.
+    The members' gymnasium envs step in lockstep (vaco.data.lockstep: one env step, one policy call
+    for the members on several versions)."""
+    from vaco.data.lockstep import Lockstep
+
+    lockstep_rollouts = []
+    original = Lockstep.rollout
+    monkeypatch.setattr(Lockstep, "rollout", lambda self: lockstep_rollouts.append(1) or original(self))
     pop, solo = tmp_path / "pop", tmp_path / "solo"
     _fit(pop, algo, "--population", "2", "--seed_everything", "5", "--data.init_args.total_steps", str(2 * BATCH))
+    assert len(lockstep_rollouts) == 2
     (population,) = {r.data.tags[POPULATION_TAG] for r in _runs(mlflow_uri)}
     members = sorted(_runs(mlflow_uri), key=lambda r: int(r.data.tags[MEMBER_TAG]))
     assert [r.data.params["seed"] for r in members] == ["5", "6"]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import math
 import sys
 import time
@@ -138,12 +139,15 @@ class PopulationDataModule(L.LightningDataModule):
         return self.members[0].num_iterations()
 
     def share_simulator(self) -> None:
-        """Where the backend can (:meth:`~vaco.data.collection.Collection.lockstep_envs`: Warp), put
+        """Where the backend can (:meth:`~vaco.data.collection.Collection.lockstep_envs`: gymnasium in
+        process, Warp), put
         every member's envs in one simulator, member ``m``'s collector on its block ``m``; called
         before the members bind (which build their own collectors otherwise)."""
         if any(member.collector is not None for member in self.members):
             return
         first = self.members[0]
+        if "env" not in inspect.signature(first.collection.collector).parameters:
+            return  # a backend written before lockstep_envs (its collector builds its own envs): in turn
         seeds = [member.seed for member in self.members]  # the collector's seed of a rank-0 run (no DDP)
         envs = first.collection.lockstep_envs(self.members, seeds)
         if envs is None:

@@ -11,16 +11,16 @@ class NaNAt(InProcess):
     def __init__(self, seed: int = 7, iteration: int = 2) -> None:
         self.seed, self.iteration = seed, iteration
 
-    def collector(self, data, seed: int):
-        collector = super().collector(data, seed)
+    def collector(self, data, seed: int, env=None):
+        collector = super().collector(data, seed, env)
         if data.seed == self.seed:
-            rollout = collector.rollout
+            end_rollout = collector.end_rollout
 
-            def with_nan():
-                batch = rollout()
+            def with_nan(segment):
+                batch = end_rollout(segment)
                 if collector.iteration == self.iteration:
                     batch["observation"][0, 0, 0] = float("nan")
                 return batch
 
-            collector.rollout = with_nan  # the loop calls self.rollout()
+            collector.end_rollout = with_nan  # a solo rollout and a population's lockstep both end there
         return collector

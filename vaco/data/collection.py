@@ -145,7 +145,16 @@ class InProcess(Collection):
 
     env_bytes = GYMNASIUM_ENV_BYTES
 
-    def collector(self, data: RolloutSettings, seed: int) -> BaseCollector:
+    def lockstep_envs(self, datas: list[RolloutSettings], seeds: list[int]) -> list[VectorEnv]:
+        """Each member's own gymnasium envs, as blocks of one :class:`~vaco.data.collector.JointGymnasium`
+        (every member's envs step in one call, and act and record in one, :class:`vaco.data.lockstep.Lockstep`)."""
+        from vaco.data.collector import GymnasiumEnvs, JointGymnasium
+
+        blocks = [GymnasiumEnvs(data.env_id, data.num_envs, data.env_kwargs) for data in datas]
+        JointGymnasium(blocks, datas[0].env_id)
+        return blocks
+
+    def collector(self, data: RolloutSettings, seed: int, env: VectorEnv | None = None) -> BaseCollector:
         from vaco.data.collector import RolloutCollector
 
         return RolloutCollector(
@@ -158,4 +167,5 @@ class InProcess(Collection):
             scale_reward=data.scale_reward,
             seed=seed,
             env_kwargs=data.env_kwargs,
+            env=env,
         )

@@ -42,15 +42,21 @@ from vaco.data.envs import MujocoSteps, capture_envs, make_vector_env, restore_e
 from vaco.data.normalization import RewardScaler
 from vaco.data.policy_buffer import PolicyVersionBuffer
 
-__all__ = ["GymnasiumEnvs", "RolloutCollector"]
+__all__ = ["GymnasiumEnvs", "JointGymnasium", "RolloutCollector"]
 
 
 class GymnasiumEnvs:
     """gymnasium's vector env (``SyncVectorEnv``, SAME_STEP autoreset) as the rollout loop's
     :class:`~vaco.data.collector_base.VectorEnv`: numpy in, CPU tensors out, float32
-    observations (MuJoCo's float64 ones are rounded once, as the batch always stored them)."""
+    observations (MuJoCo's float64 ones are rounded once, as the batch always stored them).
+
+    A population member's envs are a block of a :class:`JointGymnasium` (``shared``, its ``rows``):
+    they reset, checkpoint and close as their own, and step with every member's in one call."""
 
     device = torch.device("cpu")
+    #: the :class:`JointGymnasium` whose block these envs are, and their rows in it (None: alone)
+    shared: JointGymnasium | None = None
+    rows: slice | None = None
 
     def __init__(self, env_id: str, num_envs: int, env_kwargs: dict | None = None) -> None:
         self.vector = make_vector_env(env_id, num_envs, env_kwargs)
@@ -69,29 +75,69 @@ class GymnasiumEnvs:
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.fast is not None and self.fast.ready():
-            new_obs, reward, term, trunc, final = self.fast.step(action.numpy())
-            final_obs = final.astype(np.float32)
-        else:
-            new_obs, reward, term, trunc, info = self.vector.step(action.numpy())
-            done = term | trunc
-            final_obs = new_obs.astype(np.float32)
-            if done.any():  # SAME_STEP autoreset: the final observation is in the info
-                final_obs[done] = np.stack(info["final_obs"][done])
-        return (
-            torch.from_numpy(new_obs.astype(np.float32)),
-            torch.tensor(reward, dtype=torch.float64),
-            torch.tensor(term, dtype=torch.bool),
-            torch.tensor(trunc, dtype=torch.bool),
-            torch.from_numpy(final_obs),
-        )
+            return _outcome(*self.fast.step(action.numpy()))
+        new_obs, reward, term, trunc, info = self.vector.step(action.numpy())
+        done = term | trunc
+        final_obs = new_obs.astype(np.float32)
+        if done.any():  # SAME_STEP autoreset: the final observation is in the info
+            final_obs[done] = np.stack(info["final_obs"][done])
+        return _outcome(new_obs, reward, term, trunc, final_obs)
 
     def close(self) -> None:
         self.vector.close()
 
 
+def _outcome(new_obs, reward, term, trunc, final_obs) -> tuple[torch.Tensor, ...]:
+    """A step's numpy outcome as the rollout loop's tensors (float32 observations)."""
+    return (
+        torch.from_numpy(new_obs.astype(np.float32)),
+        torch.tensor(reward, dtype=torch.float64),
+        torch.tensor(term, dtype=torch.bool),
+        torch.tensor(trunc, dtype=torch.bool),
+        torch.from_numpy(final_obs.astype(np.float32, copy=False)),
+    )
+
+
+class JointGymnasium:
+    """A population's members' :class:`GymnasiumEnvs` (one config, each member's own envs and seeds)
+    as one simulator that :class:`~vaco.data.lockstep.Lockstep` steps once per step for all members:
+    member ``m``'s envs are rows ``m * N ... (m + 1) * N``. Where the task has gymnasium's step for
+    all envs at once (:class:`~vaco.data.envs.MujocoSteps`), it runs over every member's envs in
+    one call (each env its own ``mj_step``, the observations, rewards and terminations of all in one
+    numpy expression each); elsewhere each block steps through gymnasium in turn. Either way each
+    env steps exactly as in its member's run alone: a member's envs share nothing with the others'.
+
+    Built by :meth:`vaco.data.collection.InProcess.lockstep_envs`; the blocks keep their own reset,
+    snapshot and close."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, blocks: list[GymnasiumEnvs], env_id: str) -> None:
+        sizes = {b.num_envs for b in blocks}
+        if len(sizes) != 1:
+            raise ValueError(f"the members' envs differ in number: {sorted(sizes)}")
+        n = sizes.pop()
+        self.blocks, self.num_envs = list(blocks), n * len(blocks)
+        self.act_dim, self.action_low, self.action_high = blocks[0].act_dim, blocks[0].action_low, blocks[0].action_high
+        self.fast = MujocoSteps.of([b.vector for b in blocks], env_id) if all(b.fast for b in blocks) else None
+        for m, block in enumerate(self.blocks):
+            block.shared, block.rows = self, slice(m * n, (m + 1) * n)
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.fast is not None and self.fast.ready():
+            return _outcome(*self.fast.step(action.numpy()))
+        parts = [block.step(action[block.rows]) for block in self.blocks]
+        return tuple(torch.cat(part) for part in zip(*parts))
+
+    def close(self) -> None:
+        for block in self.blocks:
+            block.close()
+
+
 class RolloutCollector(CollectorBase):
     """Collects ``num_iterations`` batches of ``num_envs x num_steps`` transitions on gymnasium's
-    envs (env ``i`` reset with ``seed * 10_000 + i``); ``env_kwargs`` go to ``gymnasium.make``. The
+    envs (env ``i`` reset with ``seed * 10_000 + i``); ``env_kwargs`` go to ``gymnasium.make``;
+    ``env``: those envs made already (a population member's block of a :class:`JointGymnasium`). The
     other arguments are :class:`~vaco.data.collector_base.CollectorBase`'s.
     """
 
@@ -104,11 +150,14 @@ class RolloutCollector(CollectorBase):
         num_iterations: int,
         *,
         env_kwargs: dict | None = None,
+        env: GymnasiumEnvs | None = None,
         **settings,
     ) -> None:
-        super().__init__(
-            GymnasiumEnvs(env_id, num_envs, env_kwargs), num_steps, policy_buffer, num_iterations, **settings
-        )
+        if env is None:
+            env = GymnasiumEnvs(env_id, num_envs, env_kwargs)
+        elif env.num_envs != num_envs:
+            raise ValueError(f"the given envs are {env.num_envs}, not `num_envs` = {num_envs}")
+        super().__init__(env, num_steps, policy_buffer, num_iterations, **settings)
 
     # ------------------------------------------------------------------ CollectorBase's hooks
     def _reward_scaler(self, gamma: float) -> RewardScaler:

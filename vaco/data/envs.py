@@ -148,7 +148,15 @@ def _time_limit(env):
     return None
 
 
+#: derived mjData fields a task reads before its step recomputes them (Ant's and Reacher's
+#: ``get_body_com``, Humanoid's mass centre): after ``mj_step`` they hold the kinematics of the
+#: last substep's start, which the integration state cannot give back, so a snapshot keeps them
+KINEMATICS = ("xpos", "xquat", "xmat", "xipos", "ximat")
+
+
 def capture_envs(venv: gym.vector.SyncVectorEnv) -> list[dict]:
+    """Each MuJoCo env's exact state: MuJoCo's integration state, the body kinematics a step reads
+    before recomputing them (:data:`KINEMATICS`), the ``TimeLimit`` counter and the reset RNG."""
     import mujoco
 
     states = []
@@ -165,6 +173,7 @@ def capture_envs(venv: gym.vector.SyncVectorEnv) -> list[dict]:
                 "mj_state": torch.from_numpy(state),
                 "elapsed_steps": None if limit is None else limit._elapsed_steps,
                 "rng": base.np_random.bit_generator.state,
+                "kinematics": {name: torch.from_numpy(getattr(base.data, name).copy()) for name in KINEMATICS},
             }
         )
     return states
@@ -180,6 +189,8 @@ def restore_envs(venv: gym.vector.SyncVectorEnv, states: list[dict]) -> None:
         mujoco.mj_setState(
             base.model, base.data, np.asarray(saved["mj_state"], dtype=np.float64), mujoco.mjtState.mjSTATE_INTEGRATION
         )
+        for name, value in saved.get("kinematics", {}).items():  # a snapshot from before 2026-11-29 has none
+            getattr(base.data, name)[:] = np.asarray(value)
         limit = _time_limit(env)
         if limit is not None:
             limit._elapsed_steps = saved["elapsed_steps"]
@@ -234,9 +245,10 @@ class MujocoSteps:
     (another task, another gymnasium, other wrappers, rendering, envs not yet reset), and the
     caller steps through gymnasium."""
 
-    def __init__(self, venv: gym.vector.SyncVectorEnv, task: _Task) -> None:
-        self.venv, self.task = venv, task
-        self.envs = list(venv.envs)
+    def __init__(self, venv: gym.vector.SyncVectorEnv | list[gym.vector.SyncVectorEnv], task: _Task) -> None:
+        self.task = task
+        # several vector envs (a population's members' envs, stepped in lockstep) are one list of envs
+        self.envs = [env for v in (venv if isinstance(venv, list) else [venv]) for env in v.envs]
         self.limits = [_time_limit(env) for env in self.envs]
         self.bases = [env.unwrapped for env in self.envs]
         self.sims = [(base.model, base.data) for base in self.bases]
@@ -256,21 +268,23 @@ class MujocoSteps:
 
     @classmethod
     def of(cls, venv, env_id: str) -> MujocoSteps | None:
-        """The fast step for ``venv``'s envs, or None where gymnasium's own step must run."""
+        """The fast step for ``venv``'s envs (or for the envs of a list of vector envs, in order),
+        or None where gymnasium's own step must run."""
         import importlib
 
         if env_id not in MUJOCO_STEPS or not gym.__version__.startswith(TESTED_GYMNASIUM):
             return None
         module, name, task = MUJOCO_STEPS[env_id]
         cls_ = getattr(importlib.import_module(module), name)
-        for env in venv.envs:
+        envs = [env for v in (venv if isinstance(venv, list) else [venv]) for env in v.envs]
+        for env in envs:
             chain = []
             while env is not None:
                 chain.append(type(env))
                 env = getattr(env, "env", None)
             if chain != [DropInfo, gym.wrappers.TimeLimit, gym.wrappers.OrderEnforcing, cls_]:
                 return None
-        if any(env.unwrapped.render_mode is not None for env in venv.envs):
+        if any(env.unwrapped.render_mode is not None for env in envs):
             return None
         return cls(venv, task)
 

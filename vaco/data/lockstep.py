@@ -1,28 +1,31 @@
 """``Lockstep``: a population's collectors stepping one simulator together.
 
 Each member of a population (``vaco fit --population S``) has its own collector: its policy buffer,
-generator, reward scaler and episode counters. Where the backend can put every member's envs in one
-simulator (MuJoCo Warp: one model of ``S x N`` worlds, each member's ``N`` a block with its own
-reset generator, :class:`~vaco.data.warp.env.WarpBlock`), the members' rollouts run in lockstep:
-at each step every member acts (:meth:`CollectorBase.act`: its own K-version mixture and noise),
-the simulator steps all ``S x N`` worlds once (one kernel sequence, one CUDA graph on a GPU), and
-each member records its block's outcome (:meth:`CollectorBase.observe`). A member's batch is the
-one its collector alone would collect, bit for bit where the simulator is deterministic per world
-(Warp's CPU device: ``tests/test_warp.py``); on a GPU that is as exact as the solo run is.
+generator, reward scaler and episode counters. Where the backend puts every member's envs in one
+simulator (gymnasium in process: each member's own envs, stepped in one call,
+:class:`~vaco.data.collector.JointGymnasium`; MuJoCo Warp: one model of ``S x N`` worlds, each
+member's ``N`` a block with its own reset generator, :class:`~vaco.data.warp.env.WarpBlock`), the
+members' rollouts run in lockstep: at each step every member acts (its own K-version mixture and
+noise), the simulator steps all ``S x N`` envs once (on a GPU one kernel sequence, one CUDA graph),
+and each member records its block's outcome. A member that stopped (non-finite values) collects no
+more; its envs are reset once, from its seed, so that an env holding NaN shares no step with the
+others, and act with zeros after.
 
-A member that stopped (non-finite values) collects no more; its worlds are reset once, from its
-seed, so that a world holding NaN shares no step with the others, and act with zeros after.
-
-**Batched (on a GPU).** Members acting and recording one by one cost S small calls a step each
-(measured on an H200: ~15 s of a 16-member iteration's 25.8 s collection, docs/gpu.md). With
-``batched`` (the default where the simulator is on cuda) every member's envs act in one call of a
+**Batched** (the default): the members act in one policy call and record in one, not S small calls
+a step each (on an H200 those cost ~15 s of a 16-member iteration's 25.8 s collection,
+docs/gpu.md; on a CPU each is ~20 small ops). Every env acts through a
 :class:`~vaco.data.policy_buffer.PopulationPolicy` (each env its own version's weights and
-normaliser), the noise still drawn from each member's own generator in its solo order, and the
-outcome is recorded for all members at once into one stacked buffer (each member's batch a view of
-its rows), with each member's reward scaling and episode counters stacked for the rollout. The same
-arithmetic per env, except that a member whose envs all hold one version takes a per-env product
-where its solo run takes a plain one: equal to float rounding (``tests/test_warp.py`` on the CPU),
-as a GPU run is to itself.
+normaliser); the noise is still drawn from each member's own generator in its solo order, and the
+outcome is recorded for all members at once into one buffer (each member's batch a view of its
+rows).
+
+**Exact** (the default on a CPU): a member's batch is the one its collector alone would collect,
+bit for bit. The per-env product of the mixture gives each env the numbers its solo run gives it,
+so members whose envs hold several versions act in one call; a member whose envs all hold one
+version (always so at K = 1) acts through its own plain module, as alone (a per-env product rounds
+otherwise than a plain one); each member's reward scaler scales its own rows. On a GPU (``exact``
+False) every member acts in the one call and the reward scalers are stacked: equal to a member's
+solo run to float rounding, as a GPU run is to itself (``tests/test_warp.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 
 from vaco.data.collector_base import CollectorBase, Segment, StepBuffers, record_actions
 from vaco.data.normalization import EPS, DeviceRewardScaler, merge_moments
-from vaco.data.policy_buffer import PopulationPolicy
+from vaco.data.policy_buffer import MixturePolicy, PopulationPolicy
 
 __all__ = ["Lockstep", "shares_one_simulator"]
 
@@ -53,17 +56,26 @@ class Lockstep:
         collectors: the members' :class:`~vaco.data.collector_base.CollectorBase` s, member ``m``'s
             env the simulator's block ``m`` (``env.shared``, ``env.rows``).
         stopped: the members that collect no more (updated by the population as members stop).
-        batched: act and record for all members at once (see the module docstring); None: where
-            the simulator is on cuda.
+        batched: act and record for all members at once (see the module docstring); False: each
+            member acts and records in turn.
+        exact: batched, each member's batch bit for bit its solo collector's (see the module
+            docstring); None: where the simulator is on the CPU.
     """
 
-    def __init__(self, collectors: Sequence[CollectorBase], stopped: set[int], batched: bool | None = None) -> None:
+    def __init__(
+        self,
+        collectors: Sequence[CollectorBase],
+        stopped: set[int],
+        batched: bool = True,
+        exact: bool | None = None,
+    ) -> None:
         if not shares_one_simulator(collectors):
             raise ValueError("Lockstep needs collectors whose envs are blocks of one simulator")
         self.collectors = list(collectors)
         self.stopped = stopped
         self.simulator = collectors[0].env.shared
-        self.batched = self.simulator.device.type == "cuda" if batched is None else bool(batched)
+        self.batched = bool(batched)
+        self.exact = self.simulator.device.type == "cpu" if exact is None else bool(exact)
         self._parked: set[int] = set()
 
     def __len__(self) -> int:
@@ -90,12 +102,7 @@ class Lockstep:
             for m, c in enumerate(collectors)
             if m not in going
         }
-        # batched: the members' reward scalers are the device one (stacked below) or none
-        if (
-            self.batched
-            and going
-            and all(type(c.reward_scaler) in (DeviceRewardScaler, type(None)) for c in collectors)
-        ):
+        if self.batched and going:
             segments = self._batched(going, idle, steps.pop())
         else:
             segments = {m: collectors[m].begin_rollout() for m in going}
@@ -130,14 +137,15 @@ class Lockstep:
         buffers = StepBuffers.empty(T, obs.shape[0], obs.shape[-1], env.act_dim, obs.device)
         for i, m in enumerate(going):
             segments[m].buffers = buffers.rows(slice(i * n, (i + 1) * n))
-        policy = PopulationPolicy.of([segments[m].policy for m in going])
-        if policy is None:  # an actor without batched_forward: each member's own mixture, in turn
-            policy = _Each([segments[m].policy for m in going], n)
+        acting = _acting([segments[m].policy for m in going], n, self.exact, buffers)
         # the members' state, stacked for the rollout (written back at its end)
         ep_return = torch.cat([c._ep_return for c in members])
         ep_length = torch.cat([c._ep_length for c in members])
         scalers = [c.reward_scaler for c in members]
-        scale = scalers[0] is not None
+        # the reward scalers stacked (a GPU's: one set of ops for all members) or each on its rows
+        scale = scalers[0] is not None and not self.exact and all(type(r) is DeviceRewardScaler for r in scalers)
+        own_scale = scalers[0] is not None and not scale
+        member_rows = [slice(i * n, (i + 1) * n) for i in range(len(members))]
         if scale:
             returns = torch.stack([r.returns for r in scalers])  # [S, N]
             mean, var, count = (torch.stack([getattr(r, k) for r in scalers]) for k in ("mean", "var", "count"))
@@ -152,11 +160,18 @@ class Lockstep:
         for t in range(T):
             # act (CollectorBase.act), every member's envs at once; each member's noise from its generator
             buffers.obs[t] = obs
-            loc, sd = policy(obs)
             noise = torch.cat(
                 [torch.randn(n, act_dim, generator=c.generator, dtype=torch.float32, device=c.device) for c in members]
             )
-            action = record_actions(buffers, t, loc, sd, noise, env.action_low, env.action_high)
+            if len(acting) == 1:
+                action = record_actions(buffers, t, *acting[0][1](obs), noise, env.action_low, env.action_high)
+            else:
+                action = torch.cat(
+                    [
+                        record_actions(part, t, *policy(obs[rows]), noise[rows], env.action_low, env.action_high)
+                        for rows, policy, part in acting
+                    ]
+                )
             if every:
                 outcome = env.step(action)
             else:
@@ -179,6 +194,8 @@ class Lockstep:
                 mean, var, count = merge_moments(mean, var, count, batch_mean, batch_var, n)
                 returns = returns.masked_fill(done.reshape(-1, n), 0.0)
                 reward = (r.double() / (var.unsqueeze(1) + EPS).sqrt()).clamp(-clip, clip).float().view(-1)
+            elif own_scale:  # each member's scaler on its rows, as alone
+                reward = torch.cat([sc(reward[m], term[m], done[m]) for sc, m in zip(scalers, member_rows)])
             buffers.rewards[t] = reward
             buffers.terminated[t], buffers.truncated[t] = term, trunc
             obs = new_obs
@@ -193,6 +210,32 @@ class Lockstep:
                     count[i].clone(),
                 )
         return segments
+
+
+def _acting(mixtures: list[MixturePolicy], n: int, exact: bool, buffers: StepBuffers) -> list[tuple]:
+    """Who acts in which call, for a rollout: ``(rows, policy, buffers of those rows)`` in member
+    order. Not ``exact``: every env in one :class:`PopulationPolicy` call. ``exact``: each run of
+    consecutive members whose envs hold several versions in one call (per-env products, as alone),
+    a member on one version through its own mixture (its plain module, as alone). An actor without
+    ``batched_forward``: each member's own mixture, in turn."""
+    if not exact:
+        policy = PopulationPolicy.of(mixtures) or _Each(mixtures, n)
+        return [(slice(0, n * len(mixtures)), policy, buffers)]
+    groups, i = [], 0
+    while i < len(mixtures):
+        j = i + 1
+        if not mixtures[i].plain:
+            while j < len(mixtures) and not mixtures[j].plain:
+                j += 1
+        policy = PopulationPolicy.of(mixtures[i:j]) if j - i > 1 else None
+        if policy is None:
+            groups += [(k, k + 1, mixtures[k]) for k in range(i, j)]
+        else:
+            groups.append((i, j, policy))
+        i = j
+    if len(groups) == 1:
+        return [(slice(0, n * len(mixtures)), groups[0][2], buffers)]
+    return [(rows := slice(a * n, b * n), policy, buffers.rows(rows)) for a, b, policy in groups]
 
 
 class _Each:

@@ -107,6 +107,8 @@ class MixturePolicy:
         self.obs_mean = buffer.obs_mean[slots]
         self.obs_var = buffer.obs_var[slots]
         distinct = torch.unique(slots)
+        #: every env acts with one version, through a plain module (see below)
+        self.plain = distinct.numel() == 1
         if distinct.numel() == 1:
             self.obs_mean, self.obs_var = self.obs_mean[:1], self.obs_var[:1]
         # the normaliser as a float32 shift and scale, computed once per rollout
@@ -139,11 +141,11 @@ class MixturePolicy:
 class PopulationPolicy:
     """Several mixtures (a population's members, each its own K versions) as one call on all their
     envs: each env's own parameters and normaliser, concatenated once per rollout, and one
-    ``batched_forward`` (a ``baddbmm`` per layer) per step. The same numbers as each mixture's own
-    call to float rounding (a plain module's product where every env holds one version rounds
-    otherwise than a per-env one): :class:`vaco.data.lockstep.Lockstep` uses it on a GPU, where
-    a population's runs are not bit for bit their solo runs anyway. ``None`` from :meth:`of` where
-    the actor has no ``batched_forward`` (the members then act one by one)."""
+    ``batched_forward`` (a ``baddbmm`` per layer) per step. Each env gets the numbers its own
+    mixture's per-env product gives it; a mixture on one version calls a plain module, whose
+    product rounds otherwise (:class:`vaco.data.lockstep.Lockstep` calls that one alone where the
+    members must be their solo runs bit for bit). ``None`` from :meth:`of` where the actor has no
+    ``batched_forward`` (the members then act one by one)."""
 
     def __init__(self, forward, shift: torch.Tensor, inv_scale: torch.Tensor) -> None:
         self._forward, self._shift, self._inv_scale = forward, shift, inv_scale
