@@ -10,10 +10,10 @@ within each round:
   and what S separate runs do);
 * **lockstep**: the S collectors on blocks of one ``WarpVectorEnv(S x worlds, blocks=S)``,
   stepped once per step for all (:class:`~vaco.data.lockstep.Lockstep`), each member acting and
-  recording in turn (``batched=False``, the CPU's default);
+  recording in turn (``batched=False``);
 * **lockstep, batched**: the same, with every member's envs acting in one policy call and recorded
-  at once (``batched=True``, the default on cuda): equal to the in-turn batches to float rounding
-  (bit for bit where a member's envs hold several versions).
+  at once (``batched=True``, the default): on the CPU (``exact``) bit for bit the in-turn batches;
+  on cuda equal to them to float rounding (bit for bit where a member's envs hold several versions).
 
 The first iteration of each is a warm-up (kernel compilation, CUDA graph capture) and not timed.
 Every lockstep batch is checked against the in-turn batch of the same member (``torch.equal`` on

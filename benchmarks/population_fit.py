@@ -26,8 +26,8 @@ Both produce the same 8 runs (a member is its seed's run alone, bit for bit: tes
 so the wall times compare the cost of the same answer. Reported per variant: the wall time, per seed
 (wall x 2 / 8), and per seed the collect and update seconds the runs logged (``perf/*``; a member's
 update is its share of the batched update plus its own learner pass) with the rest (start-up,
-evaluation, logging) as the remainder. ``vaco sweep`` does not yet pack a cell's seeds into
-populations (issue 45): this drives ``vaco fit`` directly.
+evaluation, logging) as the remainder. This drives ``vaco fit`` directly (``vaco sweep`` packs a
+cell's seeds into populations the same way, with its own bookkeeping around them).
 """
 
 from __future__ import annotations
