@@ -25,8 +25,10 @@ Variants (each from scratch, its own SQLite store and folder, this interpreter a
 Both produce the same 8 runs (a member is its seed's run alone, bit for bit: tests/test_population_fit.py),
 so the wall times compare the cost of the same answer. Reported per variant: the wall time, per seed
 (wall x 2 / 8), and per seed the collect and update seconds the runs logged (``perf/*``; a member's
-update is its share of the batched update plus its own learner pass) with the rest (start-up,
-evaluation, logging) as the remainder. This drives ``vaco fit`` directly (``vaco sweep`` packs a
+update is its share of the batched update plus its own learner pass), the evaluation and start-up
+seconds where the tree logs them (``perf/eval_seconds``, ``perf/startup_seconds``: vaco after
+2026-11-29; a population's start-up is its process's, shared by its members; in an older tree they
+are in the rest), and the rest (logging, checkpoints, the end) as the remainder. This drives ``vaco fit`` directly (``vaco sweep`` packs a
 cell's seeds into populations the same way, with its own bookkeeping around them).
 """
 
@@ -40,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,23 +106,26 @@ def _variant(root: Path, groups: list[list[int]], extra: list[str], tree: str | 
     for log in logs:
         log.close()
     client = mlflow.MlflowClient(uri)
-    collect = update = 0.0
-    runs = 0
-    for experiment in client.search_experiments():
-        for run in client.search_runs([experiment.experiment_id]):
-            runs += 1
-            for key in ("perf/collect_seconds", "perf/update_seconds"):
-                total = sum(m.value for m in client.get_metric_history(run.info.run_id, key))
-                collect, update = (collect + total, update) if "collect" in key else (collect, update + total)
+    # seconds summed over the runs; start-up is the process's, shared by a population's members
+    seconds = dict.fromkeys(("collect", "update", "eval", "startup"), 0.0)
+    logged = set()
+    found = [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
+    # a population's members share their process: its start-up is counted once (tag vaco.population)
+    size = Counter(run.data.tags.get("vaco.population") or run.info.run_id for run in found)
+    runs = len(found)
+    for run in found:
+        members = size[run.data.tags.get("vaco.population") or run.info.run_id]
+        for stage in seconds:
+            history = client.get_metric_history(run.info.run_id, f"perf/{stage}_seconds")
+            logged |= {stage} if history else set()
+            seconds[stage] += sum(m.value for m in history) / (members if stage == "startup" else 1)
     assert runs == len(SEEDS), f"{runs} runs in {root}"
     per_seed = wall * JOBS / len(SEEDS)
-    return {
-        "wall_s": round(wall, 2),
-        "per_seed_s": round(per_seed, 2),
-        "collect_s_per_seed": round(collect / len(SEEDS), 2),
-        "update_s_per_seed": round(update / len(SEEDS), 2),
-        "rest_s_per_seed": round(per_seed - (collect + update) / len(SEEDS), 2),
-    }
+    out = {"wall_s": round(wall, 2), "per_seed_s": round(per_seed, 2)}
+    # evaluation and start-up where the tree logs them (vaco after 2026-11-29; else they are in the rest)
+    out |= {f"{stage}_s_per_seed": round(seconds[stage] / len(SEEDS), 2) for stage in seconds if stage in logged}
+    out["rest_s_per_seed"] = round(per_seed - sum(seconds.values()) / len(SEEDS), 2)
+    return out
 
 
 def _wait_one(running: list[subprocess.Popen]) -> None:
@@ -200,9 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nstudy cell, 8 seeds, 2 processes at a time (means of {args.rounds} alternating rounds):")
     for name, row in summary.items():
         print(
-            f"  {name:22s} wall {row['wall_s']:7.1f} s | per seed {row['per_seed_s']:6.1f} s | collect "
-            f"{row['collect_s_per_seed']:5.1f} s | update {row['update_s_per_seed']:5.1f} s | rest "
-            f"{row['rest_s_per_seed']:5.1f} s"
+            f"  {name:22s} wall {row['wall_s']:7.1f} s | per seed {row['per_seed_s']:6.1f} s | "
+            + " | ".join(
+                f"{stage} {row[f'{stage}_s_per_seed']:5.1f} s"
+                for stage in ("collect", "update", "eval", "startup", "rest")
+                if f"{stage}_s_per_seed" in row
+            )
             + (f" | x{row['wall_ratio_separate_over_this']:.2f}" if "separate" in summary else "")
             + "".join(
                 f" | {base}: x{row[f'wall_ratio_{base.replace(chr(32), chr(95))}_over_this']:.2f}" for base in trees

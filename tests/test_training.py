@@ -282,9 +282,13 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
         "lag/forward_tv",
         "lag/policy_age_mean",
         "perf/sps",
+        "perf/eval_seconds",
+        "perf/startup_seconds",
         "train/clip_fraction",
     ):
         assert key in run.data.metrics
+    # the process's start-up (imports, config, envs, run, model) was read: positive, and shorter than the run
+    assert 0.0 < run.data.metrics["perf/startup_seconds"] < (run.info.end_time - run.info.start_time) / 1000 + 60
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "config.yaml" in artifacts and "last" in artifacts
     ckpt = next((tmp_path / "checkpoints").glob("*/last.ckpt"))

@@ -31,11 +31,45 @@ import torch
 from vaco.objectives import Objective
 from vaco.tracking import VARIANT_PARAM
 
-__all__ = ["Learner", "NonFiniteLossError", "plain_fields", "same_run_problem"]
+__all__ = ["Learner", "NonFiniteLossError", "plain_fields", "same_run_problem", "startup_seconds"]
 
 
 class NonFiniteLossError(FloatingPointError):
     """A loss became NaN or inf; the run stops before the optimiser applies it."""
+
+
+_STARTUP: list[float | None] = []
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started: Linux's /proc (10 ms ticks), else psutil where installed."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import time
+
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - no way to tell: the metric is left out
+        return None
+
+
+def startup_seconds() -> float | None:
+    """Seconds from this process's start to the first call, which training makes as it starts
+    (imports, the config, the envs, the MLflow runs, the model; a population's members share it):
+    logged as ``perf/startup_seconds`` with a process's first iteration (None where the process's
+    start cannot be read)."""
+    if not _STARTUP:
+        age = _process_age()
+        _STARTUP.append(None if age is None else max(0.0, age))
+    return _STARTUP[0]
 
 
 def plain_fields(module: torch.nn.Module, buffers: bool = False) -> dict[str, Any]:

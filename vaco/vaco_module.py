@@ -33,7 +33,7 @@ from vaco._checks import NonFiniteInputError
 from vaco.advantages import AdvantageModule
 from vaco.data.episodes import learner_policy
 from vaco.data.normalization import RunningMeanStd, apply_normalizer, batch_moments, normalizer
-from vaco.learner import Learner, NonFiniteLossError, plain_fields
+from vaco.learner import Learner, NonFiniteLossError, plain_fields, startup_seconds
 from vaco.lightning_private import reopen_finished_epoch
 from vaco.networks import Critic, GaussianActor, gaussian_entropy, gaussian_log_prob
 from vaco.objectives import Objective
@@ -163,6 +163,7 @@ class VacoModule(Learner):
         self._generator = torch.Generator()
         self._saved_budget: int | None = None
         self.last_eval_return = float("nan")
+        self._startup_logged = False  # perf/startup_seconds goes with this process's first iteration
         if env_spec is not None:
             self._build(env_spec)
 
@@ -224,6 +225,7 @@ class VacoModule(Learner):
         iteration; an extended run's schedule is the new budget's (iteration i of N uses
         ``lr * (1 - i / N)``, as a run planned with N iterations from the start would at i), so the
         rate is set again from the schedule of this run's budget (after a finished run it was 0)."""
+        startup_seconds()  # training starts: the process's start-up ends here
         scheduler = self.lr_schedulers()
         if scheduler is None or not self._restored:
             return
@@ -401,6 +403,10 @@ class VacoModule(Learner):
                 "time/env_steps": env_steps,
             }
         )
+        if not self._startup_logged:
+            if startup_seconds() is not None:
+                metrics["perf/startup_seconds"] = startup_seconds()
+            self._startup_logged = True
         if done.any():
             returns = flat["next", "episode_return"][done]
             metrics["train/episode_return"] = float(returns.mean())
@@ -511,10 +517,14 @@ class VacoModule(Learner):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        data = self.data
+        data, start = self.data, time.perf_counter()
         returns = data.evaluate(self.policy(), seed=data.seed + 104_729 * int(self.version))
         self.last_eval_return = float(returns.mean())
-        return {"eval/return": self.last_eval_return, "eval/return_std": float(returns.std())}
+        return {
+            "eval/return": self.last_eval_return,
+            "eval/return_std": float(returns.std()),
+            "perf/eval_seconds": time.perf_counter() - start,
+        }
 
     def progress_fields(self, metrics: dict[str, float], step: int) -> dict[str, str]:
         """Env steps done/total, SPS and the latest eval return (``step`` is env steps)."""
