@@ -33,7 +33,7 @@ from vaco.advantages import VTrace  # noqa: E402
 from vaco.data.normalization import OBS_CLIP  # noqa: E402
 from vaco.objectives import TVFilter  # noqa: E402
 from vaco.population import PopulationUpdate
-from vaco.vaco_module import TRAIN_KEYS  # noqa: E402
+from vaco.update import TRAIN_KEYS  # noqa: E402
 
 torch.set_num_threads(1)
 

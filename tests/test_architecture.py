@@ -42,6 +42,7 @@ LAYERS = {
     4: (
         "vaco.learner",
         "vaco.vaco_module",
+        "vaco.update",
         "vaco.population",
         "vaco.llm.rlvr_module",
         "vaco.llm",

@@ -19,7 +19,7 @@ from vaco.advantages import GAE, VTrace
 from vaco.data.normalization import OBS_CLIP
 from vaco.objectives import PPOKL, SPO, PPOClip, TVFilter
 from vaco.population import PopulationUpdate
-from vaco.vaco_module import TRAIN_KEYS
+from vaco.update import TRAIN_KEYS
 
 SEEDS = (3, 4, 5, 6)
 ITERATIONS = 3

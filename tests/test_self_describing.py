@@ -174,6 +174,7 @@ def test_no_learner_tracking_sweep_or_report_module_names_a_concrete_module_clas
     files = [
         REPO / "vaco" / "learner.py",
         REPO / "vaco" / "vaco_module.py",
+        REPO / "vaco" / "update.py",
         REPO / "vaco" / "tracking.py",
         REPO / "vaco" / "llm" / "rlvr_module.py",
         *sorted((REPO / "vaco" / "sweep").glob("*.py")),

@@ -3,7 +3,7 @@
 A population's members have their own weights, optimiser state and data; batching them puts a
 leading member dimension ``S`` on every tensor, so that one kernel call does the work of S. The
 point of this module is that it changes no member's numbers: member ``m``'s update here is **bit
-for bit** :meth:`vaco.vaco_module.MinibatchUpdate.run` of that run alone (tested in
+for bit** :meth:`vaco.update.MinibatchUpdate.run` of that run alone (tested in
 ``tests/test_population.py`` on VACO, PPO-clip, adaptive PPO-KL and SPO for S = 1, 2 and 4, and by
 ``benchmarks/population_update.py`` on the study cell's Hopper data for S = 1 to 8). Measured on
 torch 2.13's CPU build on an AMD EPYC (AVX2) and on an Intel Xeon (AVX-512), that holds because
@@ -191,7 +191,7 @@ class PopulationUpdate:
 
     # ------------------------------------------------------------------ the members' forward
     def _forward(self, obs: torch.Tensor, action: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The learner's quantities on ``[S, B, ...]`` minibatches (``vaco.vaco_module.MinibatchUpdate._minibatch``)."""
+        """The learner's quantities on ``[S, B, ...]`` minibatches (``vaco.update.MinibatchUpdate._minibatch``)."""
         params = self.params
         loc = self.actor_net(params, obs)
         scale = params["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
@@ -223,7 +223,7 @@ class PopulationUpdate:
         active: Sequence[bool] | None = None,
         reestimate: Callable[[], Mapping[str, torch.Tensor]] | None = None,
     ):
-        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.vaco_module.TRAIN_KEYS`);
+        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.update.TRAIN_KEYS`);
         ``normalize`` maps raw ``[S, B, obs]`` observations to the networks' inputs, per member.
         Returns each member's outputs averaged over the steps (a dict per member, as the solo
         update returns) and whether each member's every step was finite (a member that was not

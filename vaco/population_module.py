@@ -56,7 +56,8 @@ from vaco.data.normalization import apply_normalizer
 from vaco.learner import Learner, NonFiniteLossError
 from vaco.lightning_private import reopen_finished_epoch
 from vaco.population import PopulationUpdate
-from vaco.vaco_module import TRAIN_KEYS, VacoModule, _numpy_rng_state, _set_numpy_rng_state, _si
+from vaco.update import TRAIN_KEYS
+from vaco.vaco_module import VacoModule, _numpy_rng_state, _set_numpy_rng_state, _si
 
 __all__ = ["PopulationModule", "PopulationDataModule", "population_seeds", "POPULATION_TAG", "MEMBER_TAG"]
 
@@ -371,7 +372,7 @@ class PopulationModule(Learner):
     @torch.no_grad()
     def _reestimate(self, members, steps, active, train) -> dict[str, torch.Tensor]:
         """IMPALA's re-estimation for every member, as its solo update makes it before each step
-        (``MinibatchUpdate._reestimate``): the members' current weights into their own modules,
+        (``vaco.update.MinibatchUpdate._reestimate``): the members' current weights into their own modules,
         then each active member's learner pass and V-trace on its own batch. A stopped member's rows
         stay as they were."""
         self.updater.write_back([m.actor for m in members], [m.critic for m in members])
