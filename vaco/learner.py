@@ -21,6 +21,7 @@ What the base class does, so that no learner repeats it:
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -36,9 +37,6 @@ __all__ = ["Learner", "NonFiniteLossError", "plain_fields", "same_run_problem", 
 
 class NonFiniteLossError(FloatingPointError):
     """A loss became NaN or inf; the run stops before the optimiser applies it."""
-
-
-_STARTUP: list[float | None] = []
 
 
 def _process_age() -> float | None:
@@ -61,15 +59,14 @@ def _process_age() -> float | None:
         return None
 
 
+@functools.cache  # the first call's reading, ever after
 def startup_seconds() -> float | None:
     """Seconds from this process's start to the first call, which training makes as it starts
     (imports, the config, the envs, the MLflow runs, the model; a population's members share it):
     logged as ``perf/startup_seconds`` with a process's first iteration (None where the process's
     start cannot be read)."""
-    if not _STARTUP:
-        age = _process_age()
-        _STARTUP.append(None if age is None else max(0.0, age))
-    return _STARTUP[0]
+    age = _process_age()
+    return None if age is None else max(0.0, age)
 
 
 def plain_fields(module: torch.nn.Module, buffers: bool = False) -> dict[str, Any]:

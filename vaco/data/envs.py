@@ -228,6 +228,11 @@ MUJOCO_STEPS = {
 }
 
 
+def _envs_of(venv: gym.vector.SyncVectorEnv | list[gym.vector.SyncVectorEnv]) -> list[gym.Env]:
+    """The envs of a vector env, or of several in order (a population's members' envs, stepped in lockstep)."""
+    return [env for v in (venv if isinstance(venv, list) else [venv]) for env in v.envs]
+
+
 class MujocoSteps:
     """gymnasium's ``step`` for every env of ``venv`` (made by :func:`make_vector_env`) at once,
     with its ``SAME_STEP`` autoreset and ``TimeLimit``, bit for bit (``tests/test_data.py``
@@ -247,8 +252,7 @@ class MujocoSteps:
 
     def __init__(self, venv: gym.vector.SyncVectorEnv | list[gym.vector.SyncVectorEnv], task: _Task) -> None:
         self.task = task
-        # several vector envs (a population's members' envs, stepped in lockstep) are one list of envs
-        self.envs = [env for v in (venv if isinstance(venv, list) else [venv]) for env in v.envs]
+        self.envs = _envs_of(venv)
         self.limits = [_time_limit(env) for env in self.envs]
         self.bases = [env.unwrapped for env in self.envs]
         self.sims = [(base.model, base.data) for base in self.bases]
@@ -276,7 +280,7 @@ class MujocoSteps:
             return None
         module, name, task = MUJOCO_STEPS[env_id]
         cls_ = getattr(importlib.import_module(module), name)
-        envs = [env for v in (venv if isinstance(venv, list) else [venv]) for env in v.envs]
+        envs = _envs_of(venv)
         for env in envs:
             chain = []
             while env is not None:
