@@ -9,8 +9,20 @@ import dataclasses
 
 import numpy as np
 import pytest
+from scipy.stats import norm
 
-from vaco.report.plan import boundaries, crossing_probability, holm, load_plan, nominal_levels
+from vaco.report.plan import (
+    boundaries,
+    crossing_probability,
+    holm,
+    holm_levels,
+    load_plan,
+    nominal_levels,
+    schedule,
+    sequential_holm,
+    smallest_p,
+    undecidable_looks,
+)
 
 # Jennison and Turnbull (2000), Tables 2.1 and 2.3: two-sided alpha = 0.05, K equally spaced looks
 POCOCK = {2: 2.178, 3: 2.289, 4: 2.361, 5: 2.413}
@@ -235,47 +247,225 @@ def test_a_sweeps_plan_is_declared_with_its_first_run_and_cannot_change_after(tm
     assert again.returncode == 0, again.stderr
 
 
-def test_the_report_judges_the_family_with_holm_at_the_look_reached():
+def _sequential_holm_loop(p: list[float], looks: list[int], look: int, alpha: float, before: list[bool]) -> list[bool]:
+    """The group-sequential Holm step-down written out here: the open hypotheses by p; the i-th of r
+    is rejected if p <= 2 (1 - Phi(c)) where c is the Pocock constant for alpha / (r - i) over the
+    looks (from :func:`boundaries`, checked against the published tables above)."""
+    done = list(before)
+    open_ = sorted([i for i in range(len(p)) if not done[i]], key=lambda i: p[i])
+    for rank, i in enumerate(open_):
+        c = boundaries(looks, alpha / (len(open_) - rank), "pocock")[look]
+        if p[i] <= 2.0 * (1.0 - norm.cdf(c)):
+            done[i] = True
+        else:
+            break
+    return done
+
+
+def test_sequential_holm_is_the_step_down_at_the_boundaries_for_alpha_over_r():
+    looks = [10, 20, 28, 36]
+    levels = holm_levels(looks, 0.05, "pocock", 4)
+    assert [levels[r - 1][0] for r in (4, 3, 2, 1)] == pytest.approx([0.00429, 0.00581, 0.00893, 0.01876], abs=5e-6)
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        p = list(rng.uniform(0, 0.03, 4) ** rng.uniform(0.5, 2))
+        look = int(rng.integers(0, 4))
+        before = list(rng.random(4) < 0.2)
+        assert sequential_holm(p, levels, look, before) == _sequential_holm_loop(p, looks, look, 0.05, before), p
+    assert sequential_holm([float("nan"), 0.0001], levels, 3) == [False, True]  # a NaN p rejects nothing
+    assert schedule(looks, [10, 15], 20) == ([10, 15, 20, 28, 36], 2)  # a reading at 15 seeds was a look
+    assert schedule(looks, [10, 20], 20) == ([10, 20, 28, 36], 1)  # a second reading at 20 is the same look
+    assert schedule(looks, [], 8) == (looks, None)
+
+
+def _family_rate(p: np.ndarray, levels) -> float:
+    """The share of null studies (p: studies x comparisons x looks) in which vaco's rule says
+    "differs" for any comparison at any look (a rejection stands; the study goes on to the last look)."""
+    m, n_looks = p.shape[1], p.shape[2]
+    false = 0
+    for study in p:
+        rejected = [False] * m
+        for k in range(n_looks):
+            rejected = sequential_holm(study[:, k].tolist(), levels, k, rejected)
+        false += any(rejected)
+    return false / len(p)
+
+
+def _null_studies(rho: float, looks: list[int], m: int, studies: int, seed: int) -> np.ndarray:
+    """Two-sided p of m comparisons at each look under the null (normal model): per seed, comparison j's
+    paired difference is sqrt(1 - rho) e_j + sqrt(rho) c (c shared: a common baseline arm), Z at look k
+    the standardised sum over the first n_k seeds."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(studies // 25_000):
+        e = rng.standard_normal((25_000, m, looks[-1]))
+        c = rng.standard_normal((25_000, 1, looks[-1]))
+        sums = np.cumsum(np.sqrt(1 - rho) * e + np.sqrt(rho) * c, axis=2)
+        z = np.stack([sums[:, :, n - 1] / np.sqrt(n) for n in looks], axis=2)
+        out.append(2 * norm.sf(np.abs(z)))
+    return np.concatenate(out)
+
+
+def test_the_family_wise_rate_holds_over_correlated_comparisons_and_looks_and_the_test_catches_wrong_boundaries():
+    """200,000 null studies of four correlated comparisons (rho 0.25) over four unequal looks: the
+    rule's family-wise false-"differs" rate stays within alpha + 3 Monte Carlo SE. The same check
+    fails for the rule with a boundary computed for three looks used at four, and, on independent
+    comparisons, for Holm's adjusted p judged against the alpha-level boundary (the shortcut the
+    report once took: about 5.3% here)."""
+    looks, alpha, m, studies = [10, 20, 28, 36], 0.05, 4, 200_000
+    limit = alpha + 3 * np.sqrt(alpha * (1 - alpha) / studies)
+    right = holm_levels(looks, alpha, "pocock", m)
+    fewer = [row + [row[-1]] for row in holm_levels(looks[:3], alpha, "pocock", m)]  # 3 looks' boundary at 4
+    alpha_level = nominal_levels(looks, alpha, "pocock")
+    shortcut = [[level / r for level in alpha_level] for r in range(1, m + 1)]  # adjusted p <= the alpha level
+    correlated = _null_studies(0.25, looks, m, studies, seed=59)
+    rates = {"right": _family_rate(correlated, right), "fewer looks": _family_rate(correlated, fewer)}
+    independent = _null_studies(0.0, looks, m, studies, seed=60)
+    rates["right, independent"] = _family_rate(independent, right)
+    rates["shortcut, independent"] = _family_rate(independent, shortcut)
+    print(f"family-wise false-differs rates (limit {limit:.4f}): {rates}")
+    assert rates["right"] <= limit and rates["right, independent"] <= limit, rates
+    assert rates["fewer looks"] > limit and rates["shortcut, independent"] > limit, rates
+
+
+def test_a_look_that_cannot_decide_is_named_with_the_seeds_it_needs():
+    assert smallest_p(3, 2) == pytest.approx(2 / 64) and smallest_p(12, 2, reps=2000) == pytest.approx(2 / 2001)
+    plan = load_plan({**PLAN, "looks": [3, 10]}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=20)
+    (line,) = undecidable_looks(plan, tasks=2)
+    level = nominal_levels([3, 10], 0.05, "pocock")[0]
+    assert line.startswith("`plan.looks[0]` (3 seeds): with 2 tasks the smallest p") and f"{level:.3g}" in line
+    least = min(n for n in range(3, 10) if 2 / 2 ** (2 * n) <= level)
+    assert line.endswith(f"a look needs at least {least} seeds")
+    assert undecidable_looks(load_plan(PLAN, ["vaco", "ppo_clip"], [1, 4, 16], seeds=20), tasks=2) == []
+
+
+def test_the_report_judges_the_family_by_sequential_holm_and_splits_each_difference():
     """Synthetic runs (tests/test_robustness.py: ppo_clip loses 0.04 a unit of K, vaco 0.02, 6 seeds,
-    2 tasks): the family's p-values are the difference-of-drops verdicts' own, Holm-adjusted here by
-    the loop above, and judged at the nominal level of the look that 6 seeds reach."""
-    from test_robustness import _runs
+    2 tasks): the family's p-values are the difference-of-drops verdicts' own, judged by the step-down
+    written above at the look 6 seeds reach; each difference is the gap at K plus the gap at K = 1
+    (IQMs by hand)."""
+    from test_robustness import _iqm, _runs
     from vaco import report as R
-    from vaco.report.planned import judge_plan, plan_lines
+    from vaco.report.planned import Judgement, judge_plan, plan_lines
 
     report = R.build_report("planned", _runs(), reps=200, seed=0)
     raw = {"family": [{"arm": "vaco", "against": "ppo_clip", "K": k} for k in (4, 16)], "looks": [3, 6]}
     plan = load_plan({**raw, "spending": "pocock"}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=6)
     judged = judge_plan(plan, report, declared="2026-11-28 00:00:00 UTC")
-    level = nominal_levels([3, 6], 0.05, "pocock")[1]
-    assert judged.look == 1 and judged.seeds == 6 and judged.level == pytest.approx(level)
+    assert judged.look == 1 and judged.seeds == 6 and judged.looks == (3, 6)
     lag = R.robustness(report, baseline="ppo_clip")
     raw_p = [lag.interactions[("vaco", k)].verdict.p_differs for k in (4, 16)]
     assert [v.p_differs for v in judged.verdicts] == raw_p
-    m = len(raw_p)
-    by_loop = sorted(range(m), key=lambda i: raw_p[i])
-    adjusted = [0.0] * m
-    running = 0.0
-    for rank, i in enumerate(by_loop):
-        running = max(running, min(1.0, (m - rank) * raw_p[i]))
-        adjusted[i] = running
-    assert [v.p_differs_holm for v in judged.verdicts] == pytest.approx(adjusted)
-    assert [v.word for v in judged.verdicts] == ["differs" if a <= level else "undecided" for a in adjusted]
+    rejected = _sequential_holm_loop(raw_p, [3, 6], 1, 0.05, [False, False])
+    assert [v.word == "differs" for v in judged.verdicts] == rejected
     assert judged.verdicts[1].word == "differs" and judged.verdicts[1].estimate > 0
+    score = {(r.algorithm, r.K, r.env, r.seed): report.normalized[r.run_id] for r in report.runs}
+    for v, K in zip(judged.verdicts, (4, 16)):
+        iqm = {
+            (a, k): _iqm(
+                [score[(a, k, t, s)] for t, _ in (("Hopper-v5", 0), ("HalfCheetah-v5", 0)) for s in range(1, 7)]
+            )
+            for a in ("vaco", "ppo_clip")
+            for k in (1, K)
+        }
+        assert v.gap_at_k == pytest.approx(iqm[("vaco", K)] - iqm[("ppo_clip", K)], abs=1e-12)
+        assert v.gap_at_ref == pytest.approx(iqm[("ppo_clip", 1)] - iqm[("vaco", 1)], abs=1e-12)
+        assert v.gap_at_k + v.gap_at_ref == pytest.approx(v.estimate, abs=1e-12)
     lines = plan_lines(judged)
-    assert "Holm at look 2 of 2 (6 seeds" in lines[0] and "declared 2026-11-28" in lines[0]
+    assert "group-sequential Holm at look 2 of 2 (6 seeds)" in lines[0] and "declared 2026-11-28" in lines[0]
+    assert "gap at K " in lines[1] and "gap at K=1 " in lines[1]
     assert lines[-1].startswith("every other verdict of this report is exploratory")
     early = load_plan({**raw, "looks": [8, 10]}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=10)
     before = judge_plan(early, report, declared=None)
     assert before.look is None and {v.word for v in before.verdicts} == {"before the first look"}
     assert "declared after the runs: its verdicts are exploratory" in plan_lines(before)[0]
+    # looks taken that the plan did not declare: the boundary is theirs, and the lines say so
+    late = load_plan({**raw, "looks": [3, 10]}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=10)
+    read_at_4 = Judgement(4, "2026-11-28 01:00:00 UTC", "report", {})
+    taken = judge_plan(late, report, declared="2026-11-28 00:00:00 UTC", earlier=[read_at_4])
+    assert taken.looks == (4, 6, 10) and taken.look == 1
+    assert any("the looks differ from the declared ones (3, 10)" in line for line in plan_lines(taken))
+    # a verdict reached at an earlier look stands, and its alpha passes on
+    decided = Judgement(4, "2026-11-28 01:00:00 UTC", "until-decided", {"vaco vs ppo_clip at K=16": "differs"})
+    carried = judge_plan(late, report, declared="2026-11-28 00:00:00 UTC", earlier=[decided])
+    assert carried.verdicts[1].word == "differs" and carried.verdicts[1].decided_at == 4
+    expected = _sequential_holm_loop(raw_p, [4, 6, 10], 1, 0.05, [False, True])
+    assert carried.verdicts[0].word == ("differs" if expected[0] else "undecided")
 
 
-def test_until_decided_runs_the_looks_in_turn_and_keeps_each_looks_verdicts(tmp_path, mlflow_uri):
-    """A small plan end to end (real cells, populations of 2): look 1 runs the first 2 seeds of every
-    cell and is judged before any cell of look 2 starts; with 2 and then 4 seed pairs nothing can be
-    decided at the Pocock level, so both looks run and the last one ends it; each look's verdicts are
-    a tag and an artifact of the parent run; a rerun skips every finished cell."""
+def _lag_runs(losses: dict[str, float], seeds: int, levels: dict[str, float] | None = None, seed: int = 0):
+    """Runs of each arm on 2 tasks at K in {1, 4}, ``seeds`` seeds: normalised-scale level minus
+    loss x K, with a shared per-seed effect (paired) and small noise; fixed references [0, 1000]."""
+    from test_robustness import _run
+
+    rng = np.random.default_rng(seed)
+    runs = []
+    for env in ("Hopper-v5", "HalfCheetah-v5"):
+        effect = rng.normal(0, 0.05, seeds)
+        for algo, loss in losses.items():
+            for K in (1, 4):
+                for s in range(seeds):
+                    level = (levels or {}).get(algo, 0.6)
+                    value = 1000 * (level - loss * K + effect[s] + rng.normal(0, 0.02))
+                    runs.append(_run(algo, env, K, s + 1, value))
+    return runs
+
+
+def test_the_equivalent_branch_and_the_floor_rule():
+    """Equivalent: two arms that lose the same (12 seeds, 2 tasks, margin 0.05) are declared
+    equivalent by the step-down on the TOST p; an arm that loses 0.075 more at K = 4 differs. The floor: a
+    comparison whose arms both score below the plan's floor at K is "at the floor: uninformative",
+    counts as p = 1 in the family (its alpha is not freed), and the other is judged as before."""
+    from vaco import report as R
+    from vaco.report.planned import FLOOR_WORD, judge_plan
+
+    refs = {"Hopper-v5": (0.0, 1000.0), "HalfCheetah-v5": (0.0, 1000.0)}
+    runs = _lag_runs({"vaco": 0.02, "ppo_clip": 0.02, "spo": 0.045}, seeds=12)
+    report = R.build_report("eq", runs, reps=2000, fixed_bounds=refs)
+    family = [{"arm": a, "against": "ppo_clip", "K": 4} for a in ("vaco", "spo")]
+    plan = load_plan({"family": family, "looks": [12], "margin": 0.05}, ["vaco", "ppo_clip", "spo"], [1, 4], seeds=12)
+    same, worse = judge_plan(plan, report, declared="now").verdicts
+    assert same.word == "equivalent" and same.p_equivalent <= same.level_equivalent, same
+    assert worse.word == "differs" and worse.estimate == pytest.approx(-0.075, abs=0.02), worse
+    # at K = 4 the third arm sits near 0: with a floor of 0.1 its comparison is not judged
+    low = _lag_runs({"vaco": 0.02, "ppo_clip": 0.02, "a2c": 0.148}, seeds=12, levels={"a2c": 0.6})
+    floor_runs = [r for r in low if r.algorithm != "ppo_clip"] + [
+        dataclasses.replace(
+            r,
+            algorithm="ppo_clip",
+            run_id=r.run_id + "-low",
+            histories={
+                **r.histories,
+                "eval/return": (r.score()[0], r.score()[1] * 0 + 30.0 if r.K == 4 else r.score()[1]),
+            },
+        )
+        for r in low
+        if r.algorithm == "ppo_clip"
+    ]
+    report = R.build_report("floor", floor_runs, reps=2000, fixed_bounds=refs)
+    family = [{"arm": a, "against": "ppo_clip", "K": 4} for a in ("vaco", "a2c")]
+    raw = {"family": family, "looks": [12], "margin": 0.05}
+    floored = load_plan({**raw, "floor": 0.1}, ["vaco", "ppo_clip", "a2c"], [1, 4], seeds=12)
+    judged = judge_plan(floored, report, declared="now")
+    assert judged.verdicts[1].word == FLOOR_WORD and max(judged.verdicts[1].levels_at_k) < 0.1
+    assert judged.verdicts[0].word != FLOOR_WORD
+    # the judged one met the level of a family of two (the floored one kept its share)
+    assert judged.verdicts[0].level_differs == pytest.approx(holm_levels([12], 0.05, "fixed", 2)[1][0])
+    plain = judge_plan(load_plan(raw, ["vaco", "ppo_clip", "a2c"], [1, 4], seeds=12), report, declared="now")
+    assert plain.verdicts[1].word != FLOOR_WORD
+    with pytest.raises(ValueError, match=r"`plan.floor` must be a normalised score in \(0, 1\)"):
+        load_plan({**raw, "floor": 2}, ["vaco", "ppo_clip", "a2c"], [1, 4], seeds=12)
+
+
+def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_path, mlflow_uri):
+    """A small plan end to end (real cells, populations): 7 seeds a cell at look 1 of [7, 14]. One
+    iteration a cell: the two arms' drops are equal seed by seed, so at look 1 they are equivalent
+    within 0.05 (the exact sign-flip TOST p is 1/128) and the sweep stops before any seed of look 2
+    starts. The look is scored by the plan's fixed references ([-10000, 10000] on a task whose runs
+    score 4-16: every normalised score is 0.500), where the runs' own min-max rule gives other
+    scores. A first call stopped by --stop-after leaves look 1 part run; the next resumes it, judges
+    it, stops; the judgement is on the parent run (tag and artifact), and a `vaco report` of the
+    experiment is recorded as a second reading of the same look."""
     import subprocess
 
     import mlflow
@@ -286,36 +476,63 @@ def test_until_decided_runs_the_looks_in_turn_and_keeps_each_looks_verdicts(tmp_
     sweep = {
         "experiment": "looks",
         "jobs": 2,
-        "population": 2,
+        "population": 7,
         "configs_dir": str(CONFIGS),
         "overrides": TINY_CELL,
-        "defaults": {"env": "inverted_pendulum", "K": [1, 2], "seed": [1, 2, 3, 4]},
+        "defaults": {"env": "inverted_pendulum", "K": [1, 2], "seed": list(range(1, 15))},
         "grid": {"main": {"algorithm": ["vaco", "ppo_clip"]}},
-        "plan": {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}], "looks": [2, 4], "spending": "pocock"},
+        "plan": {
+            "family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}],
+            "looks": [7, 14],
+            "spending": "pocock",
+            "references": {"InvertedPendulum-v5": [-10000, 10000]},
+        },
     }
     path = tmp_path / "looks.yaml"
     path.write_text(yaml.safe_dump(sweep))
     command = [VACO, "sweep", "--config", str(path), "--out", str(tmp_path / "out"), "--until-decided"]
+    stopped = subprocess.run([*command, "--jobs", "1", "--stop-after", "1"], capture_output=True, text=True)
+    assert stopped.returncode == 124, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
     text = out.stdout
-    first, second = text.index("look 1 of 2: the first 2 seeds"), text.index("look 2 of 2: the first 4 seeds")
-    judged_first = text.index("study plan", first)
-    assert first < judged_first < second  # look 1 judged before look 2 starts
-    assert "-s3" not in text[first:second] and "-s1+2" in text[first:second]
-    assert "Holm at look 1 of 2 (2 seeds" in text and "Holm at look 2 of 2 (4 seeds" in text
-    assert "the last look (4 seeds) is reached" in text
+    assert "look 1 of 2: the first 7 seeds" in text and "look 2 of 2" not in text
+    assert "-s8" not in text and "resume" in text
+    assert "**equivalent**" in text and "scores normalised by the plan's fixed references" in text
+    assert "IQM at K 0.500 / 0.500" in text  # the references, applied at the look
+    assert "every primary comparison is decided at look 1 (7 seeds): stopping before the next look" in text
     client = mlflow.MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("looks").experiment_id
     (parent,) = client.search_runs([experiment], filter_string="tags.`vaco.sweep.parent` = 'true'")
-    assert parent.data.tags["vaco.plan.look1"].startswith("2 seeds: vaco vs ppo_clip at K=2: ")
-    assert parent.data.tags["vaco.plan.look2"].startswith("4 seeds: ")
+    from vaco.report.planned import read_judgements
+
+    (judged,) = read_judgements(parent.data.tags)
+    assert (
+        judged.seeds == 7 and judged.by == "until-decided" and judged.words == {"vaco vs ppo_clip at K=2": "equivalent"}
+    )
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "plan")}
-    assert artifacts == {"plan/look1.md", "plan/look2.md"}
+    assert artifacts == {"plan/judgement001.md"}
     runs = [r for r in client.search_runs([experiment]) if "vaco.sweep.cell" in r.data.tags]
-    assert len(runs) == 16 and {r.info.status for r in runs} == {"FINISHED"}
-    again = subprocess.run(command, capture_output=True, text=True)
-    assert again.returncode == 0 and "start " not in again.stdout, again.stdout[-3000:]
+    assert len(runs) == 28 and {r.info.status for r in runs} == {"FINISHED"}
+    report = subprocess.run(
+        [VACO, "report", "--experiment", "looks", "--no-sensitivity", "--reps", "200", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "group-sequential Holm at look 1 of 2 (7 seeds)" in report.stdout
+    assert "recorded on the sweep's parent run" in report.stdout
+    tags = client.get_run(parent.info.run_id).data.tags
+    assert [j.by for j in read_judgements(tags)] == ["until-decided", "report"]
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump({"plan": {**sweep["plan"], "references": {}}}))
+    own = subprocess.run(
+        [VACO, "report", "--experiment", "looks", "--no-sensitivity", "--reps", "200", "--no-mlflow"]
+        + ["--plan", str(tmp_path / "own.yaml"), "--out", str(tmp_path / "r2")],
+        capture_output=True,
+        text=True,
+    )
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert "declared after the runs" in own.stdout and "IQM at K 0.500 / 0.500" not in own.stdout
 
 
 def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_are_added(tmp_path):

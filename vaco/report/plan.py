@@ -19,8 +19,21 @@ spending rule; and the two pieces of statistics a plan needs beyond a single com
   at look k at that level. ``tests/test_plan.py`` checks the constants against Jennison and
   Turnbull's tables and, independently, the rule's error rate by simulation.
 
-* **Holm's step-down correction** (:func:`holm`) across the primary family at a look's level: the
-  family-wise error rate stays at that level whatever the comparisons' dependence.
+* **Holm's step-down correction at group-sequential levels** (:func:`sequential_holm`): the
+  group-sequential Holm procedure of Ye, Li, Liu and Yao (2013, *Statistics in Medicine* 32:1112),
+  the Holm graph of Maurer and Bretz (2013, *Statistics in Biopharmaceutical Research* 5:311). At a
+  look, the ``r`` hypotheses not yet rejected are sorted by p; the i-th smallest (i = 0, 1, ...) is
+  rejected when its p is at most the look's nominal level **of a boundary computed for alpha / (r - i)**
+  (:func:`holm_levels`) and every smaller one was; a hypothesis rejected at a look stays rejected, and
+  its share of alpha passes to the others at later looks. The family-wise error rate stays at alpha
+  over every look and whatever the comparisons' dependence. (Holm's adjusted p-values judged against
+  the alpha-level boundary, a tempting shortcut, do not: with four comparisons and four looks their
+  family-wise rate is 5.4%; ``tests/test_plan.py`` shows both.) :func:`holm` is the one-look
+  step-down, kept for the report's exploratory tables.
+
+* **What a look can decide** (:func:`smallest_p`): with few seeds the report's exact sign-flip test
+  cannot give a p below ``2 / 2^(seeds x tasks)``; a look whose first Holm level is below that can
+  never say "differs". :func:`undecidable_looks` names such looks and the least seeds that could.
 
 Everything outside the declared family is exploratory and is labelled so.
 """
@@ -28,6 +41,7 @@ Everything outside the declared family is exploratory and is labelled so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -37,7 +51,20 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-__all__ = ["SPENDING", "StudyPlan", "boundaries", "crossing_probability", "holm", "load_plan", "nominal_levels"]
+__all__ = [
+    "SPENDING",
+    "StudyPlan",
+    "boundaries",
+    "crossing_probability",
+    "holm",
+    "holm_levels",
+    "load_plan",
+    "nominal_levels",
+    "schedule",
+    "sequential_holm",
+    "smallest_p",
+    "undecidable_looks",
+]
 
 SPENDING = ("pocock", "obrien-fleming", "fixed")
 _GRID = 401  # quadrature points per look (Simpson's rule on the continuation region)
@@ -64,11 +91,14 @@ class StudyPlan:
     spending: str
     score: str = "final"  # the report's score: "final" (last evaluation) or "auc"
     references: tuple[tuple[str, float, float], ...] = ()  # (task, min, max): fixed normalisation
+    floor: float | None = None  # both arms' IQM at K below this (normalised): "at the floor", not judged
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["family"] = [dataclasses.asdict(c) for c in self.family]
         out["references"] = {task: [low, high] for task, low, high in self.references}
+        if self.floor is None:  # a plan without a floor keeps the identity it had before the field existed
+            del out["floor"]
         return out
 
     @property
@@ -92,7 +122,7 @@ def load_plan(raw: Any, algorithms: Sequence[str], ks: Sequence[int], seeds: int
     the most seeds a cell of the grid has (the last look must not need more)."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"`{field}` must be a mapping (family, margin, alpha, looks, spending), got {raw!r}")
-    known = {"family", "margin", "alpha", "looks", "spending", "score", "references"}
+    known = {"family", "margin", "alpha", "looks", "spending", "score", "references", "floor"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"`{field}.{unknown[0]}` is not a plan field (fields: {', '.join(sorted(known))})")
@@ -109,6 +139,8 @@ def load_plan(raw: Any, algorithms: Sequence[str], ks: Sequence[int], seeds: int
                 raise ValueError(
                     f"`{where}.{key}` ({item[key]!r}) is not an algorithm of this sweep ({', '.join(algorithms)})"
                 )
+        if item["arm"] == item["against"]:
+            raise ValueError(f"`{where}` compares {item['arm']!r} with itself; name two different arms")
         if item["K"] not in ks or item["K"] == 1:
             raise ValueError(f"`{where}.K` ({item['K']!r}) must be one of the sweep's K values other than 1 ({ks})")
         family.append(Comparison(str(item["arm"]), str(item["against"]), int(item["K"])))
@@ -145,7 +177,22 @@ def load_plan(raw: Any, algorithms: Sequence[str], ks: Sequence[int], seeds: int
         if not bounds[0] < bounds[1]:
             raise ValueError(f"`{field}.references.{task}`: min ({bounds[0]}) must be below max ({bounds[1]})")
         references.append((str(task), float(bounds[0]), float(bounds[1])))
-    return StudyPlan(tuple(family), float(margin), float(alpha), tuple(looks), spending, score, tuple(references))
+    floor = raw.get("floor")
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < 1):
+        raise ValueError(
+            f"`{field}.floor` must be a normalised score in (0, 1) (both arms' IQM at K below it: not judged), "
+            f"got {floor!r}"
+        )
+    return StudyPlan(
+        tuple(family),
+        float(margin),
+        float(alpha),
+        tuple(looks),
+        spending,
+        score,
+        tuple(references),
+        None if floor is None else float(floor),
+    )
 
 
 # ------------------------------------------------------------------------------ boundaries
@@ -192,6 +239,11 @@ def boundaries(looks: Sequence[int], alpha: float = 0.05, spending: str = "pococ
     """The two-sided critical values ``c_k`` of each look (``inf``: that look cannot decide)."""
     if spending not in SPENDING:
         raise ValueError(f"spending must be one of {SPENDING}, got {spending!r}")
+    return list(_boundaries(tuple(int(n) for n in looks), float(alpha), spending))
+
+
+@functools.lru_cache(maxsize=256)
+def _boundaries(looks: tuple[int, ...], alpha: float, spending: str) -> tuple[float, ...]:
     low, high = norm.ppf(1 - alpha / 2), 6.0
     while high - low > 1e-7:  # bisection: the crossing probability falls as c grows
         mid = 0.5 * (low + high)
@@ -199,7 +251,7 @@ def boundaries(looks: Sequence[int], alpha: float = 0.05, spending: str = "pococ
             low = mid
         else:
             high = mid
-    return [float(b) for b in _bounds(looks, 0.5 * (low + high), spending)]
+    return tuple(float(b) for b in _bounds(looks, 0.5 * (low + high), spending))
 
 
 def nominal_levels(looks: Sequence[int], alpha: float = 0.05, spending: str = "pocock") -> list[float]:
@@ -220,3 +272,83 @@ def holm(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float
         running = max(running, min(1.0, (m - rank) * p[i]))
         adjusted[i] = running
     return [bool(a <= alpha) for a in adjusted], [float(a) for a in adjusted]
+
+
+# ------------------------------------------------------------------------------ Holm over looks
+def holm_levels(looks: Sequence[int], alpha: float, spending: str, m: int) -> list[list[float]]:
+    """``levels[r - 1][k]``: the nominal level at look ``k`` of a boundary computed for ``alpha / r``,
+    for ``r = 1 .. m`` (the level a hypothesis meets at a step of the group-sequential Holm
+    procedure where ``r`` hypotheses are still open)."""
+    return [nominal_levels(looks, alpha / r, spending) for r in range(1, m + 1)]
+
+
+def sequential_holm(
+    pvalues: Sequence[float], levels: Sequence[Sequence[float]], look: int, rejected: Sequence[bool] = ()
+) -> list[bool]:
+    """The group-sequential Holm procedure at look ``look`` (Ye et al. 2013; module docstring).
+
+    ``pvalues``: each hypothesis's p at this look; ``levels``: :func:`holm_levels` of the plan (``m``
+    rows); ``rejected``: which were rejected at an earlier look (they stay so and are not retested).
+    The open ones, sorted by p, are rejected in turn while ``p <= levels[r - i - 1][look]`` (``r``
+    open, ``i`` the rank among them); the first that fails stops the step-down. Returns which
+    hypotheses are rejected after this look (the earlier ones included)."""
+    m = len(pvalues)
+    done = list(rejected) if len(rejected) else [False] * m
+    if len(done) != m or len(levels) < m:
+        raise ValueError(f"sequential_holm: {m} p-values, {len(done)} earlier decisions, {len(levels)} level rows")
+    p_of = [p if p == p else math.inf for p in pvalues]  # a NaN p sorts last and rejects nothing
+    open_ = sorted((i for i in range(m) if not done[i]), key=lambda i: (p_of[i], i))
+    r = len(open_)
+    for rank, i in enumerate(open_):
+        level = levels[r - rank - 1][look]
+        if level > 0 and p_of[i] <= level:
+            done[i] = True
+        else:
+            break
+    return done
+
+
+def schedule(declared: Sequence[int], taken: Sequence[int], seeds: int) -> tuple[list[int], int | None]:
+    """The looks a judgement at ``seeds`` seeds is made against: the looks taken before (seed counts
+    at which the plan was judged, from its record), this one, and the declared looks still ahead;
+    and this look's index in them. Before the first declared look nothing is judged (``None``).
+    A second reading at a seed count already taken is the same look."""
+    if seeds < declared[0]:
+        return list(declared), None
+    earlier = sorted({n for n in taken if declared[0] <= n < seeds})
+    ahead = [n for n in declared if n > seeds]
+    looks = [*earlier, seeds, *ahead]
+    return looks, len(earlier)
+
+
+# ------------------------------------------------------------------------------ what a look can decide
+def smallest_p(seeds: int, tasks: int, reps: int = 2000) -> float:
+    """The smallest two-sided p the report's test of a difference of drops can give with ``seeds``
+    paired seeds on ``tasks`` tasks: ``2 / 2^(seeds x tasks)`` for the exact sign-flip test (below
+    :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds; ``2 / 2^20`` once the patterns are drawn),
+    ``2 / (reps + 1)`` for the bootstrap's percentile p."""
+    from vaco.report.decision import EXACT_PATTERNS, PERMUTATION_BELOW
+
+    if seeds < PERMUTATION_BELOW:
+        return 2.0 / min(2.0 ** (seeds * tasks), float(EXACT_PATTERNS))
+    return 2.0 / (reps + 1)
+
+
+def undecidable_looks(plan: StudyPlan, tasks: int, reps: int = 2000) -> list[str]:
+    """One line for each look of ``plan`` at which no comparison could be declared "differs": the
+    smallest attainable p (:func:`smallest_p`) is above the look's first Holm level (``alpha / m``'s
+    boundary). Each names the look and the least seeds a look there would need. (The ``fixed`` rule's
+    early looks decide nothing by design and are not listed.)"""
+    m = len(plan.family)
+    first = nominal_levels(plan.looks, plan.alpha / m, plan.spending)
+    out = []
+    for k, (n, level) in enumerate(zip(plan.looks, first)):
+        if level == 0 or smallest_p(n, tasks, reps) <= level:
+            continue
+        least = next((s for s in range(n + 1, 10_000) if smallest_p(s, tasks, reps) <= level), None)
+        out.append(
+            f"`plan.looks[{k}]` ({n} seeds): with {tasks} task{'s' if tasks != 1 else ''} the smallest p the "
+            f"report's test can give is {smallest_p(n, tasks, reps):.3g}, above the look's first Holm level "
+            f"{level:.3g}: it can never decide 'differs'; a look needs at least {least} seeds"
+        )
+    return out

@@ -1,29 +1,67 @@
 """The report judges a declared study plan (:mod:`vaco.report.plan`): its primary family of
-difference-of-drops comparisons, at the look the data has reached, with Holm's correction at that
-look's nominal level; everything else in the report is exploratory.
+difference-of-drops comparisons, at the look the data has reached, by the group-sequential Holm
+procedure; everything else in the report is exploratory.
 
 For each comparison (``arm`` against ``against`` at ``K``: ``drop(against) - drop(arm)``, positive
 when the arm loses less) it shows the IQM estimate with its interval, the untrimmed mean contrast
-beside it, the raw and Holm-adjusted p-values of "no difference" and of the equivalence test
-(TOST against the plan's margin), and the seeds per task that would decide it. A verdict is
-**differs** where the Holm-adjusted p of "no difference" is at most the look's level, else
-**equivalent** where the Holm-adjusted TOST p is, else **undecided**. Before the first look, or at
-a look that cannot decide (the ``fixed`` rule's early ones), nothing is decided.
+beside it, its **split** into the gap at K (``IQM(arm, K) - IQM(against, K)``) and the gap at
+``K_ref`` (``IQM(against, K_ref) - IQM(arm, K_ref)``: a difference of drops can come from an arm
+that started lower), the p of "no difference" and of the equivalence test (TOST against the plan's
+margin) with the level each met at its Holm step, and the seeds per task that would decide it. A
+verdict is **differs** where the step-down on the "no difference" p rejects, else **equivalent**
+where the step-down on the TOST p does, else **undecided**. A plan with a ``floor`` reports a
+comparison whose arms both score below it at K as **at the floor: uninformative**: it is not judged
+(its p counts as 1, so it keeps its share of alpha and frees none for the others).
+
+**The looks are the ones taken.** Every judgement of a declared plan (each look of ``vaco sweep
+--until-decided``, each ``vaco report`` of the experiment) is recorded on the sweep's parent run
+(:func:`record_judgement`): when, at how many seeds, by which command, and what it decided. A
+judgement is made against the boundary for the looks taken before it, itself, and the declared looks
+still ahead (:func:`vaco.report.plan.schedule`), and a comparison decided at an earlier look keeps
+that verdict (its alpha passes to the others). Before the first declared look nothing is decided.
 
 A plan read from the experiment's parent run (declared with the sweep) carries the time it was
-declared; a plan given as a file whose digest the experiment did not record was written after the
-runs, and its verdicts are labelled exploratory.
+declared and the commit of its sweep file; a plan given as a file whose digest the experiment did
+not record was written after the runs, and its verdicts are labelled exploratory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import json
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 
-from vaco.report.plan import Comparison, StudyPlan, holm
+from vaco.report.plan import Comparison, StudyPlan, holm_levels, schedule, sequential_holm
 from vaco.report.robustness import difference_of_drops
 
-__all__ = ["PlanJudgement", "PlannedVerdict", "judge_plan", "plan_lines"]
+__all__ = [
+    "Judgement",
+    "PlanJudgement",
+    "PlannedVerdict",
+    "declared_plan",
+    "judge_plan",
+    "plan_lines",
+    "read_judgements",
+    "record_judgement",
+]
+
+DECIDED = ("differs", "equivalent")
+FLOOR_WORD = "at the floor: uninformative"
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """One recorded reading of a plan: when, at how many seeds, by what, and what it decided."""
+
+    seeds: int
+    at: str  # UTC time
+    by: str  # "until-decided" | "report"
+    words: dict[str, str]  # comparison label -> verdict word
+
+    def as_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +71,17 @@ class PlannedVerdict:
     estimate: float
     interval: tuple[float, float] | None
     mean_estimate: float
+    gap_at_k: float  # IQM(arm, K) - IQM(against, K)
+    gap_at_ref: float  # IQM(against, K_ref) - IQM(arm, K_ref); estimate = gap_at_k + gap_at_ref
+    levels_at_k: tuple[float, float]  # IQM(arm, K), IQM(against, K)
     p_differs: float
-    p_differs_holm: float
+    level_differs: float  # the level this p met (or would have met) at its Holm step
     p_equivalent: float
-    p_equivalent_holm: float
+    level_equivalent: float
     word: str
     seeds_needed: int | None
     method: str
+    decided_at: int | None = None  # seeds of the earlier look that decided it (None: this look, or not decided)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,49 +89,106 @@ class PlanJudgement:
     plan: StudyPlan
     declared: str | None  # when the plan was declared (None: after the runs)
     seeds: int  # the fewest seeds any primary comparison has
-    look: int | None  # the index of the look reached (None: before the first)
-    level: float | None  # that look's nominal two-sided level
+    look: int | None  # this look's index in ``looks`` (None: before the first declared look)
+    looks: tuple[int, ...]  # the schedule judged against: looks taken, this one, the declared ones ahead
     verdicts: list[PlannedVerdict]
     missing: list[str]  # comparisons the data cannot form
     reps: int = 2000  # the report's bootstrap resamples (its smallest p is 2 / (reps + 1))
+    commit: str | None = None  # the commit of the sweep file when the plan was declared
+    excluded: int = 0  # runs left out for a non-finite score
 
     @property
     def exploratory(self) -> bool:
         return self.declared is None
 
+    @property
+    def level(self) -> float | None:
+        """This look's nominal level for one hypothesis at alpha (the last Holm step's)."""
+        if self.look is None:
+            return None
+        return holm_levels(self.looks, self.plan.alpha, self.plan.spending, 1)[0][self.look]
 
-def judge_plan(plan: StudyPlan, report, declared: str | None) -> PlanJudgement:
-    """Judge ``plan``'s family on ``report``'s runs (see the module docstring)."""
+    @property
+    def settled(self) -> bool:
+        """Whether more seeds can change nothing the plan asks: every comparison decided or at the floor."""
+        return not self.missing and all(v.word in (*DECIDED, FLOOR_WORD) for v in self.verdicts)
+
+    def record(self, by: str) -> Judgement:
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return Judgement(self.seeds, now, by, {v.comparison.label(): v.word for v in self.verdicts})
+
+
+def judge_plan(
+    plan: StudyPlan,
+    report,
+    declared: str | None,
+    earlier: Sequence[Judgement] | None = None,
+    commit: str | None = None,
+) -> PlanJudgement:
+    """Judge ``plan``'s family on ``report``'s runs (see the module docstring). ``earlier``: the
+    plan's recorded judgements before this one (their seed counts are looks taken; their decisions
+    stand); None where there is no record (a plan given as a file): every declared look below the
+    data's seeds is then taken to have happened."""
     # every arm the plan names, variants and controls included (the robustness section's
     # comparisons are the main algorithms' only): its runs' cells, counted as the report counts them
-    seeds: dict[tuple[str, int, str], int] = defaultdict(int)
+    counts: dict[tuple[str, int, str], int] = defaultdict(int)
     for run in report.runs:
-        seeds[(run.algorithm, run.K, run.env)] += 1
+        counts[(run.algorithm, run.K, run.env)] += 1
     k_ref = min(run.K for run in report.runs) if report.runs else 1
-    found, missing, notes = [], [], []
+    found, missing, notes = {}, [], []
     for comparison in plan.family:
         interaction = difference_of_drops(
-            report, comparison.arm, comparison.against, k_ref, comparison.K, seeds, notes, runs=report.runs
+            report, comparison.arm, comparison.against, k_ref, comparison.K, counts, notes, runs=report.runs
         )
         if interaction is None or interaction.verdict is None or interaction.verdict.p_differs is None:
             missing.append(comparison.label())
         else:
-            found.append((comparison, interaction))
-    seeds = min((i.seeds for _, i in found), default=0)
-    look = plan.look_of(seeds)
-    level = plan.levels()[look] if look is not None else None
-    _, adjusted_diff = holm([i.verdict.p_differs for _, i in found], level or 0.0) if found else (None, [])
-    _, adjusted_eq = holm([i.verdict.p_equivalent for _, i in found], level or 0.0) if found else (None, [])
+            found[comparison] = interaction
+    seeds = min((i.seeds for i in found.values()), default=0)
+    taken = [n for n in plan.looks if n < seeds] if earlier is None else [j.seeds for j in earlier]
+    earlier = earlier or ()
+    looks, look = schedule(plan.looks, taken, seeds)
+    m = len(plan.family)
+    levels = holm_levels(looks, plan.alpha, plan.spending, m)
+
+    def at_floor(i) -> bool:
+        return plan.floor is not None and i.levels[1] < plan.floor and i.levels[3] < plan.floor
+
+    # the family in declared order; a comparison missing from the data or at the floor has p = 1
+    p_d = [found[c].verdict.p_differs if c in found and not at_floor(found[c]) else 1.0 for c in plan.family]
+    p_e = [found[c].verdict.p_equivalent if c in found and not at_floor(found[c]) else 1.0 for c in plan.family]
+    decided_before: dict[str, tuple[str, int]] = {}
+    for j in sorted(earlier, key=lambda j: j.seeds):
+        if j.seeds >= plan.looks[0] and j.seeds < seeds:
+            for label, word in j.words.items():
+                if word in DECIDED and label not in decided_before:
+                    decided_before[label] = (word, j.seeds)
+    before_d = [decided_before.get(c.label(), ("",))[0] == "differs" for c in plan.family]
+    before_e = [decided_before.get(c.label(), ("",))[0] == "equivalent" for c in plan.family]
+    if look is not None:
+        rejected_d = sequential_holm(p_d, levels, look, before_d)
+        rejected_e = sequential_holm(p_e, levels, look, before_e)
+    else:
+        rejected_d = rejected_e = [False] * m
+    step_d, step_e = _step_levels(p_d, before_d, levels, look), _step_levels(p_e, before_e, levels, look)
     verdicts = []
-    for (comparison, i), p_d, p_e in zip(found, adjusted_diff, adjusted_eq):
-        if not level:
-            word = "not decided at this look" if look is not None else "before the first look"
-        elif p_d <= level:
-            word = "differs"
-        elif p_e <= level:
-            word = "equivalent"
+    for idx, comparison in enumerate(plan.family):
+        i = found.get(comparison)
+        if i is None:
+            continue
+        earlier_word = decided_before.get(comparison.label())
+        if earlier_word is not None:
+            word, decided_at = earlier_word
+        elif look is None:
+            word, decided_at = "before the first look", None
+        elif at_floor(i):
+            word, decided_at = FLOOR_WORD, None
+        elif rejected_d[idx]:
+            word, decided_at = "differs", None
+        elif rejected_e[idx]:
+            word, decided_at = "equivalent", None
         else:
-            word = "undecided"
+            word, decided_at = "undecided", None
         interval = (
             None
             if i.difference_interval is None
@@ -102,57 +201,153 @@ def judge_plan(plan: StudyPlan, report, declared: str | None) -> PlanJudgement:
                 i.difference,
                 interval,
                 i.mean_difference,
+                i.gap_at_k,
+                i.gap_at_ref,
+                (i.levels[1], i.levels[3]),
                 i.verdict.p_differs,
-                p_d,
+                step_d[idx],
                 i.verdict.p_equivalent,
-                p_e,
+                step_e[idx],
                 word,
                 i.verdict.seeds_needed if word == "undecided" else None,
                 i.verdict.method,
+                decided_at,
             )
         )
-    return PlanJudgement(plan, declared, seeds, look, level, verdicts, missing, report.reps)
+    return PlanJudgement(
+        plan, declared, seeds, look, tuple(looks), verdicts, missing, report.reps, commit, len(report.excluded)
+    )
+
+
+def _step_levels(p: Sequence[float], rejected: Sequence[bool], levels, look: int | None) -> list[float]:
+    """The level each open hypothesis meets at its rank in the step-down (0: none, before the first look)."""
+    out = [0.0] * len(p)
+    if look is None:
+        return out
+    open_ = sorted((i for i in range(len(p)) if not rejected[i]), key=lambda i: (p[i], i))
+    for rank, i in enumerate(open_):
+        out[i] = levels[len(open_) - rank - 1][look]
+    return out
 
 
 def plan_lines(judgement: PlanJudgement) -> list[str]:
     """The plan's verdicts as the report prints them (and writes to ``plan.md``)."""
     plan = judgement.plan
-    when = (
-        f"declared {judgement.declared}"
-        if judgement.declared
-        else "declared after the runs: its verdicts are exploratory"
-    )
+    if judgement.declared:
+        when = f"declared {judgement.declared}" + (
+            f", its sweep file at commit {judgement.commit}" if judgement.commit else ""
+        )
+    else:
+        when = "declared after the runs: its verdicts are exploratory"
+    looks = ", ".join(map(str, judgement.looks))
     if judgement.look is None:
         at = f"before its first look ({plan.looks[0]} seeds; the data has {judgement.seeds})"
     else:
         at = (
-            f"look {judgement.look + 1} of {len(plan.looks)} ({plan.looks[judgement.look]} seeds; the data has "
-            f"{judgement.seeds}), {plan.spending} nominal level {judgement.level:.4g}"
+            f"look {judgement.look + 1} of {len(judgement.looks)} ({judgement.seeds} seeds), {plan.spending} "
+            f"boundary over the looks {looks}"
         )
     lines = [
-        f"study plan {plan.digest} ({when}): a family of {len(plan.family)}, Holm at {at}, margin {plan.margin:g}, "
-        f"alpha {plan.alpha:g}, {plan.score} score"
+        f"study plan {plan.digest} ({when}): a family of {len(plan.family)}, group-sequential Holm at {at}, margin "
+        f"{plan.margin:g}, alpha {plan.alpha:g}, {plan.score} score"
+        + (f", floor {plan.floor:g}" if plan.floor is not None else "")
     ]
+    if judgement.look is not None and tuple(judgement.looks) != tuple(plan.looks):
+        lines.append(
+            f"  the looks differ from the declared ones ({', '.join(map(str, plan.looks))}): the boundary is the one for "
+            f"the looks taken ({', '.join(map(str, judgement.looks[: judgement.look + 1]))}) and those still ahead"
+        )
     for v in judgement.verdicts:
         interval = "" if v.interval is None else f" [{v.interval[0]:.3f}, {v.interval[1]:.3f}]"
         needed = f" (seeds needed: {v.seeds_needed})" if v.seeds_needed else ""
+        at_earlier = f" (decided at the {v.decided_at}-seed look)" if v.decided_at else ""
+        tests = (
+            f"p {v.p_differs:.3g} (Holm step level {v.level_differs:.3g}), TOST p {v.p_equivalent:.3g} "
+            f"(level {v.level_equivalent:.3g})"
+            if judgement.look is not None
+            else f"p {v.p_differs:.3g}, TOST p {v.p_equivalent:.3g}"
+        )
         lines.append(
             f"  {v.comparison.label()}: drop({v.comparison.against}) - drop({v.comparison.arm}) {v.estimate:+.3f}{interval}"
-            f" (untrimmed mean {v.mean_estimate:+.3f}), {v.seeds} seeds, {v.method}: p {v.p_differs:.3g} "
-            f"(Holm {v.p_differs_holm:.3g}), TOST p {v.p_equivalent:.3g} (Holm {v.p_equivalent_holm:.3g}) -> "
-            f"**{v.word}**{needed}"
+            f" (untrimmed mean {v.mean_estimate:+.3f}) = gap at K {v.gap_at_k:+.3f} + gap at K=1 {v.gap_at_ref:+.3f}; "
+            f"IQM at K {v.levels_at_k[0]:.3f} / {v.levels_at_k[1]:.3f}; {v.seeds} seeds, {v.method}: {tests} -> "
+            f"**{v.word}**{at_earlier}{needed}"
         )
     lines += [f"  {label}: not in the data (no seed has runs in all four cells)" for label in judgement.missing]
+    if judgement.excluded:
+        lines.append(f"  {judgement.excluded} runs left out for a non-finite score (the report's notes name them)")
     floor = 2 / (judgement.reps + 1)
-    if judgement.level and any(v.method == "bootstrap" for v in judgement.verdicts):
-        if floor * len(judgement.verdicts) > judgement.level:
-            lines.append(
-                f"  with {judgement.reps} bootstrap resamples the smallest p is {floor:.3g}: too coarse for Holm over "
-                f"{len(judgement.verdicts)} at level {judgement.level:.3g}; raise --reps (at least "
-                f"{int(2 * len(judgement.verdicts) / judgement.level)})"
-            )
+    smallest = min((v.level_differs for v in judgement.verdicts if v.level_differs > 0), default=0.0)
+    if smallest and any(v.method == "bootstrap" for v in judgement.verdicts) and floor > smallest:
+        lines.append(
+            f"  with {judgement.reps} bootstrap resamples the smallest p is {floor:.3g}: too coarse for the first Holm "
+            f"step's level {smallest:.3g}; raise --reps (at least {int(2 / smallest) + 1})"
+        )
     if plan.references:
         fixed = ", ".join(f"{task} [{low:g}, {high:g}]" for task, low, high in plan.references)
         lines.append(f"  scores normalised by the plan's fixed references: {fixed} (every section of this report)")
     lines.append("every other verdict of this report is exploratory (outside the declared family)")
     return lines
+
+
+# ------------------------------------------------------------------------------ the record on the parent run
+def read_judgements(tags: Mapping[str, str]) -> list[Judgement]:
+    """The recorded judgements in a parent run's tags, oldest first."""
+    from vaco.tracking import PLAN_TAG
+
+    prefix = f"{PLAN_TAG}.judgement."
+    out = []
+    for key in sorted(k for k in tags if k.startswith(prefix)):
+        raw = json.loads(tags[key])
+        out.append(Judgement(int(raw["seeds"]), str(raw["at"]), str(raw["by"]), dict(raw["words"])))
+    return out
+
+
+def record_judgement(uri: str, run_id: str, judged: PlanJudgement, by: str, lines: Sequence[str]) -> Judgement:
+    """Keep a judgement on the sweep's parent run: a tag ``vaco.plan.judgement.NNN`` (JSON) and its
+    lines as the artifact ``plan/judgementNNN.md``."""
+    import tempfile
+    from pathlib import Path
+
+    import mlflow
+
+    from vaco.tracking import PLAN_TAG
+
+    client = mlflow.MlflowClient(uri)
+    tags = client.get_run(run_id).data.tags
+    number = len(read_judgements(tags)) + 1
+    record = judged.record(by)
+    client.set_tag(run_id, f"{PLAN_TAG}.judgement.{number:03d}", record.as_json()[:5000])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"judgement{number:03d}.md"
+        path.write_text(f"{record.at}, {by}, {record.seeds} seeds\n\n" + "\n".join(lines) + "\n")
+        client.log_artifact(run_id, str(path), artifact_path="plan")
+    return record
+
+
+def declared_plan(experiment: str, uri: str):
+    """The plan the experiment's sweep declared, read off its parent run: ``(plan, declared, commit,
+    judgements, run_id)``; ``(None, None, None, [], None)`` without one."""
+    import mlflow
+
+    from vaco.report.plan import load_plan
+    from vaco.tracking import PARENT_TAG, PLAN_TAG
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None, None, None, [], None
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    tags = found[0].data.tags if found else {}
+    if PLAN_TAG not in tags:
+        return None, None, None, [], None
+    raw = json.loads(tags[PLAN_TAG])
+    algorithms = sorted({c[k] for c in raw["family"] for k in ("arm", "against")})
+    plan = load_plan(raw, algorithms, sorted({c["K"] for c in raw["family"]}), seeds=raw["looks"][-1])
+    return (
+        plan,
+        tags.get(f"{PLAN_TAG}.declared"),
+        tags.get(f"{PLAN_TAG}.commit"),
+        read_judgements(tags),
+        found[0].info.run_id,
+    )

@@ -295,10 +295,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"`--step-pairs`: no runs of {', '.join(map(repr, unknown))}; the algorithms are "
                 f"{', '.join(report.algorithms)}"
             )
-        declared_plan, declared_at = (None, None) if args.data else _declared_plan(args.experiment, uri)
-        study_plan = _read_plan(args.plan, report) if args.plan else declared_plan
-        if study_plan is not None and (declared_plan is None or study_plan.digest != declared_plan.digest):
-            declared_at = None  # written after the runs: exploratory
+        from vaco.report.planned import declared_plan as read_declared
+
+        declared, declared_at, commit, earlier, parent_id = (
+            (None, None, None, None, None) if args.data else read_declared(args.experiment, uri)
+        )
+        study_plan = _read_plan(args.plan, report) if args.plan else declared
+        if study_plan is not None and (declared is None or study_plan.digest != declared.digest):
+            declared_at, commit, earlier, parent_id = None, None, None, None  # written after the runs: exploratory
         if study_plan is not None and study_plan.references:  # the plan's fixed references normalise every score
             fixed = {task: (low, high) for task, low, high in study_plan.references}
             report = build_report(experiment, runs, notes, **settings, fixed_bounds=fixed)
@@ -330,11 +334,15 @@ def main(argv: list[str] | None = None) -> int:
             if flagged:
                 print("\n".join(flagged))
     if study_plan is not None:
-        from vaco.report.planned import judge_plan, plan_lines
+        from vaco.report.planned import judge_plan, plan_lines, record_judgement
 
-        lines = plan_lines(judge_plan(study_plan, report, declared_at))
+        judged = judge_plan(study_plan, report, declared_at, earlier, commit)
+        lines = plan_lines(judged)
         (out / "plan.md").write_text("# The study plan's verdicts\n\n" + "\n".join(lines) + "\n")
         print("\n".join(lines))
+        if parent_id is not None:  # a declared plan's every reading is one of its looks: kept on the parent run
+            record_judgement(uri, parent_id, judged, "report", lines)
+            print(f"  this reading is recorded on the sweep's parent run ({parent_id}) as a look of the plan")
     for m in step_size_matching(report):
         print(
             f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "
@@ -354,30 +362,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  logged as artifacts report/ of {kind} ({run_id}) in experiment '{args.experiment}'")
     return 0
-
-
-def _declared_plan(experiment: str, uri: str):
-    """The plan the experiment's sweep declared (its parent run's tags), and when; (None, None) without one."""
-    import json
-
-    import mlflow
-
-    from vaco.report.plan import load_plan
-    from vaco.sweep.state import PLAN_TAG
-    from vaco.tracking import PARENT_TAG
-
-    client = mlflow.MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None, None
-    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
-    tags = found[0].data.tags if found else {}
-    if PLAN_TAG not in tags:
-        return None, None
-    raw = json.loads(tags[PLAN_TAG])
-    algorithms = sorted({c[k] for c in raw["family"] for k in ("arm", "against")})
-    plan = load_plan(raw, algorithms, sorted({c["K"] for c in raw["family"]}), seeds=raw["looks"][-1])
-    return plan, tags.get(f"{PLAN_TAG}.declared")
 
 
 def _read_plan(path: str, report):

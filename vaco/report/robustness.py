@@ -123,6 +123,19 @@ class Interaction:
     tasks: int
     verdict: Verdict | None = None  # on the difference of drops (vaco.report.decision)
     mean_difference: float = math.nan  # the same contrast with untrimmed means (beside the IQM one)
+    # IQM of the four cells (algorithm at K_ref, algorithm at K, baseline at K_ref, baseline at K):
+    # difference = (levels[1] - levels[3]) + (levels[2] - levels[0]), the gap at K plus the K_ref gap
+    levels: tuple[float, float, float, float] | None = None
+
+    @property
+    def gap_at_k(self) -> float:
+        """IQM(algorithm at K) - IQM(baseline at K): the part of the difference of drops seen at K."""
+        return math.nan if self.levels is None else self.levels[1] - self.levels[3]
+
+    @property
+    def gap_at_ref(self) -> float:
+        """IQM(baseline at K_ref) - IQM(algorithm at K_ref): the part that was there before any lag."""
+        return math.nan if self.levels is None else self.levels[2] - self.levels[0]
 
 
 @dataclasses.dataclass
@@ -358,4 +371,5 @@ def difference_of_drops(
         len(tasks),
         verdict,
         float(((yr - yk) - (xr - xk)).mean()),
+        (_iqm(xr), _iqm(xk), _iqm(yr), _iqm(yk)),
     )

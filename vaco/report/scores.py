@@ -261,6 +261,8 @@ class Report:
     # the 2x2 design's step-size partners, filter arm -> clip arm (``--step-pairs``): the report
     # checks that each pair moves as far per iteration at every K (ablations.step_size_matching)
     step_pairs: dict[str, str] = dataclasses.field(default_factory=dict)
+    # runs left out because their scored metric holds a NaN or an infinity (run name -> why)
+    excluded: dict[str, str] = dataclasses.field(default_factory=dict)
     _arms: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def study_scores(self) -> dict[str, float]:
@@ -419,15 +421,27 @@ def build_report(
     scored_by = sorted({r.score_metric for r in runs})
     if len(scored_by) > 1:
         raise ValueError(f"experiment '{experiment}' mixes runs scored by {' and '.join(scored_by)}; report them apart")
-    usable = []
+    usable, excluded = [], {}
     for r in runs:
-        if len(r.score()[0]) == 0:
+        steps, values = r.score()
+        if len(steps) == 0:
             notes.append(f"run {r.name} has no {r.score_metric} and is left out")
+        elif not np.all(np.isfinite(values)):
+            # a NaN or inf cannot be ranked, trimmed or averaged: it would make every statistic NaN
+            bad = int(np.flatnonzero(~np.isfinite(values))[0])
+            excluded[r.name] = f"{r.score_metric} is {values[bad]} at step {int(steps[bad])}"
         else:
             usable.append(r)
+    if excluded:
+        notes.append(
+            f"{len(excluded)} run{'s' if len(excluded) > 1 else ''} left out for a non-finite score (the rule: a run "
+            "whose scored metric holds a NaN or an infinity is not scored, and its seed drops out of every paired "
+            "comparison it was in): " + "; ".join(f"{name}: {why}" for name, why in sorted(excluded.items()))
+        )
     if not usable:
         metric = scored_by[0] if scored_by else "eval/return"
-        raise ValueError(f"experiment '{experiment}' has no finished run with {metric} to report on")
+        nonfinite = f" ({len(excluded)} left out for a non-finite {metric})" if excluded else ""
+        raise ValueError(f"experiment '{experiment}' has no finished run with {metric} to report on{nonfinite}")
     final = {r.run_id: final_score(r.score()[1], last_evals) for r in usable}
     ends = defaultdict(set)
     for r in usable:
@@ -467,6 +481,7 @@ def build_report(
         normalization=normalization,
         margin=margin,
         step_pairs=dict(step_pairs or {}),
+        excluded=excluded,
     )
     for r in usable:
         report.normalized[r.run_id] = float(normalize(final[r.run_id], bounds[r.env]))

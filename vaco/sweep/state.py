@@ -10,9 +10,9 @@ from pathlib import Path
 from vaco.files import SymlinkRefused, open_for_lock
 from vaco.sweep.grid import Cell, Sweep, expand
 from vaco.sweep.schema import SweepError
-from vaco.tracking import CELL_TAG, PARENT_TAG, SETTINGS_TAG, absolute_tracking_uri, search_all_runs
+from vaco.tracking import CELL_TAG, PARENT_TAG, PLAN_TAG, SETTINGS_TAG, absolute_tracking_uri, search_all_runs
 
-__all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock", "check_plan", "PLAN_TAG"]
+__all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock", "check_plan"]
 
 
 def resolve_tracking_uri() -> str:
@@ -89,9 +89,6 @@ def lock(output_dir: Path):
     return handle
 
 
-PLAN_TAG = "vaco.plan"  # the study plan (JSON), its digest and the time it was declared (UTC)
-
-
 def check_plan(sweep: Sweep, tracking_uri: str) -> None:
     """A study's plan is declared before its runs: refuse a sweep whose ``plan`` differs from the
     one its experiment's runs were made under (or adds one after runs exist), in one line."""
@@ -147,6 +144,9 @@ def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
             import datetime
 
             plan_tags[f"{PLAN_TAG}.declared"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            commit = sweep_file_commit(sweep.path)
+            if commit:
+                plan_tags[f"{PLAN_TAG}.commit"] = commit
         tags.update(plan_tags)
     if found:
         run_id = found[0].info.run_id
@@ -156,3 +156,34 @@ def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     return run_id
+
+
+def sweep_file_commit(path) -> str | None:
+    """The commit that last changed the sweep file (``git log -1 -- FILE``), with its time, and whether
+    the file has changes since; None outside a git work tree or for a file git does not track."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    if path is None:
+        return None
+    path = Path(path).resolve()
+
+    def git(*args: str) -> str:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(path.parent), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                env={**os.environ, "TZ": "UTC"},
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    found = git("log", "-1", "--format=%h %cd", "--date=format-local:%Y-%m-%d %H:%M:%S UTC", "--", path.name)
+    if not found:
+        return None
+    dirty = git("status", "--porcelain", "--", path.name)
+    return found + (" (the file has uncommitted changes)" if dirty else "")

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import fnmatch
 import sys
-from pathlib import Path
 
 from vaco.sweep.cells import say
 from vaco.sweep.grid import Cell, Sweep, expand
@@ -219,6 +218,18 @@ def _say_plan(p: _Plan, args) -> None:
         + (f", {jobs} at a time" if launcher == "local" else "")
         + f"\n  MLflow: {redact_uri(uri)}  outputs: {sweep.output_dir}"
     )
+    if sweep.plan is not None:
+        from vaco.report.plan import undecidable_looks
+
+        study = sweep.plan
+        say(
+            f"plan {study.digest}: a family of {len(study.family)} at looks {', '.join(map(str, study.looks))} seeds, "
+            f"{study.spending}, alpha {study.alpha:g}, margin {study.margin:g}"
+            + (f", floor {study.floor:g}" if study.floor is not None else "")
+        )
+        tasks = len({c.env for c in p.cells})
+        for line in undecidable_looks(study, tasks):
+            print(f"vaco sweep: warning: {line}", file=sys.stderr)
     for path in dict.fromkeys(p.from_data.values()):
         n = sum(1 for v in p.from_data.values() if v == path)
         say(f"{n} of them finished in {path} (--finished-in; not in this store: report with --data {path} too)")
@@ -332,7 +343,7 @@ def _seed_ranks(cells: list[Cell]) -> dict[str, int]:
 def _run_looks(p: _Plan, args) -> int:
     """``--until-decided``: the plan's looks in turn, each the first n seeds of every cell, judged
     after it has run; stops at the first look where every primary comparison is decided."""
-    from vaco.report.planned import judge_plan, plan_lines
+    from vaco.report.planned import plan_lines, record_judgement
 
     study = p.sweep.plan
     ranks = _seed_ranks(p.cells)
@@ -348,11 +359,11 @@ def _run_looks(p: _Plan, args) -> int:
             return rc
         if p.sweep.parent_run_id is None:  # nothing ran (every cell of the look had finished): find it
             p.sweep.parent_run_id = _parent_run_id(p)
-        judged = _judge_look(p, {c.id for c in cells}, judge_plan)
+        judged = _judge_look(p, {c.id for c in cells})
         lines = plan_lines(judged)
         print("\n".join(lines), flush=True)
-        _record_look(p, k, judged, lines)
-        if all(v.word in ("differs", "equivalent") for v in judged.verdicts) and not judged.missing:
+        record_judgement(p.uri, p.sweep.parent_run_id, judged, "until-decided", lines)
+        if judged.settled:
             say(f"every primary comparison is decided at look {k + 1} ({seeds} seeds): stopping before the next look")
             return 0
     say(f"the last look ({study.looks[-1]} seeds) is reached; what is undecided stays undecided")
@@ -370,35 +381,25 @@ def _parent_run_id(p: _Plan) -> str:
     return found[0].info.run_id if found else parent_run(client, p.sweep, p.cells)
 
 
-def _judge_look(p: _Plan, cell_ids: set[str], judge_plan):
-    """The plan judged on the runs of this look's cells (none of a later look's seeds)."""
+def _judge_look(p: _Plan, cell_ids: set[str]):
+    """The plan judged on the runs of this look's cells (none of a later look's seeds), normalised by
+    the plan's fixed references where it has them, against the looks taken so far."""
     import mlflow
 
+    from vaco.report.planned import judge_plan, read_judgements
     from vaco.report.runs import load_runs
     from vaco.report.scores import build_report
-    from vaco.sweep.state import PLAN_TAG
+    from vaco.tracking import PLAN_TAG
 
     study = p.sweep.plan
     runs, notes = load_runs(p.sweep.experiment, p.uri)
     runs = [r for r in runs if r.name in cell_ids]
-    report = build_report(p.sweep.experiment, runs, notes, score=study.score, margin=study.margin)
+    fixed = {task: (low, high) for task, low, high in study.references} or None
+    report = build_report(p.sweep.experiment, runs, notes, score=study.score, margin=study.margin, fixed_bounds=fixed)
     tags = mlflow.MlflowClient(p.uri).get_run(p.sweep.parent_run_id).data.tags
-    return judge_plan(study, report, tags.get(f"{PLAN_TAG}.declared"))
-
-
-def _record_look(p: _Plan, k: int, judged, lines: list[str]) -> None:
-    """Each look's verdicts, kept on the parent run: a tag per look and the lines as an artifact."""
-    import tempfile
-
-    import mlflow
-
-    client = mlflow.MlflowClient(p.uri)
-    words = ", ".join(f"{v.comparison.label()}: {v.word}" for v in judged.verdicts)
-    client.set_tag(p.sweep.parent_run_id, f"vaco.plan.look{k + 1}", f"{judged.seeds} seeds: {words}"[:5000])
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"look{k + 1}.md"
-        path.write_text("\n".join(lines) + "\n")
-        client.log_artifact(p.sweep.parent_run_id, str(path), artifact_path="plan")
+    return judge_plan(
+        study, report, tags.get(f"{PLAN_TAG}.declared"), read_judgements(tags), tags.get(f"{PLAN_TAG}.commit")
+    )
 
 
 def close_parent_run(uri: str, sweep) -> bool:
