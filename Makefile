@@ -17,7 +17,7 @@ export MKL_NUM_THREADS ?= 1
 TEST_WORKERS ?= 2
 PYTEST  := $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
-.PHONY: help venv install test test-fast check constraints demo bench notebook clean
+.PHONY: help venv install test test-fast test-core check constraints demo bench notebook clean
 
 help:
 	@echo "make demo   - create .venv, install the core package, train VACO (K=4) on Hopper-v5 (measured times: README)"
@@ -65,10 +65,16 @@ test-fast: $(STAMP)
 demo: $(BASE)
 	$(BIN)/vaco fit --config configs/demo.yaml
 
+# the core install as a newcomer has it (no extras, its own .venv-core): every quickstart command of README.md
+test-core:
+	scripts/check_core_install.sh .venv-core
+
 # the analysis notebook, headless, as Jupyter runs it (kernel in notebooks/); VACO_EXPERIMENT,
-# MLFLOW_TRACKING_URI or VACO_DATA say what it reads (docs/sweeps.md); writes analysis-run.ipynb
-notebook: $(STAMP)
+# MLFLOW_TRACKING_URI or VACO_DATA say what it reads (docs/sweeps.md); writes analysis-run.ipynb.
+# Its input is checked on the core install first; only then are the notebook's three packages added
+notebook: $(BASE)
 	@$(BIN)/python scripts/notebook_inputs.py
+	@$(BIN)/python -c "import nbclient, nbformat, ipykernel" 2>/dev/null || $(BIN)/pip install -q -c constraints.txt -e ".[notebook]"
 	$(BIN)/python -c "import nbformat, nbclient; nb = nbformat.read('notebooks/analysis.ipynb', 4); \
 	  nbclient.NotebookClient(nb, timeout=1800, kernel_name='python3', resources={'metadata': {'path': 'notebooks'}}).execute(); \
 	  nbformat.write(nb, 'analysis-run.ipynb')"

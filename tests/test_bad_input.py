@@ -325,6 +325,34 @@ def test_load_yaml_counts_what_aliases_expand_to_and_reads_ordinary_files():
     ],
 )
 def test_a_refused_value_prints_only_its_line_and_touches_no_store(tmp_path, override, message):
+    _refused_in_a_process(tmp_path, override, message)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (  # it filled 22.7 GB in 190 s before the kernel's OOM killer: the seed list was built first
+            ("--population", "4294967295"),
+            "`population` 4,294,967,295 is past the 1,000,000 members one process may hold",
+        ),
+        (("--population", "1000000000"), "`population` 1,000,000,000 is past the 1,000,000 members"),
+        (
+            ("--population", "four"),
+            "`population` must be an integer >= 1 (that many seeds from seed_everything on) or a list of seeds "
+            "like [3, 5, 9], got 'four'",
+        ),
+        (  # 4.8 GB and no output after 150 s: only files went through the alias guard
+            ("--model.init_args.hidden_sizes", "{" + ", ".join(_alias_bomb().strip().splitlines()) + "}"),
+            "`model.init_args.hidden_sizes` (given on the command line): its aliases expand it to more than 100,000",
+        ),
+    ],
+    ids=["population-2^32-1", "population-1e9", "population-word", "command-line-alias-bomb"],
+)
+def test_a_size_or_a_value_on_the_command_line_is_checked_before_anything_is_built(tmp_path, override, message):
+    _refused_in_a_process(tmp_path, override, message)
+
+
+def _refused_in_a_process(tmp_path, override, message):
     """These printed Lightning's "Seed set to 1" and created the SQLite store before refusing; a
     K of 10^12 was a traceback from a 4 TB allocation and a FAILED run."""
     out = subprocess.run(

@@ -34,6 +34,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from vaco.files import current_umask
 
 __all__ = [
+    "is_llm_checkpoint",
     "CheckpointError",
     "load_checkpoint",
     "save_atomic",
@@ -45,6 +46,12 @@ __all__ = [
 
 class CheckpointError(ValueError):
     """A checkpoint could not be used: missing, empty, truncated, corrupted, or unsafe (the message says which)."""
+
+
+def is_llm_checkpoint(ckpt: dict) -> bool:
+    """Whether a loaded checkpoint was written by the LLM track's learner (``RLVRModule``): it
+    records the model it fine-tunes. Read without the ``llm`` extra (no transformers needed)."""
+    return "model_path" in ckpt.get("hyper_parameters", {})
 
 
 def load_checkpoint(path: str | os.PathLike, *, field: str = "checkpoint", map_location: Any = "cpu") -> dict:

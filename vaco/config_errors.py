@@ -14,7 +14,13 @@ import importlib
 import inspect
 import re
 
-__all__ = ["ConfigurationError", "one_line", "did_you_mean", "summarize_validation_error"]
+__all__ = [
+    "ConfigurationError",
+    "check_command_line_values",
+    "one_line",
+    "did_you_mean",
+    "summarize_validation_error",
+]
 
 
 class ConfigurationError(ValueError):
@@ -159,6 +165,33 @@ def check_config_files(paths: list[str]) -> dict[str, object]:
                 f"`--config {path}`: a config file is a mapping of fields, got {type(loaded[path]).__name__}"
             )
     return loaded
+
+
+def check_command_line_values(argv: list[str]) -> None:
+    """A value given on the command line goes through the same alias guard as a file
+    (:func:`vaco.files.load_yaml`): jsonargparse reads ``--field '{a: &a [...], b: [*a, *a]}'`` as
+    YAML and would expand an alias bomb into gigabytes."""
+    import yaml
+
+    from vaco.files import YAMLTooLarge, load_yaml
+
+    pairs = []
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--") or arg.startswith("--config"):
+            continue
+        if "=" in arg:
+            pairs.append(tuple(arg[2:].split("=", 1)))
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            pairs.append((arg[2:], argv[i + 1]))
+    for key, value in pairs:
+        if "&" not in value and "*" not in value:  # no anchor, no alias: nothing to expand
+            continue
+        try:
+            load_yaml(value)
+        except YAMLTooLarge as err:
+            raise ConfigurationError(f"`{key}` (given on the command line): {err}") from None
+        except yaml.YAMLError:
+            pass  # not YAML the guard can read: the parser reports it
 
 
 def _flat_keys(tree, prefix: str = "") -> set[str]:

@@ -119,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.video:  # before anything is loaded: a missing writer costs nothing
             check_video_writer(args.video)
-        from vaco.checkpoint import load_checkpoint
-        from vaco.llm.evaluation import is_llm_checkpoint
+        from vaco.checkpoint import is_llm_checkpoint, load_checkpoint
 
         ckpt = load_checkpoint(args.ckpt, field="--ckpt")  # weights_only: never runs code from the file
         if is_llm_checkpoint(ckpt):
@@ -172,7 +171,13 @@ def _evaluate_llm(ckpt: dict, args) -> int:
     """Score an LLM checkpoint on its run's test split; one line per figure."""
     import torch
 
-    from vaco.llm.evaluation import evaluate_checkpoint
+    try:
+        from vaco.llm.evaluation import evaluate_checkpoint
+    except ImportError as err:
+        raise ImportError(
+            f"--ckpt is an LLM checkpoint; scoring it needs the llm extra ({err.name or err} is missing): "
+            "pip install -e '.[llm]'"
+        ) from None
 
     torch.set_num_threads(1)
     if args.video or args.backend != "gymnasium":

@@ -29,6 +29,7 @@ from vaco.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow
 from vaco.checkpoint import CheckpointError, load_checkpoint
 from vaco.config_errors import (
     ConfigurationError,
+    check_command_line_values,
     check_config_files,
     config_files,
     file_of_key,
@@ -65,12 +66,30 @@ class VacoArgumentParser(LightningArgumentParser):
             return super().error(message, ex)
         options = [o for action in self._actions for o in action.option_strings]
         prog = "vaco fit"
-        text = one_line(message, options)
+        text = _plain_type_error(one_line(message, options))
         where = None if given_on_command_line(text, _ARGV) else file_of_key(text, _CONFIG_FILES)
         if where is not None:
             text += f" (in {where})"
         print(f"{prog}: error: {text} (`{prog} --help` lists the fields)", file=sys.stderr)
         sys.exit(2)
+
+
+# vaco's own top-level fields, said in words where jsonargparse would list the types it tried
+_TYPE_WORDS = {
+    "population": "must be an integer >= 1 (that many seeds from seed_everything on) or a list of seeds like [3, 5, 9]",
+    "seed_everything": "must be an integer in [0, 2^32 - 1] (or true for a random one)",
+    "torch_threads": "must be an integer >= 1",
+}
+
+
+def _plain_type_error(text: str) -> str:
+    """```population`: Expected a <class 'int'>; ...`` as ```population` must be ..., got 'four'``."""
+    for field, words in _TYPE_WORDS.items():
+        if text.startswith(f"`{field}`:") and "Expected a <class" in text:
+            given = next((_ARGV[i + 1] for i, a in enumerate(_ARGV[:-1]) if a == f"--{field}"), None)
+            given = given or next((a.split("=", 1)[1] for a in _ARGV if a.startswith(f"--{field}=")), None)
+            return f"`{field}` {words}" + (f", got {given!r}" if given is not None else "")
+    return text
 
 
 class VacoCLI(LightningCLI):
@@ -544,6 +563,8 @@ A field of a chosen class: `vaco fit --model.objective.help vaco.objectives.TVFi
                         data.total_steps extends a finished run)
   --seed_everything N   the run's seed (default 1)
   --torch_threads N     torch intra-op threads (default 1)
+  --population S        train S seeds (seed_everything on) or a list of seeds [3,5,9] in one process,
+                        each member bit for bit its seed's run alone, with its own MLflow run (default 1)
   --checkpoint.every_n_iterations N   checkpoint period in iterations (default 10)
   --trainer.*           Lightning Trainer options (accelerator, devices, strategy, ...):
                         `vaco fit --help-all` lists them all
@@ -611,11 +632,20 @@ def main(argv: list[str] | None = None) -> int:
     if argv in (["-h"], ["--help"]):
         print(_help())
         return 0
+    if not argv:
+        print(
+            "vaco fit: error: no config given; a run is a task and an algorithm, e.g.\n"
+            "  vaco fit --config configs/env/hopper.yaml --config configs/algo/vaco.yaml\n"
+            "(configs/env/ and configs/algo/ list what exists; `vaco fit --help` lists every field)",
+            file=sys.stderr,
+        )
+        return 2
     if argv and argv[0] == "--help-all":  # Lightning's complete list (every Trainer flag)
         argv = ["--help", *argv[1:]]
     try:
         _CONFIG_FILES.clear()
         _CONFIG_FILES.update(check_config_files(config_files(argv)))
+        check_command_line_values(argv)
         _ARGV[:] = argv
         VacoCLI(args=["fit", *argv])
     except (ConfigurationError, CheckpointError, TrackingStoreError) as err:

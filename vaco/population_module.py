@@ -66,6 +66,9 @@ POPULATION_TAG = "vaco.population"
 MEMBER_TAG = "vaco.population_member"
 
 
+MAX_MEMBERS = 1_000_000  # members one process may hold (memory is checked separately, per backend)
+
+
 def population_seeds(population: int | Sequence[int], seed: int) -> list[int]:
     """The members' seeds: ``population`` seeds from ``seed`` on (an int), or the given list.
 
@@ -74,9 +77,19 @@ def population_seeds(population: int | Sequence[int], seed: int) -> list[int]:
     """
     if isinstance(population, bool) or not isinstance(population, (int, list, tuple)):
         raise ValueError(f"`population` must be an integer >= 1 or a list of seeds, got {population!r}")
+    size = population if isinstance(population, int) else len(population)
+    if size > MAX_MEMBERS:  # before any list of that size is built
+        raise ValueError(
+            f"`population` {size:,} is past the {MAX_MEMBERS:,} members one process may hold; spread the seeds "
+            "over processes (a sweep's `population:` packs a cell's seeds that way)"
+        )
     if isinstance(population, int):
         if population < 1:
             raise ValueError(f"`population` must be an integer >= 1 or a list of seeds, got {population!r}")
+        if seed + population - 1 >= 2**32:
+            raise ValueError(
+                f"`population`: seed {seed + population - 1} is past 2^32 - 1 (seed_everything + population - 1)"
+            )
         seeds = [seed + m for m in range(population)]
     else:
         seeds = list(population)

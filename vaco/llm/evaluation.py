@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vaco.checkpoint import is_llm_checkpoint  # noqa: F401  (re-exported: the LLM track's public name)
 from vaco.llm.policy import cut_at_stop_strings, encode_prompts, generate
 from vaco.llm.reward import gsm8k_reward
 
@@ -84,11 +85,6 @@ def pass_at_k(rewards: list[float], samples: int) -> float:
     (``rewards`` in prompt order, ``samples`` per prompt): pass@k with k = n = ``samples``."""
     rows = [rewards[i : i + samples] for i in range(0, len(rewards), samples)]
     return sum(any(r > 0 for r in row) for row in rows) / len(rows)
-
-
-def is_llm_checkpoint(ckpt: dict) -> bool:
-    """Whether a loaded checkpoint was written by the LLM track's learner (``RLVRModule``)."""
-    return "model_path" in ckpt.get("hyper_parameters", {})
 
 
 def evaluate_checkpoint(

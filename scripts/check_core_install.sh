@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The core install as a newcomer has it: a venv with the core package and no extras (what `make demo`
+# installs), then every command README.md shows before it names an extra, at a small budget, in a
+# scratch folder with its own SQLite store. `.ci/run` runs it after `make test`; `make test-core` too.
+#   scripts/check_core_install.sh [VENV]        (default .venv-core; reused when it exists)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${1:-.venv-core}
+PY=${PY:-python3}
+if [ ! -x "$VENV/bin/vaco" ]; then
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q torch==2.13.0
+  "$VENV/bin/pip" install -q -c constraints.txt -e .
+fi
+VACO=$ROOT/$VENV/bin/vaco
+# no extra may be importable here, or the check proves nothing
+for extra in transformers imageio submitit ray warp envpool psycopg pytest; do
+  if "$VENV/bin/python" -c "import $extra" 2>/dev/null; then echo "core check: $extra is installed in $VENV: not a core install"; exit 1; fi
+done
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+ln -s "$ROOT/configs" configs
+export MLFLOW_TRACKING_URI=sqlite:///$WORK/mlflow.db OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+small=(--data.init_args.num_envs 2 --data.init_args.num_steps 64 --data.init_args.total_steps 256
+       --data.init_args.eval_episodes 2 --data.init_args.eval_envs 2 --trainer.enable_progress_bar false)
+step() { echo "core check: $*"; }
+step "vaco --help"; "$VACO" --help >/dev/null
+step "vaco fit --help lists --population"; "$VACO" fit --help | grep -q -- "--population"
+step "vaco fit (the demo's config, small budget)"
+"$VACO" fit --config configs/demo.yaml "${small[@]}" > fit.log 2>&1 || { cat fit.log; exit 1; }
+ckpt=$(ls checkpoints/*/last.ckpt | head -1)
+step "vaco evaluate --ckpt $ckpt"
+"$VACO" evaluate --ckpt "$ckpt" --episodes 2 | tee evaluate.log | tail -1; grep -q "return" evaluate.log
+step "vaco fit --config configs/env/hopper.yaml --config configs/algo/vaco.yaml --population 2"
+"$VACO" fit --config configs/env/hopper.yaml --config configs/algo/vaco.yaml --population 2 "${small[@]}" \
+  --trainer.default_root_dir pop > pop.log 2>&1 || { cat pop.log; exit 1; }
+member0=$(grep -o "checkpoints/[^ ]*/last.ckpt" pop.log | head -1)
+[ -n "$member0" ] || member0=$(ls -t checkpoints/*/last.ckpt | head -1)
+step "vaco evaluate --member 1"; "$VACO" evaluate --ckpt "$member0" --member 1 --episodes 2 | tail -1
+step "vaco fit --print_config"; "$VACO" fit --config configs/env/hopper.yaml --config configs/algo/vaco.yaml --print_config >/dev/null
+step "vaco ui starts, serves and stops on Ctrl-C"
+"$VACO" ui --port 5077 > ui.log 2>&1 &
+ui=$!
+for _ in $(seq 60); do curl -sf http://127.0.0.1:5077/ >/dev/null && break; sleep 1; done
+curl -sf http://127.0.0.1:5077/ >/dev/null || { cat ui.log; exit 1; }
+kill -INT $ui; wait $ui || true
+step "vaco report on the runs"; "$VACO" report --experiment "$(grep -o "experiment '[^']*'" fit.log | head -1 | cut -d\' -f2)" \
+  --no-sensitivity --reps 50 --out report > report.log 2>&1 || { cat report.log; exit 1; }
+echo "core check: every quickstart command works on the core install"
