@@ -188,6 +188,15 @@ def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_rend
             "vaco evaluate: error: `--ckpt`: tab.yaml is a text file (a config?), not a checkpoint: vaco writes "
             "checkpoints as checkpoints/<run id>/last.ckpt",
         ),
+        (  # a 48-line pandas traceback
+            ("report", "--data", "plain.csv.gz", "--no-mlflow"),
+            "vaco report: `--data`: plain.csv.gz is not a data file `vaco report --save-data` writes (a gzipped CSV",
+        ),
+        (  # argparse's whole usage screen, then the error
+            ("evaluate", "--ckpt", "x.ckpt", "--member", "abc"),
+            "vaco evaluate: error: argument --member: must be a member's index (0, 1, ...), got 'abc'",
+        ),
+        (("fit",), "vaco fit: error: no config given; a run is a task and an algorithm, e.g."),
     ],
     ids=[
         "sweep-missing",
@@ -197,11 +206,15 @@ def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_rend
         "report-not-data",
         "evaluate-directory",
         "evaluate-not-ckpt",
+        "report-not-gzip",
+        "evaluate-member-word",
+        "fit-alone",
     ],
 )
 def test_every_command_given_a_missing_or_wrong_file_says_so_in_one_line(tmp_path, command, expected):
     (tmp_path / "tab.yaml").write_text("grid:\n  main:\n\talgorithm: vaco\n")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "plain.csv.gz").write_text("run_id,name\n1,2\n")
     out = subprocess.run(
         [VACO, *command],
         cwd=tmp_path,
@@ -211,7 +224,11 @@ def test_every_command_given_a_missing_or_wrong_file_says_so_in_one_line(tmp_pat
         env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"),
     )
     assert out.returncode == 2, out.stderr[-2000:]
-    (line,) = out.stderr.strip().splitlines()
+    lines = out.stderr.strip().splitlines()
+    if command == ("fit",):  # the error, then an example command and where to look
+        assert len(lines) == 3 and "vaco fit --config configs/env/hopper.yaml" in lines[1], lines
+        lines = lines[:1]
+    (line,) = lines
     assert line.startswith(expected), line
 
 
@@ -392,3 +409,39 @@ def test_a_value_given_on_the_command_line_is_not_blamed_on_a_config_file(tmp_pa
     assert f"(in {bad})" in message, message
     fit._CONFIG_FILES.clear()
     fit._ARGV.clear()
+
+
+@pytest.mark.parametrize("kind", ["a-file-in-the-path", "read-only-folder"])
+def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_any_env(tmp_path, kind):
+    """It was found at the first save: a 67-72 line PermissionError traceback, exit 1, the run FAILED
+    and everything trained before it lost. Now one line naming the folder and the field, exit 2,
+    before any environment starts (a real write is tried: root passes os.access on any folder)."""
+    if kind == "a-file-in-the-path":
+        (tmp_path / "afile").write_text("")
+        root = tmp_path / "afile" / "run"
+    else:
+        root = tmp_path / "ro"
+        root.mkdir()
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(root)], capture_output=True)
+        if mounted.returncode != 0:
+            if os.geteuid() == 0:
+                pytest.skip("needs a read-only folder: root can write any folder and could not mount one here")
+            root.chmod(0o500)
+    try:
+        out = subprocess.run(
+            [VACO, "fit", *BASE, "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}"),
+        )
+    finally:
+        if kind == "read-only-folder":
+            subprocess.run(["umount", str(root)], capture_output=True)
+            root.chmod(0o700)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("vaco fit: error: `trainer.default_root_dir`: checkpoints go to "), line
+    assert "choose a folder you can write (--trainer.default_root_dir DIR)" in line
+    assert "Traceback" not in out.stdout + out.stderr and "iteration" not in out.stdout

@@ -149,6 +149,42 @@ def test_a_damaged_jobs_record_is_one_line_naming_it(tmp_path, damage, mode):
     assert line.startswith(f"vaco sweep: {record} is damaged (") and "delete it" in line
 
 
+@pytest.mark.parametrize("odd", ["directory", "empty", "dangling-link"])
+@pytest.mark.parametrize("mode", ["--dry-run", "submit"])
+def test_an_odd_jobs_record_is_refused_before_anything_is_submitted(tmp_path, odd, mode):
+    """A jobs.yaml that was a directory, empty or a dangling link read as "no record": the dry run
+    said "2 new" and a real submit ran sbatch, then failed with a traceback, leaving a running job
+    unrecorded. Now one line naming the file, exit 2, and nothing is submitted (no job folder)."""
+    record = tmp_path / "out" / "submitit" / "jobs.yaml"
+    record.parent.mkdir(parents=True)
+    if odd == "directory":
+        record.mkdir()
+    elif odd == "empty":
+        record.write_text("")
+    else:
+        record.symlink_to(tmp_path / "gone.yaml")
+    before = set(record.parent.iterdir())
+    out = run_cli(
+        "sweep",
+        "--config",
+        str(TINY),
+        "--out",
+        str(tmp_path / "out"),
+        *(["--dry-run"] if mode == "--dry-run" else []),
+        "--launcher",
+        "slurm",
+        "--slurm-executor",
+        "local",
+        cwd=tmp_path,
+        env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
+    (line,) = [line for line in out.stderr.splitlines() if line.strip()]
+    words = {"directory": "is not a file", "empty": "is empty", "dangling-link": "is a link to nothing"}[odd]
+    assert line.startswith(f"vaco sweep: {record} {words}") and "delete it" in line, line
+    assert set(record.parent.iterdir()) == before  # nothing submitted
+
+
 # ---------------------------------------------------------------- Ray
 @pytest.mark.slow
 def test_ray_retries_a_cell_whose_worker_died_and_it_resumes_into_the_same_run(tmp_path):

@@ -192,3 +192,51 @@ def test_vaco_fit_sync2_learns_inverted_pendulum(tmp_path, mlflow_uri):
     # a random policy scores ~5-10; 12 iterations of PPO on 4 envs reach the 1000 cap in most seeds
     assert final > 300 and math.isfinite(final), final
     assert run.data.metrics["lag/policy_age_max"] == 0  # K = 1, sync: on-policy
+
+
+def _slow_to_stop(ready):
+    """An actor that takes a moment to exit after SIGTERM (a sibling still flushing its work)."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), exit(0)))
+    ready.set()
+    while True:
+        time.sleep(0.05)
+
+
+def _dies():
+    raise SystemExit(3)
+
+
+def test_a_dead_actor_is_reported_in_one_error_whatever_its_siblings_state():
+    """TorchRL's check terminated a sibling, slept 0.1 s and closed it: a sibling that took longer to
+    exit made it raise "Cannot close a process while it is still running" (a traceback instead of the
+    one-line stop; seen once in a fresh clone's `make test`). Real processes here: one dead, one slow
+    to stop; the check names the dead one, every sibling is stopped and closed."""
+    import multiprocessing as mp
+
+    from torchrl._utils import _check_for_faulty_process
+
+    from vaco.data.parallel.torchrl_compat import check_actors_alive
+
+    ctx = mp.get_context("fork")  # the check is about processes, not how they start: fork starts at once
+
+    def start():
+        ready = ctx.Event()
+        procs = [ctx.Process(target=_dies), ctx.Process(target=_slow_to_stop, args=(ready,))]
+        for p in procs:
+            p.start()
+        procs[0].join(60)
+        assert ready.wait(60)  # the slow one has installed its handler
+        return procs
+
+    procs = start()
+    with pytest.raises(ValueError, match="Cannot close a process while it is still running"):
+        _check_for_faulty_process(procs)  # the race, on TorchRL's own check
+    procs[1].join(10)
+    for _ in range(3):  # and ours, every time
+        procs = start()
+        with pytest.raises(RuntimeError, match=r"At least one process failed: worker 0 \(exit code 3\)"):
+            check_actors_alive(procs)
+        assert all(p._closed for p in procs)

@@ -6,6 +6,7 @@ here; the plan block's one-line errors."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -183,6 +184,8 @@ PLAN = {
         ({"margin": 0}, r"`plan.margin` must be a number in \(0, 1\)"),
         ({"alph": 0.05}, r"`plan.alph` is not a plan field"),
         ({"references": {"hopper": [3000, 10]}}, r"`plan.references.hopper`: min \(3000\) must be below max"),
+        ({"family": [{"arm": "vaco", "against": "vaco", "K": 16}]}, r"`plan.family\[0\]` compares 'vaco' with itself"),
+        ({"floor": 0}, r"`plan.floor` must be a normalised score in \(0, 1\)"),
     ],
 )
 def test_a_bad_plan_names_the_field(change, message):
@@ -576,3 +579,35 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
         "scores normalised by the plan's fixed references: HalfCheetah-v5 [-50, 2500], Hopper-v5 [100, 900]" in plan_md
     )
     assert "Hopper-v5: normalised by the plan's fixed references [100, 900]" in (out / "summary.md").read_text()
+
+
+def test_a_non_finite_score_is_left_out_by_a_stated_rule_and_never_becomes_a_verdict(tmp_path):
+    """One seed's final eval/return NaN (another's inf) made every robustness line "nan [nan, nan] ->
+    differs" and a declared plan's comparison "+nan ... -> differs". Now the runs are left out and
+    named, their seeds drop out of the paired comparisons, the plan says how many it left out, and
+    the verdict is the one the data without them gives."""
+    from test_robustness import _run
+    from vaco import report as R
+    from vaco.report.planned import judge_plan, plan_lines
+
+    refs = {"Hopper-v5": (0.0, 1000.0), "HalfCheetah-v5": (0.0, 1000.0)}
+    runs = _lag_runs({"vaco": 0.02, "ppo_clip": 0.04}, seeds=12)
+    bad = [_run("vaco", "Hopper-v5", 4, 5, float("nan")), _run("ppo_clip", "HalfCheetah-v5", 1, 7, float("inf"))]
+    kept = [
+        r for r in runs if (r.algorithm, r.env, r.K, r.seed) not in {(b.algorithm, b.env, b.K, b.seed) for b in bad}
+    ]
+    plan = load_plan(
+        {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 4}], "looks": [10]}, ["vaco", "ppo_clip"], [1, 4], 12
+    )
+    with_bad = R.build_report("nan", [*kept, *bad], reps=500, fixed_bounds=refs)
+    without = R.build_report("nan", kept, reps=500, fixed_bounds=refs)
+    assert set(with_bad.excluded) == {b.name for b in bad}
+    assert any("left out for a non-finite score" in n and bad[0].name in n for n in with_bad.notes)
+    judged, clean = judge_plan(plan, with_bad, declared="now"), judge_plan(plan, without, declared="now")
+    (v,), (w,) = judged.verdicts, clean.verdicts
+    assert math.isfinite(v.estimate) and v.estimate == w.estimate and v.word == w.word and v.seeds == 11
+    assert "2 runs left out for a non-finite score" in "\n".join(plan_lines(judged))
+    lag = R.robustness(with_bad, baseline="ppo_clip")
+    assert all(math.isfinite(i.difference) for i in lag.interactions.values())
+    with pytest.raises(ValueError, match=r"has no finished run with eval/return to report on \(2 left out"):
+        R.build_report("nan", bad)

@@ -260,3 +260,32 @@ def test_metrics_lost_on_a_read_only_working_directory_go_to_the_temp_dir(tmp_pa
     err = capsys.readouterr().err
     path = tmp_path / f"unsent-metrics-{run_id}.jsonl"
     assert path.is_file() and '"a": 2.0' in path.read_text() and str(path) in err
+
+
+def test_a_resume_replays_the_unsent_metrics_into_the_same_run_once(tmp_path, monkeypatch, capsys):
+    """A run whose store stopped taking writes left 102-150 of 200 iterations only in the unsent file,
+    and a later resume marked the run FINISHED without them. Now the resume sends the file's batches
+    first, into the same run (a real SQLite store): those up to the checkpoint's step, once; those past
+    it are dropped, since the resumed training logs them again; the file is renamed once sent."""
+    from vaco.logger import VacoMLFlowLogger
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    first = VacoMLFlowLogger(experiment_name="replay", tracking_uri=uri)
+    first.log_metrics({"eval/return": 1.0}, step=100)
+    run_id = first.run_id
+    client.delete_run(run_id)  # the store refuses this run's writes for good from here
+    for step in (200, 300, 400):
+        first.log_metrics({"eval/return": step / 100}, step=step)
+    first.finalize("success")
+    assert first.unsent_file == str(tmp_path / f"unsent-metrics-{run_id}.jsonl")
+    client.restore_run(run_id)  # the store takes writes again
+    again = VacoMLFlowLogger(experiment_name="replay", tracking_uri=uri, run_id=run_id)
+    assert again.replay_unsent(until_step=300) == 2  # the checkpoint was saved at step 300
+    history = [(m.step, m.value) for m in client.get_metric_history(run_id, "eval/return")]
+    assert sorted(history) == [(100, 1.0), (200, 2.0), (300, 3.0)]
+    assert not (tmp_path / f"unsent-metrics-{run_id}.jsonl").exists()
+    assert (tmp_path / f"unsent-metrics-{run_id}.jsonl.replayed").is_file()
+    assert "1 past the checkpoint dropped" in capsys.readouterr().err
+    assert again.replay_unsent(until_step=300) == 0  # nothing left: a second resume sends nothing again

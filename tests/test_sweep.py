@@ -492,3 +492,42 @@ def test_the_papers_llm_grid_is_36_gpu_cells_whose_k_is_n():
     assert config["model"]["init_args"]["num_minibatches"] == 16
     assert config["model"]["init_args"]["model_path"] == "models/Qwen2.5-0.5B"
     assert config["trainer"]["accelerator"] == "gpu"
+
+
+def test_the_same_sweep_from_another_directory_is_refused_instead_of_repeating_its_cells(tmp_path):
+    """Without `output_dir` a sweep's folder is `sweeps/<experiment>` under the working directory:
+    from a second directory the dry run listed cells running elsewhere as "new", and a real run
+    restarted two stopped cells from step 0 into new runs. The parent run now records the folder,
+    and another one is refused in one line naming it (the first folder, or --out it, still works)."""
+    import subprocess
+
+    from helpers.runs import CONFIGS, VACO
+
+    body = {**_base(), "configs_dir": str(CONFIGS)}
+    body["overrides"]["data.init_args.total_steps"] = 128
+    path = _file(tmp_path, body)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    env = dict(__import__("os").environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    def sweep(cwd, *extra):
+        return subprocess.run(
+            [VACO, "sweep", "--config", str(path), *extra], cwd=cwd, capture_output=True, text=True, env=env
+        )
+
+    ran = sweep(first)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    for extra in ((), ("--dry-run",)):
+        other = sweep(second, *extra)
+        assert other.returncode == 2, other.stdout[-2000:] + other.stderr[-2000:]
+        (line,) = other.stderr.strip().splitlines()
+        folder = (first / "sweeps" / "x").resolve()
+        assert line == (
+            f"vaco sweep: `output_dir`: experiment 'x' keeps its cells in {folder}; this run would use "
+            f"{(second / 'sweeps' / 'x').resolve()} and repeat their work: run from the directory you first ran "
+            f"it in, or pass --out {folder}"
+        )
+    assert not (second / "sweeps").exists()
+    again = sweep(second, "--out", str(first / "sweeps" / "x"))
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]

@@ -459,3 +459,59 @@ def test_single_node_ddp_keeps_the_gloo_pairs_on_the_loopback(monkeypatch):
     store, listener = host_store_on_loopback(trainer)
     listener.close()
     assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+
+
+NAN_MODULE = '''
+from vaco.objectives import PPOClip
+
+
+class NaNAfter(PPOClip):
+    """The loss turns NaN from the third iteration on (2 epochs x 4 minibatches an iteration)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def surrogate(self, *, ratio, log_ratio, advantage, batch):
+        self.calls += 1
+        loss, indicators = super().surrogate(ratio=ratio, log_ratio=log_ratio, advantage=advantage, batch=batch)
+        return (loss * float("nan") if self.calls > 16 else loss), indicators
+'''
+
+
+def test_a_non_finite_loss_ends_vaco_fit_in_one_line_with_the_iteration_and_the_checkpoint(tmp_path):
+    """It ended in a 48-56 line traceback (the last line was clear). Now `vaco fit` prints one line
+    naming the iteration and the last good checkpoint, exits 1, and the run is FAILED."""
+    (tmp_path / "nan_after.py").write_text(NAN_MODULE)
+    import yaml
+
+    model = {"objective": {"class_path": "nan_after.NaNAfter"}, "advantage": {"class_path": "vaco.advantages.GAE"}}
+    model.update(update_epochs=2, num_minibatches=4)
+    (tmp_path / "nan.yaml").write_text(yaml.safe_dump({"model": {"class_path": "vaco.VacoModule", "init_args": model}}))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = subprocess.run(
+        [VACO, "fit", "--config", str(CONFIGS / "env/inverted_pendulum.yaml"), "--config", "nan.yaml"]
+        + ["--data.init_args.num_envs", "2", "--data.init_args.num_steps", "64", "--data.init_args.total_steps", "640"]
+        + [
+            "--data.init_args.eval_every",
+            "0",
+            "--data.init_args.eval_episodes",
+            "2",
+            "--checkpoint.every_n_iterations",
+            "1",
+        ]
+        + ["--trainer.enable_progress_bar", "false"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+    )
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    (line,) = [x for x in out.stderr.strip().splitlines() if x.startswith("vaco fit:")]
+    assert line.startswith("vaco fit: stopped: non-finite loss at iteration 3, epoch 0, minibatch 0"), line
+    assert "the last good checkpoint is kept (" in line and "last.ckpt" in line
+    (run,) = mlflow.MlflowClient(uri).search_runs(
+        [mlflow.MlflowClient(uri).get_experiment_by_name("vaco").experiment_id]
+    )
+    assert run.info.status == "FAILED"

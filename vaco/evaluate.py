@@ -15,6 +15,24 @@ import sys
 __all__ = ["load_policy", "main"]
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A bad argument is one line (``vaco evaluate: error: ...``), not the usage screen before it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
+def _member(text: str) -> int:
+    """``--member``: a member's index (0, 1, ...); anything else is argparse's one-line error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a member's index (0, 1, ...), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a member's index (0, 1, ...), got {value}")
+    return value
+
+
 def load_policy(ckpt_path: str, member: int | None = None):
     """The learner of a checkpoint as ``(env_id, policy)``; ``policy`` maps raw obs to (loc, scale).
     A population's checkpoint (``vaco fit --population``) holds its members' learners: ``member``
@@ -75,14 +93,17 @@ def check_video_writer(path: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vaco evaluate", description=__doc__)
+    parser = _OneLineParser(prog="vaco evaluate", description=__doc__)
     parser.add_argument(
         "--ckpt",
         required=True,
         help="a checkpoint written by `vaco fit` (loaded safely: tensors and plain values only)",
     )
     parser.add_argument(
-        "--member", type=int, default=None, help="a population's checkpoint (vaco fit --population): the member to play"
+        "--member",
+        type=_member,
+        default=None,
+        help="a population's checkpoint (vaco fit --population): the member to play",
     )
     parser.add_argument("--episodes", type=int, default=10, help="episodes to run (E)")
     parser.add_argument("--envs", type=int, default=10, help="envs run side by side")

@@ -37,7 +37,7 @@ from vaco.config_errors import (
     one_line,
 )
 from vaco.hints import shell, vaco_command
-from vaco.learner import Learner, same_run_problem
+from vaco.learner import Learner, NonFiniteLossError, same_run_problem
 from vaco.logger import VacoMLFlowLogger
 from vaco.tracking import (
     DEFAULT_TRACKING_URI,
@@ -51,6 +51,7 @@ __all__ = ["VacoCLI", "ConfigurationError", "main", "DEFAULT_TRACKING_URI", "tra
 
 
 _CONFIG_FILES: dict[str, object] = {}  # the --config files of this `vaco fit`, read by main()
+_UNSENT: list[str] = []  # where this `vaco fit`'s loggers wrote metrics the store never took
 _ARGV: list[str] = []  # this `vaco fit`'s arguments, read by main(): a value given there is not a file's
 
 
@@ -231,6 +232,9 @@ class VacoCLI(LightningCLI):
                 _check_same_run(self.model, self.datamodule, self._resume_state)
         except ValueError as err:
             raise ConfigurationError(str(err)) from err
+        logger = self.trainer.logger
+        if self._resume_state is not None and isinstance(logger, VacoMLFlowLogger) and len(self.trainer.loggers) == 1:
+            logger.replay_unsent(_resume_env_step(self._resume_state, self.datamodule, self.trainer))
         from vaco.rendezvous import host_store_on_loopback
 
         self._store = host_store_on_loopback(self.trainer)  # single-node DDP: not on every interface
@@ -315,8 +319,12 @@ class VacoCLI(LightningCLI):
         if self.trainer.global_rank != 0:
             return
         model, logger = self.model, self.trainer.logger
+        _UNSENT.extend(p for p in (getattr(each, "unsent_file", None) for each in self.trainer.loggers) if p)
         vaco = vaco_command()  # `.venv/bin/vaco` where `vaco` is not on PATH (after `make demo`)
-        lines = ["", "vaco: training finished."]
+        lines = [
+            "",
+            "vaco: training ended; not every metric reached MLflow (below)." if _UNSENT else "vaco: training finished.",
+        ]
         summary = model.summary()
         if summary is not None:
             lines.append(f"  {summary}")
@@ -414,6 +422,7 @@ def _early_checks(config) -> None:
         raise ConfigurationError(
             f"`seed_everything` must be an integer in [0, 2^32 - 1] (or true for a random one), got {seed!r}"
         )
+    _check_writable(config)
     population = config.get("population", 1)
     if population != 1:
         from vaco.population_module import population_seeds
@@ -541,6 +550,56 @@ def _continue_mlflow_run(config, state: dict | None) -> None:
     init_args["run_id"] = run_id
 
 
+def _resume_env_step(state: dict, datamodule, trainer) -> int | None:
+    """The env step (the MLflow step) a MuJoCo checkpoint was saved at; None where it is not known."""
+    version = state.get("state_dict", {}).get("version")
+    rows = getattr(datamodule, "num_envs", None), getattr(datamodule, "num_steps", None)
+    if version is None or None in rows:
+        return None
+    return int(version) * rows[0] * rows[1] * trainer.world_size
+
+
+def _check_writable(config) -> None:
+    """Every folder the run will write is writable, checked before anything starts (seeding, envs,
+    the MLflow run): a checkpoint folder found unwritable at the first save lost everything trained
+    before it."""
+    ckpt = config.get("checkpoint") or {}
+    trainer = config.get("trainer") or {}
+    dirpath = ckpt.get("dirpath") if hasattr(ckpt, "get") else None
+    if dirpath:
+        folder, field = str(dirpath), "checkpoint.dirpath"
+    else:
+        root = (trainer.get("default_root_dir") if hasattr(trainer, "get") else None) or os.getcwd()
+        folder, field = os.path.join(str(root), "checkpoints"), "trainer.default_root_dir"
+    problem = _unwritable(folder)
+    if problem is not None:
+        raise ConfigurationError(
+            f"`{field}`: checkpoints go to {folder}, but {problem}; choose a folder you can write (--{field} DIR)"
+        )
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why ``folder`` (made if missing) cannot be written, or None: the nearest existing folder on
+    its path must take a new file."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        return f"{path} is a file, not a folder"
+    import tempfile
+
+    try:  # a real write: os.access says yes to root on a read-only mount
+        handle, probe = tempfile.mkstemp(prefix=".vaco-write-check-", dir=path)
+    except OSError as err:
+        return f"{path} is not writable ({err.strerror or err})"
+    os.close(handle)
+    os.unlink(probe)
+    return None
+
+
 def _check_same_run(model, datamodule, state: dict) -> None:
     """Refuse to resume a checkpoint into a different experiment (only the budget may change)."""
     saved = state.get("vaco", {}).get("definition")
@@ -644,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["--help", *argv[1:]]
     try:
         _CONFIG_FILES.clear()
+        _UNSENT.clear()
         _CONFIG_FILES.update(check_config_files(config_files(argv)))
         check_command_line_values(argv)
         _ARGV[:] = argv
@@ -651,6 +711,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigurationError, CheckpointError, TrackingStoreError) as err:
         print(f"vaco fit: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteLossError as err:  # the run stopped itself: its MLflow run is FAILED, the checkpoint kept
+        print(f"vaco fit: stopped: {err}", file=sys.stderr)
+        sys.exit(1)
+    if _UNSENT:
+        print(
+            f"vaco fit: training ended, but the run is not finished: {_UNSENT[0]} holds metric batches the MLflow "
+            "store never took; once the store takes writes again, resume the run (--ckpt_path its last.ckpt; a sweep "
+            "rerun does it) and they are replayed into it first",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 

@@ -75,6 +75,8 @@ class VacoMLFlowLogger(MLFlowLogger):
         #: the status the run ends with whatever the trainer says ("failed": a population's member
         #: that stopped alone while the others went on)
         self.final_status: str | None = None
+        #: where the batches MLflow never took were written (None: every batch reached the store)
+        self.unsent_file: str | None = None
 
     # ------------------------------------------------------------------ the experiment and the run
     @property
@@ -232,6 +234,7 @@ class VacoMLFlowLogger(MLFlowLogger):
                     f.writelines(lines)
             except OSError:
                 continue
+            self.unsent_file = path
             print(
                 f"vaco: {len(batches)} metric batches could not be sent to MLflow; they are in {path}",
                 file=sys.stderr,
@@ -246,6 +249,48 @@ class VacoMLFlowLogger(MLFlowLogger):
         )
         sys.stderr.writelines(lines)
         sys.stderr.flush()
+        self.unsent_file = "<stderr>"
+
+    def replay_unsent(self, until_step: int | None = None) -> int:
+        """A resumed run's metrics that an earlier process could not send
+        (``unsent-metrics-<run id>.jsonl`` in the working or temporary directory) go to the store
+        first, into the same run: the batches up to ``until_step`` (the checkpoint's env step; later
+        ones are logged again by the resumed training, so they are dropped, not doubled). A file sent
+        whole is renamed ``*.replayed``; one the store still refuses stays for the next resume.
+        Returns the batches sent."""
+        import tempfile
+
+        if self._run_id is None:
+            return 0
+        sent = 0
+        name = f"unsent-metrics-{self._run_id}.jsonl"
+        for folder in dict.fromkeys((os.getcwd(), tempfile.gettempdir())):
+            path = os.path.join(os.path.abspath(folder), name)
+            if not os.path.isfile(path):
+                continue
+            with open(path) as f:
+                batches = [json.loads(line) for line in f if line.strip()]
+            keep = [
+                (dict(b["metrics"]), b["step"])
+                for b in batches
+                if b.get("step") is None or until_step is None or int(b["step"]) <= until_step
+            ]
+            self._unsent[:0] = keep
+            if not self._flush():
+                print(f"vaco: the store still refuses the metrics in {path}; they stay there", file=sys.stderr)
+                return sent
+            sent += len(keep)
+            os.replace(path, path + ".replayed")
+            dropped = len(batches) - len(keep)
+            print(
+                f"vaco: replayed {len(keep)} metric batches from {path} into run {self._run_id}"
+                + (
+                    f" ({dropped} past the checkpoint dropped: the resumed training logs them again)" if dropped else ""
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
+        return sent
 
 
 def _refused_for_good(err: Exception) -> bool:

@@ -49,7 +49,7 @@ from torch import nn
 
 from vaco.networks import gaussian_entropy, gaussian_log_prob
 
-__all__ = ["BatchedMLP", "PopulationUpdate", "stack_parameters"]
+__all__ = ["BatchedMLP", "PopulationUpdate", "check_vmappable", "stack_parameters"]
 
 #: members' slices of a stacked parameter must hold a multiple of this many numbers (the CPU
 #: kernels' vector width, with room): see :class:`PopulationUpdate`
@@ -111,6 +111,65 @@ def stack_parameters(modules: Sequence[nn.Module]) -> dict[str, torch.Tensor]:
     """The members' parameters stacked on a leading dimension, by ``named_parameters`` name."""
     names = [name for name, _ in modules[0].named_parameters()]
     return {name: torch.stack([dict(m.named_parameters())[name].detach() for m in modules]) for name in names}
+
+
+def _member_losses(objective: nn.Module) -> Callable:
+    """One member's summed ``loss_*`` and its outputs, with its own buffers: what a population vmaps."""
+
+    def one(mb, own):
+        out = torch.func.functional_call(objective, own, (mb,), {"check_finite": False})
+        values = dict(out.items())
+        return sum(v for k, v in values.items() if k.startswith("loss_")), values
+
+    return one
+
+
+def check_vmappable(objective: nn.Module, field: str = "model.objective") -> None:
+    """Refuse, in one line and before any env step, an objective a population cannot run: its
+    forward on a small probe minibatch, vmapped over two members as the population's update does.
+    ``torch.func.vmap`` forbids what depends on a tensor's *value* in Python (``if x.any():``,
+    ``.item()``, ``.tolist()``, boolean-mask indexing whose shape depends on the data, in-place
+    writes into an input); ``torch.where`` and masks multiplied in are fine (docs/extending.md)."""
+    members, n, obs, act = 2, 8, 5, 3
+    gen = torch.Generator().manual_seed(0)
+
+    def draw(*shape, positive=False, grad=False):
+        x = torch.randn(members, n, *shape, generator=gen)
+        x = x.abs() + 0.1 if positive else x
+        return x.requires_grad_() if grad else x
+
+    # the keys a population's minibatch holds: vaco.update.TRAIN_KEYS and the learner pass's outputs
+    probe = {
+        "observation": draw(obs),
+        "action": draw(act),
+        "behavior_log_prob": draw(),
+        "behavior_loc": draw(act),
+        "behavior_scale": draw(act, positive=True),
+        "advantage": draw(),
+        "value_target": draw(),
+        "state_value": draw(),
+        "loc": draw(act, grad=True),
+        "scale": draw(act, positive=True, grad=True),
+        "log_prob": draw(grad=True),
+        "entropy": draw(positive=True, grad=True),
+        "value": draw(grad=True),
+    }
+    buffers = {k: torch.stack([b] * members) for k, b in objective.named_buffers()}
+    one = _member_losses(objective)
+    try:  # one member alone first: a probe this objective cannot read is no evidence against vmap
+        one({k: v[0] for k, v in probe.items()}, {k: b[0] for k, b in buffers.items()})
+    except Exception:  # noqa: BLE001 - the real update reports what this objective needs
+        return
+    try:
+        loss, _ = torch.func.vmap(one)(probe, buffers)
+        loss.sum().backward()
+    except Exception as err:  # noqa: BLE001 - whatever vmap refuses, said in one line
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"`{field}` ({type(objective).__name__}) cannot run in a population: torch.func.vmap refused its forward "
+            f"({reason[:200]}); a surrogate may not branch on a tensor's value (use torch.where), call .item() or "
+            "index by a data-dependent mask (docs/extending.md, 'In a population'); run it without --population"
+        ) from None
 
 
 class PopulationUpdate:
@@ -206,14 +265,7 @@ class PopulationUpdate:
     def _losses(self, minibatch: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
         """Each member's summed ``loss_*`` ``[S]`` and its outputs ``{key: [S]}``: the objective,
         written for one run, vmapped over the members (with each member's own buffers)."""
-        objective = self.objectives[0]
-
-        def one(mb, own):
-            out = torch.func.functional_call(objective, own, (mb,), {"check_finite": False})
-            values = dict(out.items())
-            return sum(v for k, v in values.items() if k.startswith("loss_")), values
-
-        return torch.func.vmap(one)(minibatch, buffers)
+        return torch.func.vmap(_member_losses(self.objectives[0]))(minibatch, buffers)
 
     # ------------------------------------------------------------------ one iteration
     def update(

@@ -232,6 +232,9 @@ class PopulationModule(Learner):
             raise ValueError(
                 f"`population`: populations train vaco.VacoModule runs (MuJoCo), not {type(model).__name__}"
             )
+        from vaco.population import check_vmappable
+
+        check_vmappable(model.objective)
 
     @classmethod
     def from_run(cls, model: VacoModule, data, seeds: Sequence[int]) -> tuple[PopulationModule, PopulationDataModule]:

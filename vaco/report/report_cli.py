@@ -74,7 +74,17 @@ def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
     for path in paths:
         if not Path(path).is_file():
             raise ValueError(f"`--data`: no data file at {path}")
-        new = [r for r in read_runs(path) if r.run_id not in seen]
+        from pandas.errors import EmptyDataError, ParserError
+
+        try:
+            found = read_runs(path)
+        except (OSError, EOFError, UnicodeDecodeError, ParserError, EmptyDataError) as err:  # gzip's, pandas' own
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ValueError(
+                f"`--data`: {path} is not a data file `vaco report --save-data` writes (a gzipped CSV of metric "
+                f"histories): {reason[:160]}"
+            ) from None
+        new = [r for r in found if r.run_id not in seen]
         for r in new:
             cell = (r.algorithm, r.env, r.K, r.seed, tuple(sorted(r.axes.items())))
             if cell in cells and cells[cell][0] != r.run_id:

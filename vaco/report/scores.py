@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from vaco.report.decision import DEFAULT_MARGIN
+
+ACCURACY = "eval/accuracy"  # the LLM track's score: an accuracy, normalised by nothing
 from vaco.report.runs import Run
 from vaco.tracking import PAPER_AXES
 
@@ -451,8 +453,13 @@ def build_report(
             notes.append(f"{task}: runs end at different env steps {sorted(steps)}; their scores are not comparable")
     chosen = _reference_values(usable, dict(reference or {}))
     bounds = normalization_bounds(_normalizing_scores(usable, final, chosen, normalization, notes))
+    if scored_by == [ACCURACY] and not fixed_bounds:  # already a score in [0, 1]: no min-max stretch
+        fixed_bounds = {task: (0.0, 1.0) for task in bounds}
+        notes.append(f"{ACCURACY} is scored as it is (an accuracy in [0, 1]): no min-max normalisation")
     for task, (low, high) in (fixed_bounds or {}).items():
-        if task in bounds:
+        if task in bounds and scored_by == [ACCURACY] and (low, high) == (0.0, 1.0):
+            bounds[task] = (0.0, 1.0)
+        elif task in bounds:
             notes.append(
                 f"{task}: normalised by the plan's fixed references [{low:g}, {high:g}] (the runs' own rule gives "
                 f"[{bounds[task][0]:.1f}, {bounds[task][1]:.1f}])"

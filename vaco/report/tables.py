@@ -111,10 +111,11 @@ def iqm_of(scores: Scores) -> Scores:
 
 
 def improvement_baseline(report: Report) -> str | None:
-    """The algorithm others are compared with: the report's ``baseline``, else PPO-clip where present."""
+    """The algorithm others are compared with: the report's ``baseline``, else the paper's baseline
+    where the runs hold it: PPO-clip for MuJoCo, GRPO for the LLM track (its VACO-GRPO question)."""
     if report.baseline is not None:
         return report.baseline
-    return "ppo_clip" if "ppo_clip" in report.algorithms else None
+    return next((name for name in ("ppo_clip", "grpo") if name in report.algorithms), None)
 
 
 def probability_of_improvement(report: Report, baseline: str | None = None) -> Scores:

@@ -240,10 +240,21 @@ class SlurmLauncher(Launcher):
         record is a one-line error naming the file (it is written atomically, so only a hand edit
         or a full disk on another writer damages it)."""
         record = self.folder / "jobs.yaml"
-        if not record.is_file():
+        fix = "restore it from the submission's logs or, once no job of this sweep is queued or running, delete it"
+        if record.is_symlink() and not record.exists():
+            raise RuntimeError(f"{record} is a link to nothing ({os.readlink(record)}): {fix}")
+        if not record.exists():
             return {}
+        if not record.is_file():
+            raise RuntimeError(f"{record} is not a file (a directory or a device) where the job record belongs: {fix}")
         try:
-            jobs = load_yaml(record.read_text()) or {}
+            text = record.read_text()
+        except OSError as err:
+            raise RuntimeError(f"{record} cannot be read ({err.strerror or err}): {fix}") from None
+        if not text.strip():
+            raise RuntimeError(f"{record} is empty (a record is written whole, so something else emptied it): {fix}")
+        try:
+            jobs = load_yaml(text) or {}
         except (yaml.YAMLError, UnicodeDecodeError, YAMLTooLarge) as err:
             first = str(err).strip().splitlines()[0]
             raise RuntimeError(

@@ -12,7 +12,7 @@ from vaco.sweep.grid import Cell, Sweep, expand
 from vaco.sweep.schema import SweepError
 from vaco.tracking import CELL_TAG, PARENT_TAG, PLAN_TAG, SETTINGS_TAG, absolute_tracking_uri, search_all_runs
 
-__all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock", "check_plan"]
+__all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock", "check_plan", "check_output_dir"]
 
 
 def resolve_tracking_uri() -> str:
@@ -121,6 +121,32 @@ def check_plan(sweep: Sweep, tracking_uri: str) -> None:
     )
 
 
+OUTPUT_DIR_TAG = "vaco.sweep.output_dir"  # the folder of the sweep's cells (configs, logs, checkpoints)
+
+
+def check_output_dir(sweep: Sweep, tracking_uri: str) -> None:
+    """A sweep's folder is part of its identity: its cells' checkpoints live there. Run from another
+    working directory (the default folder is ``sweeps/<experiment>`` under it) the same experiment
+    would list running cells as new and restart stopped ones from step 0; refuse that in one line
+    naming the folder the experiment's parent run recorded."""
+    if _sqlite_missing(tracking_uri):
+        return
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(sweep.experiment)
+    if exp is None:
+        return
+    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
+    first = found[0].data.tags.get(OUTPUT_DIR_TAG) if found else None
+    if first is None or Path(first) == sweep.output_dir or not Path(first).exists():
+        return  # new, the same folder, or the first one is gone (nothing there to repeat or lose)
+    raise SweepError(
+        f"`output_dir`: experiment '{sweep.experiment}' keeps its cells in {first}; this run would use "
+        f"{sweep.output_dir} and repeat their work: run from the directory you first ran it in, or pass --out {first}"
+    )
+
+
 def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
     """The sweep's parent run (made once, found again on a rerun): its cells are MLflow child
     runs of it, so the UI groups them, and `vaco report` logs its figures to it."""
@@ -137,6 +163,7 @@ def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
         "vaco.sweep.grid": grid[:5000],
         "vaco.sweep.cells": str(len(expand(sweep))),
         SETTINGS_TAG: sweep.settings,
+        OUTPUT_DIR_TAG: str(sweep.output_dir),
     }
     if sweep.plan is not None:
         plan_tags = {f"{PLAN_TAG}.digest": sweep.plan.digest, PLAN_TAG: json.dumps(sweep.plan.as_dict())[:5000]}

@@ -12,7 +12,7 @@ from vaco.sweep.grid import Cell, Sweep, expand
 from vaco.sweep.launcher import BUILTIN, Launcher, launcher_class
 from vaco.sweep.loader import load_sweep, validate_with_cli
 from vaco.sweep.schema import RESOURCE_FIELDS, SweepError, check_resources
-from vaco.sweep.state import check_plan, lock, parent_run, plan, resolve_tracking_uri
+from vaco.sweep.state import check_output_dir, check_plan, lock, parent_run, plan, resolve_tracking_uri
 from vaco.tracking import redact_uri
 
 __all__ = ["main"]
@@ -159,6 +159,7 @@ def _plan(args) -> _Plan:
     runner = kind.from_args(sweep, uri, resources, args) if kind.answers_status else None
     validate_with_cli(sweep, cells, uri)
     check_plan(sweep, uri)  # a study's plan does not change once its runs exist
+    check_output_dir(sweep, uri)  # nor its folder: another one would repeat the cells it holds
     if getattr(args, "until_decided", False):
         if sweep.plan is None:
             raise SweepError("`--until-decided` needs the sweep file's `plan` block (its family and looks)")
@@ -322,7 +323,8 @@ def _run(p: _Plan, args) -> int:
         if rc == 0 and runner.detached:
             status = "RUNNING"  # submitted: the cells report to MLflow themselves
         else:
-            status = {0: "FINISHED", 130: "KILLED", 124: "KILLED"}.get(rc, "FAILED")  # 124: --stop-after
+            # stopped on purpose (Ctrl-C 130, SIGTERM 143, --stop-after 124): KILLED, not FAILED
+            status = {0: "FINISHED", 130: "KILLED", 143: "KILLED", 124: "KILLED"}.get(rc, "FAILED")
         return rc
     finally:
         if status != "RUNNING":

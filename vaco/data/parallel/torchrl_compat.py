@@ -3,8 +3,9 @@
 ``ActorPool`` (pool.py) drives TorchRL's public multi-process collectors, but three fixes need
 TorchRL internals that have no public API in torchrl 0.14:
 
-* noticing a dead actor while waiting: ``torchrl._utils._check_for_faulty_process`` (the check
-  TorchRL's own collectors run) and the weight-sync scheme's ``_wait_for_ack`` / ``_ack_queues``;
+* noticing a dead actor while waiting: the weight-sync scheme's ``_wait_for_ack`` / ``_ack_queues``
+  (the check of the processes themselves is written here: TorchRL's ``_check_for_faulty_process``
+  closes a sibling that is still running and raises from that race);
 * back-pressure for the async collector: its output queue length, ``_queue_len``;
 * stopping the weight receivers of distributed actors: ``_weight_sync_schemes`` and
   ``_send_instruction("stop")``.
@@ -21,7 +22,6 @@ import queue
 import socket
 
 import torchrl
-from torchrl._utils import _check_for_faulty_process
 from torchrl.collectors import MultiAsyncCollector
 from torchrl.weight_update import MultiProcessWeightSyncScheme
 
@@ -50,9 +50,29 @@ def check_torchrl_version(version: str = torchrl.__version__) -> None:
 check_torchrl_version()
 
 
-def check_actors_alive(procs) -> None:
-    """Raise TorchRL's RuntimeError naming the worker and its exit code if an actor process died."""
-    _check_for_faulty_process(procs)
+def check_actors_alive(procs, grace: float = 5.0) -> None:
+    """Raise TorchRL's RuntimeError naming the worker and its exit code if an actor process died,
+    after stopping its siblings. TorchRL's ``_check_for_faulty_process`` terminates a sibling, waits
+    0.1 s and calls ``close()``, which raises "Cannot close a process while it is still running" when
+    the sibling takes longer to exit (a race a test met): here each sibling is terminated, joined
+    (``grace`` seconds, then killed and joined), and only then closed."""
+    dead = next(((i, p) for i, p in enumerate(procs) if not p._closed and not p.is_alive()), None)
+    if dead is None:
+        return
+    index, proc = dead
+    failed = f"worker {index} (exit code {proc.exitcode})"
+    for other in procs:
+        if other._closed:
+            continue
+        if other.is_alive():
+            other.terminate()
+            other.join(grace)
+            if other.is_alive():
+                other.kill()
+                other.join(grace)
+        if not other.is_alive():
+            other.close()
+    raise RuntimeError(f"At least one process failed: {failed}. Check for more infos in the log.")
 
 
 def find_free_port() -> int:
