@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from vaco.report.decision import DEFAULT_MARGIN
-
-ACCURACY = "eval/accuracy"  # the LLM track's score: an accuracy, normalised by nothing
 from vaco.report.runs import Run
 from vaco.tracking import PAPER_AXES
+
+ACCURACY = "eval/accuracy"  # the LLM track's score: an accuracy, normalised by nothing
 
 __all__ = [
     "AGGREGATES",
