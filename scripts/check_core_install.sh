@@ -44,8 +44,9 @@ step "vaco fit --print_config"; "$VACO" fit --config configs/env/hopper.yaml --c
 step "vaco ui starts, serves and stops on Ctrl-C"
 "$VACO" ui --port 5077 > ui.log 2>&1 &
 ui=$!
-for _ in $(seq 60); do curl -sf http://127.0.0.1:5077/ >/dev/null && break; sleep 1; done
-curl -sf http://127.0.0.1:5077/ >/dev/null || { cat ui.log; exit 1; }
+up() { "$ROOT/$VENV/bin/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:5077/', timeout=5)" 2>/dev/null; }
+for _ in $(seq 120); do up && break; sleep 1; done
+up || { cat ui.log; exit 1; }
 kill -INT $ui; wait $ui || true
 step "vaco report on the runs"; "$VACO" report --experiment "$(grep -o "experiment '[^']*'" fit.log | head -1 | cut -d\' -f2)" \
   --no-sensitivity --reps 50 --out report > report.log 2>&1 || { cat report.log; exit 1; }

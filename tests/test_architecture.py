@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -264,7 +265,9 @@ def test_lightning_private_api_is_fenced_and_exists_on_this_lightning():
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
         for attribute in private - {"_run_id", "_run_name", "_experiment_name", "_tracking_uri", "_artifact_location"}:
-            if f".{attribute}(" in text or f"import {attribute}" in text or f" {attribute}," in text:
+            read = re.search(rf"\.{re.escape(attribute)}\b(?!\s*\()", text)  # an attribute read or write
+            named = f'"{attribute}"' in text or f"'{attribute}'" in text  # getattr(x, "_name"), hasattr, setattr
+            if f".{attribute}(" in text or f"import {attribute}" in text or f" {attribute}," in text or read or named:
                 assert path.name in ("lightning_private.py", "fit.py"), (
                     f"{path.name} uses {attribute} outside the fence"
                 )

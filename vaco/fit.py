@@ -603,7 +603,7 @@ def _unwritable(folder: str) -> str | None:
 def _check_same_run(model, datamodule, state: dict) -> None:
     """Refuse to resume a checkpoint into a different experiment (only the budget may change)."""
     saved = state.get("vaco", {}).get("definition")
-    if saved is None:  # a checkpoint from before run definitions were saved
+    if saved is None:  # written by a learner that had no data module to define the run by
         return
     problem = same_run_problem(saved, model.run_definition(datamodule))
     if problem is not None:

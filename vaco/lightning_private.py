@@ -18,10 +18,12 @@ from typing import Any
 __all__ = [
     "TESTED",
     "TOUCHES",
+    "ddp_timeout",
     "flatten_params",
     "reopen_finished_epoch",
     "resolve",
     "save_last_checkpoint",
+    "set_logged_hparam",
     "uncount_current_batch",
 ]
 
@@ -89,6 +91,16 @@ TOUCHES: dict[str, tuple[str, str]] = {
         "reopen_finished_epoch",
         "the epoch counters (completed, processed) of the checkpoint's fit loop",
     ),
+    "lightning.pytorch.strategies:DDPStrategy()._timeout": (
+        "ddp_timeout (vaco.rendezvous)",
+        "the loopback rendezvous store must wait as long as the process group the strategy makes; the "
+        "strategy keeps its `timeout` argument only privately",
+    ),
+    "lightning.pytorch.core.mixins.hparams_mixin:HyperparametersMixin()._hparams_initial": (
+        "set_logged_hparam (vaco.population_module)",
+        "a population member's data module logs its own seed as a param; Lightning logs the initial "
+        "hyperparameters from this private copy (the public `hparams_initial` returns a copy of it)",
+    ),
     "lightning.pytorch.loops.progress:_ProcessedTracker.started": (
         "uncount_current_batch (vaco.llm.rlvr_module)",
         "a generation batch stopped between its minibatches is finished by the first call after the "
@@ -108,7 +120,10 @@ def resolve(name: str) -> Any:
     if "()." in path:
         cls_name, _, attribute = path.partition("().")
         cls = getattr(obj, cls_name)
-        if f"self.{attribute} =" not in inspect.getsource(cls.__init__):
+        import re
+
+        # an instance attribute the class itself assigns or reads (Lightning sets some from helpers)
+        if not re.search(rf"self\.{re.escape(attribute)}\b", inspect.getsource(cls)):
             raise AttributeError(f"Lightning's {name} is gone (used by {TOUCHES.get(name, ('?',))[0]})")
         return attribute
     parts = path.split(".")
@@ -124,6 +139,17 @@ def resolve(name: str) -> Any:
 
 
 # ---------------------------------------------------------------- the code that touches them
+def ddp_timeout(strategy, default):
+    """The process-group timeout a DDP strategy was given (``default`` for a strategy without one)."""
+    return getattr(strategy, "_timeout", None) or default
+
+
+def set_logged_hparam(module, key: str, value) -> None:
+    """Change one hyperparameter Lightning will log for ``module`` (its saved initial copy)."""
+    if getattr(module, "_hparams_initial", None) is not None:
+        module._hparams_initial[key] = value
+
+
 def flatten_params(params) -> dict[str, Any]:
     """Hyperparameters flattened to ``a/b`` keys, as Lightning's MLFlowLogger flattens them."""
     from lightning.fabric.utilities.logger import _convert_params, _flatten_dict

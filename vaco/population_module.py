@@ -54,7 +54,7 @@ from vaco._checks import NonFiniteInputError
 from vaco.data.lockstep import Lockstep, shares_one_simulator
 from vaco.data.normalization import apply_normalizer
 from vaco.learner import Learner, NonFiniteLossError
-from vaco.lightning_private import reopen_finished_epoch
+from vaco.lightning_private import reopen_finished_epoch, set_logged_hparam
 from vaco.population import PopulationUpdate
 from vaco.update import TRAIN_KEYS
 from vaco.vaco_module import VacoModule, _numpy_rng_state, _set_numpy_rng_state, _si
@@ -161,7 +161,7 @@ class PopulationDataModule(L.LightningDataModule):
             return
         first = self.members[0]
         if "env" not in inspect.signature(first.collection.collector).parameters:
-            return  # a backend written before lockstep_envs (its collector builds its own envs): in turn
+            return  # a backend whose collector builds its own envs (envpool, actor processes): members in turn
         seeds = [member.seed for member in self.members]  # the collector's seed of a rank-0 run (no DDP)
         envs = first.collection.lockstep_envs(self.members, seeds)
         if envs is None:
@@ -245,8 +245,7 @@ class PopulationModule(Learner):
             member, member_data = copy.deepcopy(model), copy.deepcopy(data)
             member_data.seed = seed
             member_data.hparams["seed"] = seed
-            if getattr(member_data, "_hparams_initial", None) is not None:  # what Lightning logs as params
-                member_data._hparams_initial["seed"] = seed
+            set_logged_hparam(member_data, "seed", seed)  # what Lightning logs as params
             members.append(member)
             datas.append(member_data)
         return cls(members, seeds), PopulationDataModule(datas)
@@ -526,8 +525,7 @@ class PopulationModule(Learner):
         random.setstate((3, tuple(state["python_rng"]), None))
         self.population_id = state["population_id"]
         self._saved_budget = state.get("total_steps")
-        # checkpoints from before the GPU layout had the exact one on every device
-        saved_exact = state.get("update_exact", True)
+        saved_exact = state["update_exact"]  # None: saved before the first update chose a layout
         self._update_exact = saved_exact if saved_exact is not None else self._update_exact
 
 

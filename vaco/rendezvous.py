@@ -22,6 +22,8 @@ import datetime
 import os
 import socket
 
+from vaco.lightning_private import ddp_timeout
+
 __all__ = ["host_store_on_loopback", "loopback_interface", "LOOPBACK"]
 
 LOOPBACK = ("127.0.0.1", "localhost")
@@ -47,7 +49,7 @@ def host_store_on_loopback(trainer):
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", env.main_port))
     listener.listen(128)
-    timeout = getattr(strategy, "_timeout", None) or datetime.timedelta(minutes=30)
+    timeout = ddp_timeout(strategy, datetime.timedelta(minutes=30))
     store = dist.TCPStore(
         "127.0.0.1",
         env.main_port,

@@ -233,7 +233,7 @@ class CollectorBase(BaseCollector):
             self._obs = None
         else:
             self._restore_envs(state_dict["envs"])
-            # float32 as the loop keeps it (a checkpoint from before the one loop saved float64)
+            # float32, as the loop keeps it
             self._obs = torch.as_tensor(state_dict["obs"]).to(self.device, torch.float32).clone()
 
     # ------------------------------------------------------------------ the loop

@@ -189,7 +189,7 @@ def restore_envs(venv: gym.vector.SyncVectorEnv, states: list[dict]) -> None:
         mujoco.mj_setState(
             base.model, base.data, np.asarray(saved["mj_state"], dtype=np.float64), mujoco.mjtState.mjSTATE_INTEGRATION
         )
-        for name, value in saved.get("kinematics", {}).items():  # a snapshot from before 2026-11-29 has none
+        for name, value in saved["kinematics"].items():  # the body kinematics mj_setState leaves stale
             getattr(base.data, name)[:] = np.asarray(value)
         limit = _time_limit(env)
         if limit is not None:
