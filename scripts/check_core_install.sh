@@ -4,6 +4,7 @@
 # scratch folder with its own SQLite store. `.ci/run` runs it after `make test`; `make test-core` too.
 #   scripts/check_core_install.sh [VENV]        (default .venv-core; reused when it exists)
 set -euo pipefail
+# (every step's output is kept in a scratch folder; a failing step prints its log)
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 VENV=${1:-.venv-core}
@@ -16,7 +17,7 @@ if [ ! -x "$VENV/bin/vaco" ]; then
 fi
 VACO=$ROOT/$VENV/bin/vaco
 # no extra may be importable here, or the check proves nothing
-for extra in transformers imageio submitit ray warp envpool psycopg pytest; do
+for extra in transformers imageio_ffmpeg submitit ray warp mujoco_warp envpool psycopg pytest; do
   if "$VENV/bin/python" -c "import $extra" 2>/dev/null; then echo "core check: $extra is installed in $VENV: not a core install"; exit 1; fi
 done
 WORK=$(mktemp -d)
@@ -37,9 +38,9 @@ step "vaco evaluate --ckpt $ckpt"
 step "vaco fit --config configs/env/hopper.yaml --config configs/algo/vaco.yaml --population 2"
 "$VACO" fit --config configs/env/hopper.yaml --config configs/algo/vaco.yaml --population 2 "${small[@]}" \
   --trainer.default_root_dir pop > pop.log 2>&1 || { cat pop.log; exit 1; }
-member0=$(grep -o "checkpoints/[^ ]*/last.ckpt" pop.log | head -1)
-[ -n "$member0" ] || member0=$(ls -t checkpoints/*/last.ckpt | head -1)
-step "vaco evaluate --member 1"; "$VACO" evaluate --ckpt "$member0" --member 1 --episodes 2 | tail -1
+member0=$(ls pop/checkpoints/*/last.ckpt | head -1)  # a population's checkpoint is member 0's run folder
+step "vaco evaluate --member 1"; "$VACO" evaluate --ckpt "$member0" --member 1 --episodes 2 | tee member.log | tail -1
+grep -q "return" member.log
 step "vaco fit --print_config"; "$VACO" fit --config configs/env/hopper.yaml --config configs/algo/vaco.yaml --print_config >/dev/null
 step "vaco ui starts, serves and stops on Ctrl-C"
 "$VACO" ui --port 5077 > ui.log 2>&1 &
