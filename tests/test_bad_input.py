@@ -122,6 +122,10 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
         (("--config", "indent.yaml"), "`--config indent.yaml`: line 4, column 4: the indentation does not line up"),
         (("--config", "typo.yaml"), "has no field 'num_env'. Did you mean num_envs or num_steps? (in typo.yaml)"),
         (("--config", "."), "`--config .`: a directory, not a YAML file"),
+        (  # blamed on configs/algo/vaco.yaml, with no did-you-mean
+            ("--model.init_args.objective", "PPOclip"),
+            "`model.objective`: no objective class 'PPOclip'; the shipped ones are vaco.objectives.TVFilter",
+        ),
     ],
     ids=[
         "discrete-actions",
@@ -132,6 +136,7 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
         "indentation",
         "misspelt-key",
         "directory",
+        "unknown-objective",
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):
@@ -144,6 +149,29 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):
     assert len(errors) == 1 and expected in errors[0], out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "Seed set to" not in out.stderr + out.stdout
     assert not (tmp_path / "mlflow.db").exists()  # no store touched, no run
+
+
+@pytest.mark.parametrize(
+    "configs, expected",
+    [
+        (("algo/vaco.yaml",), "no task given: add --config configs/env/<task>.yaml (ant, halfcheetah, hopper,"),
+        (("env/hopper.yaml",), "no algorithm given: add --config configs/algo/<algorithm>.yaml (impala, ppo_clip,"),
+    ],
+    ids=["no-task", "no-algorithm"],
+)
+def test_a_missing_task_or_algorithm_names_the_config_to_add(tmp_path, configs, expected):
+    """An algo config alone said "lightning.LightningDataModule has no field 'total_steps'"."""
+    argv = [a for c in configs for a in ("--config", str(REPO / "configs" / c))]
+    out = subprocess.run([VACO, "fit", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("vaco fit: error:")]
+    assert line.startswith(f"vaco fit: error: {expected}"), line
+
+
+def test_an_unknown_objective_class_gets_a_did_you_mean(tmp_path):
+    out = _fit(tmp_path, "--model.init_args.objective", "PPOclip")
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("vaco fit: error:")]
+    assert "Did you mean PPOClip?" in line and "(in " not in line, line
 
 
 def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_render(tmp_path):

@@ -83,8 +83,51 @@ _TYPE_WORDS = {
 }
 
 
+def _configs_in(folder: str) -> str:
+    """The shipped configs of ``configs/<folder>`` (this directory's, else the clone vaco runs from)."""
+    from pathlib import Path
+
+    for root in (Path("configs"), Path(__file__).resolve().parents[1] / "configs"):
+        names = sorted(p.stem for p in (root / folder).glob("*.yaml"))
+        if names:
+            return ", ".join(names)
+    return "see the clone's configs/" + folder
+
+
+def _given(field: str) -> str | None:
+    """The value ``--field`` (or its ``init_args``-less spelling) has on this command line."""
+    spellings = {f"--{field}", f"--{field.replace('.init_args.', '.')}"}
+    for i, arg in enumerate(_ARGV):
+        key, _, value = arg.partition("=")
+        if key in spellings:
+            return value if value else (_ARGV[i + 1] if i + 1 < len(_ARGV) else None)
+    return None
+
+
 def _plain_type_error(text: str) -> str:
-    """```population`: Expected a <class 'int'>; ...`` as ```population` must be ..., got 'four'``."""
+    """jsonargparse's type bookkeeping said in words: ```population`: Expected a <class 'int'>; ...``
+    as ```population` must be ..., got 'four'``; a missing task or algorithm names the config to add;
+    an unknown objective or advantage class lists the shipped ones with a did-you-mean."""
+    import re
+
+    from vaco.config_errors import did_you_mean
+
+    if "arguments are required: fit.data" in text:
+        return f"no task given: add --config configs/env/<task>.yaml ({_configs_in('env')})"
+    if "arguments are required: fit.model" in text:
+        return f"no algorithm given: add --config configs/algo/<algorithm>.yaml ({_configs_in('algo')})"
+    found = re.match(r"`(model(?:\.init_args)?\.(objective|advantage))`: .*import path", text)
+    if found:
+        kind = found.group(2)
+        module = "vaco.objectives" if kind == "objective" else "vaco.advantages"
+        shipped = {"objective": ["TVFilter", "PPOClip", "PPOKL", "SPO", "IMPALA"], "advantage": ["GAE", "VTrace"]}[kind]
+        given = _given(found.group(1)) or "?"
+        hint = did_you_mean(given.rpartition(".")[2], shipped)
+        return (
+            f"`model.{kind}`: no {kind} class {given!r}; the shipped ones are "
+            + ", ".join(f"{module}.{name}" for name in shipped)
+            + f" (or your own module.Class, importable from this directory).{hint}"
+        )
     for field, words in _TYPE_WORDS.items():
         if text.startswith(f"`{field}`:") and "Expected a <class" in text:
             given = next((_ARGV[i + 1] for i, a in enumerate(_ARGV[:-1]) if a == f"--{field}"), None)
