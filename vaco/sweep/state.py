@@ -128,7 +128,8 @@ def check_output_dir(sweep: Sweep, tracking_uri: str) -> None:
     """A sweep's folder is part of its identity: its cells' checkpoints live there. Run from another
     working directory (the default folder is ``sweeps/<experiment>`` under it) the same experiment
     would list running cells as new and restart stopped ones from step 0; refuse that in one line
-    naming the folder the experiment's parent run recorded."""
+    naming the folder the experiment's parent run recorded. (An explicit ``--out`` is the user's
+    choice of folder and is not checked.)"""
     if _sqlite_missing(tracking_uri):
         return
     import mlflow

@@ -159,7 +159,8 @@ def _plan(args) -> _Plan:
     runner = kind.from_args(sweep, uri, resources, args) if kind.answers_status else None
     validate_with_cli(sweep, cells, uri)
     check_plan(sweep, uri)  # a study's plan does not change once its runs exist
-    check_output_dir(sweep, uri)  # nor its folder: another one would repeat the cells it holds
+    if not getattr(args, "out", None):  # a folder from the file or the default, resolved against this directory
+        check_output_dir(sweep, uri)  # another one would repeat the cells the first holds
     if getattr(args, "until_decided", False):
         if sweep.plan is None:
             raise SweepError("`--until-decided` needs the sweep file's `plan` block (its family and looks)")
