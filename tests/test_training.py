@@ -461,22 +461,8 @@ def test_single_node_ddp_keeps_the_gloo_pairs_on_the_loopback(monkeypatch):
     assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
 
 
-NAN_MODULE = '''
-from vaco.objectives import PPOClip
-
-
-class NaNAfter(PPOClip):
-    """The loss turns NaN from the third iteration on (2 epochs x 4 minibatches an iteration)."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.calls = 0
-
-    def surrogate(self, *, ratio, log_ratio, advantage, batch):
-        self.calls += 1
-        loss, indicators = super().surrogate(ratio=ratio, log_ratio=log_ratio, advantage=advantage, batch=batch)
-        return (loss * float("nan") if self.calls > 16 else loss), indicators
-'''
+# the same NaNAfter, as a module a `vaco fit` subprocess imports from its directory
+NAN_MODULE = "from vaco.objectives import PPOClip\n\n\n" + __import__("inspect").getsource(NaNAfter)
 
 
 def test_a_non_finite_loss_ends_vaco_fit_in_one_line_with_the_iteration_and_the_checkpoint(tmp_path):
