@@ -503,3 +503,37 @@ def test_sigterm_mid_run_checkpoints_at_the_stop_and_the_resume_repeats_nothing(
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert len(steps) == len(set(steps)), f"{key} logged a step twice"
     assert sorted(m.value for m in client.get_metric_history(run.info.run_id, "time/iteration")) == list(range(1, 13))
+
+
+def test_a_stop_while_vaco_fit_starts_waits_for_the_first_iteration_and_the_rerun_resumes_its_run(tmp_path):
+    """SIGTERM as soon as the run has begun to start (Lightning's "Seed set to" line; the envs, the
+    model and the MLflow run are made after it): the process used to die at once, leaving a RUNNING
+    run and no checkpoint, so a rerun (a sweep's resume) opened a second run beside it. The signal is
+    kept: the run stops after its first iteration with a checkpoint, KILLED, exit 143, and the rerun
+    from that checkpoint finishes the same run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    args = TINY[:-2]
+    fit = subprocess.Popen(
+        [VACO, "fit", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        for line in fit.stderr:
+            if line.startswith("Seed set to"):
+                fit.send_signal(signal.SIGTERM)
+                break
+        else:
+            pytest.fail("vaco fit printed no 'Seed set to' line")
+        out, err = fit.communicate(timeout=300)
+    finally:
+        fit.kill()
+    assert fit.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "received SIGTERM while starting" in err and "stopped by SIGTERM after iteration 1;" in err
+    (ckpt,) = tmp_path.glob("checkpoints/*/last.ckpt")
+    assert int(load_checkpoint(ckpt)["state_dict"]["version"]) == 1
+    (run,) = _runs(uri)
+    assert run.info.status == "KILLED"
+    done = run_cli("fit", *args, "--ckpt_path", str(ckpt), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (again,) = _runs(uri)
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"

@@ -23,6 +23,48 @@ __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfig
 #: before preempting or requeueing a job (SIGTERM; ``--signal=USR2@90`` in vaco's sbatch script)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)  # SIGINT: Ctrl-C, once (twice stops at once)
 
+#: a stop signal that came while ``vaco fit`` was starting, and the handlers it found (see :func:`listen_while_starting`)
+_STARTING: dict = {"signal": None, "handlers": {}}
+
+
+def _on_signal_while_starting(signum, frame) -> None:
+    if _STARTING["signal"] is None:
+        _STARTING["signal"] = signum
+        again = " (Ctrl-C again stops at once, without one)" if signum == signal.SIGINT else ""
+        print(
+            f"vaco: received {signal.Signals(signum).name} while starting; stopping after the first iteration with a "
+            f"checkpoint{again}",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif signum == signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt
+
+
+def listen_while_starting() -> None:
+    """From the start of ``vaco fit`` until :class:`IterationCheckpoint` takes over, a stop signal
+    is kept, not obeyed at once: the MLflow runs are created while the trainer starts, and a run
+    killed then had no checkpoint, so a rerun (a sweep's resume) opened new runs beside the dead
+    ones. Kept, the signal stops the run after its first iteration, as one during training does."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _STARTING["signal"] = None
+    for sig in STOP_SIGNALS:
+        previous = signal.signal(sig, _on_signal_while_starting)
+        if previous is not _on_signal_while_starting:
+            _STARTING["handlers"][sig] = previous
+
+
+def stop_listening() -> None:
+    """The handlers :func:`listen_while_starting` found, back (``vaco fit`` has ended)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig, handler in _STARTING["handlers"].items():
+        if signal.getsignal(sig) is _on_signal_while_starting:
+            signal.signal(sig, handler)
+    _STARTING["handlers"].clear()
+
 
 class IterationCheckpoint(ModelCheckpoint):
     """Keeps ``last.ckpt`` up to date every ``every_n_iterations`` rollout batches and at the end.
@@ -81,8 +123,12 @@ class IterationCheckpoint(ModelCheckpoint):
         """This callback's handler for every stop signal (the handlers it replaced kept once, to restore)."""
         if threading.current_thread() is not threading.main_thread():
             return
+        if self._requested is None and _STARTING["signal"] is not None:
+            self._requested = _STARTING["signal"]  # it came while vaco fit was starting
         for sig in STOP_SIGNALS:
             previous = signal.signal(sig, self._on_signal)
+            if previous is _on_signal_while_starting:  # restored to what was there before vaco fit started
+                previous = _STARTING["handlers"].get(sig, signal.SIG_DFL)
             self._previous_handlers.setdefault(sig, previous)
 
     def _restore(self) -> None:

@@ -25,7 +25,14 @@ from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vaco.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow, VacoProgressBar
+from vaco.callbacks import (
+    IterationCheckpoint,
+    IterationLog,
+    SaveConfigToMLflow,
+    VacoProgressBar,
+    listen_while_starting,
+    stop_listening,
+)
 from vaco.checkpoint import CheckpointError, load_checkpoint
 from vaco.config_errors import (
     ConfigurationError,
@@ -744,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if argv and argv[0] == "--help-all":  # Lightning's complete list (every Trainer flag)
         argv = ["--help", *argv[1:]]
+    listen_while_starting()
     try:
         _CONFIG_FILES.clear()
         _UNSENT.clear()
@@ -757,6 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as err:  # the run stopped itself: its MLflow run is FAILED, the checkpoint kept
         print(f"vaco fit: stopped: {err}", file=sys.stderr)
         sys.exit(1)
+    finally:
+        stop_listening()
     if _UNSENT:
         print(
             f"vaco fit: training ended, but the run is not finished: {_UNSENT[0]} holds metric batches the MLflow "
