@@ -344,9 +344,11 @@ def test_sigterm_during_the_first_evaluation_stops_it_and_the_resume_evaluates_f
         assert got == want and got, metric
 
 
-def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env):
+@pytest.mark.parametrize("objective", ["vaco_grpo.yaml", "vaco_grpo_seq.yaml"])
+def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env, objective):
     """VACO-GRPO with a lagged second minibatch (N = 2): micro-batching changes nothing, because
-    the TV filter tests the whole minibatch's TV, measured before the micro-batched backward."""
+    the TV filter tests the whole minibatch's TV, measured before the micro-batched backward (the
+    per-completion filter's test needs only a completion's own tokens)."""
     args = (
         "--data.init_args.num_steps",
         "2",
@@ -355,10 +357,10 @@ def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env):
         "--model.init_args.objective.init_args.delta",
         "0.01",
     )
-    main(fit_args(setting, tmp_path / "full", *args, objective="vaco_grpo.yaml"))
+    main(fit_args(setting, tmp_path / "full", *args, objective=objective))
     main(
         fit_args(
-            setting, tmp_path / "micro", *args, "--model.init_args.micro_batch_size", "2", objective="vaco_grpo.yaml"
+            setting, tmp_path / "micro", *args, "--model.init_args.micro_batch_size", "2", objective=objective
         )
     )
     full, micro = final_policy_state(tmp_path / "full"), final_policy_state(tmp_path / "micro")

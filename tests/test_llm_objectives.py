@@ -121,3 +121,65 @@ def test_on_policy_tokens_give_the_policy_gradient_for_both():
         out, loss, grad = loss_and_grad(objective, td, log_prob)
         torch.testing.assert_close(grad, torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 0.0]]) / 5)
         assert out["tv"].item() == 0.0
+
+
+# ---------------------------------------------------------------- the sequence-level variant
+def _sequence_filter_reference(ratios, advantages, mask, delta):
+    """open-instruct's ``vaco`` rule, written as loops in float64: per completion, the mean of
+    0.5 * |r - 1| over its valid tokens; over delta / 2, its tokens with A * sign(r - 1) > 0 are
+    dropped. Returns the kept flags and each completion's divergence."""
+    keep, tvs = [], []
+    for row_r, row_a, row_m in zip(ratios, advantages, mask):
+        valid = [0.5 * abs(r - 1.0) for r, m in zip(row_r, row_m) if m]
+        tv = sum(valid) / max(len(valid), 1)
+        tvs.append(tv)
+        keep.append(
+            [
+                not (m and tv > delta / 2 and a * ((r > 1.0) - (r < 1.0)) > 0)
+                for r, a, m in zip(row_r, row_a, row_m)
+            ]
+        )
+    return keep, tvs
+
+
+def test_the_sequence_level_filter_tests_each_completion_on_its_own():
+    """Completion 0 (A = +1) has a TV of 0.092 (0.5 * (0 + 0.25 + 0.3) / 3), completion 1 (A = -1)
+    of 0.175 (0.5 * (0.3 + 0.4) / 2): with delta 0.26 (threshold 0.13) only completion 1 is over
+    it, so only its raising token (r = 0.6, A = -1) is dropped, while the paper's minibatch test
+    (tv 0.125) drops nothing; at delta 0.05 both are over it; at 2.0 neither."""
+    from vaco.objectives import SequenceTVFilter
+    from vaco.objectives.objective_math import sequence_tv_filter_mask
+
+    ratios = [[1.0, 1.25, 0.7, 1.9], [1.3, 0.6, 5.0, 1.0]]
+    mask = [[True, True, True, False], [True, True, False, False]]
+    advantages = [[1.0] * 4, [-1.0] * 4]
+    for delta in (0.26, 0.05, 2.0):
+        keep, tvs = sequence_tv_filter_mask(
+            torch.tensor(ratios).log(), torch.tensor(advantages), delta=delta, mask=torch.tensor(mask)
+        )
+        want_keep, want_tv = _sequence_filter_reference(ratios, advantages, mask, delta)
+        assert keep.tolist() == want_keep
+        torch.testing.assert_close(tvs, torch.tensor(want_tv))
+    assert _sequence_filter_reference(ratios, advantages, mask, 0.26)[0] == [[True] * 4, [True, False, True, True]]
+
+    behavior = torch.tensor([[-1.0, -2.0, -0.5, -1.0], [-1.5, -0.3, -2.0, -1.0]])
+    log_prob = (behavior + torch.tensor(ratios).log()).requires_grad_()
+    td = TensorDict(
+        {
+            "log_prob": log_prob,
+            "behavior_log_prob": behavior,
+            "advantage": torch.tensor(advantages),
+            "mask": torch.tensor(mask),
+        },
+        batch_size=[2, 4],
+    )
+    out, loss, grad = loss_and_grad(SequenceTVFilter(delta=0.26, normalize_advantage=False), td, log_prob)
+    # -r A on the 5 valid tokens; the dropped token keeps its value and loses its gradient
+    assert loss.item() == pytest.approx(-(1 + 1.25 + 0.7 - 1.3 - 0.6) / 5)
+    torch.testing.assert_close(grad, torch.tensor([[-1.0, -1.25, -0.7, 0.0], [1.3, 0.0, 0.0, 0.0]]) / 5)
+    assert out["filter_fraction"].item() == pytest.approx(1 / 5)
+    minibatch = TVFilter(delta=0.26, normalize_advantage=False)(td)  # the paper's test: tv 0.125 < 0.13
+    assert minibatch["filter_fraction"].item() == 0.0
+    assert SequenceTVFilter.algorithm_name("group") == "vaco_grpo_seq" and not SequenceTVFilter().needs_minibatch_tv
+    with pytest.raises(ValueError, match="sequences, tokens"):
+        sequence_tv_filter_mask(torch.zeros(3), torch.zeros(3), delta=0.1)

@@ -11,7 +11,7 @@ import torch
 
 from vaco import _checks
 
-__all__ = ["masked_mean", "normalize", "total_variation", "tv_filter_mask", "gaussian_kl"]
+__all__ = ["masked_mean", "normalize", "total_variation", "tv_filter_mask", "sequence_tv_filter_mask", "gaussian_kl"]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -80,6 +80,39 @@ def tv_filter_mask(
     tv = total_variation(log_ratio, mask) if tv is None else tv.detach()
     raises_tv = advantages * torch.sign(log_ratio) > 0  # sign(r - 1) == sign(log r)
     keep = ~(raises_tv & (tv > delta / 2))
+    if mask is not None:
+        keep = keep | ~mask.bool()
+    return keep, tv
+
+
+def sequence_tv_filter_mask(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    delta: float,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequence-level TV filter of open-instruct's ``vaco`` option (the rule of its PR 1681):
+    each sequence (a row of ``[B, L]`` tokens) has its own divergence, ``tv_i = 0.5 * mean_t |r_it - 1|``
+    over its valid tokens; in a row with ``tv_i > delta / 2`` the tokens whose gradient would raise
+    it (``A * sign(r - 1) > 0``) lose their gradient. Rows under the threshold keep every token,
+    whatever the others do; there is no minibatch-wide test.
+
+    Returns ``(keep, tv)``: ``keep`` like ``log_ratio``; ``tv`` the ``[B]`` per-sequence divergences.
+    """
+    _checks.same_shape(log_ratio=log_ratio, advantages=advantages, mask=mask)
+    _checks.positive(delta=delta)
+    if log_ratio.dim() != 2:
+        raise ValueError(f"the sequence-level TV filter needs [sequences, tokens] inputs, got {tuple(log_ratio.shape)}")
+    log_ratio, advantages = log_ratio.detach(), advantages.detach()
+    deviation = (log_ratio.exp() - 1.0).abs()
+    if mask is None:
+        tv = 0.5 * deviation.mean(1)
+    else:
+        valid = mask.to(deviation.dtype)
+        tv = 0.5 * (deviation * valid).sum(1) / valid.sum(1).clamp(min=1.0)
+    raises_tv = advantages * torch.sign(log_ratio) > 0
+    keep = ~(raises_tv & (tv > delta / 2).unsqueeze(1))
     if mask is not None:
         keep = keep | ~mask.bool()
     return keep, tv
