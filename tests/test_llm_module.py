@@ -358,11 +358,7 @@ def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env, 
         "0.01",
     )
     main(fit_args(setting, tmp_path / "full", *args, objective=objective))
-    main(
-        fit_args(
-            setting, tmp_path / "micro", *args, "--model.init_args.micro_batch_size", "2", objective=objective
-        )
-    )
+    main(fit_args(setting, tmp_path / "micro", *args, "--model.init_args.micro_batch_size", "2", objective=objective))
     full, micro = final_policy_state(tmp_path / "full"), final_policy_state(tmp_path / "micro")
     for key in full:
         torch.testing.assert_close(full[key], micro[key], atol=1e-5, rtol=1e-4)

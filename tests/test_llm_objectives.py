@@ -134,10 +134,7 @@ def _sequence_filter_reference(ratios, advantages, mask, delta):
         tv = sum(valid) / max(len(valid), 1)
         tvs.append(tv)
         keep.append(
-            [
-                not (m and tv > delta / 2 and a * ((r > 1.0) - (r < 1.0)) > 0)
-                for r, a, m in zip(row_r, row_a, row_m)
-            ]
+            [not (m and tv > delta / 2 and a * ((r > 1.0) - (r < 1.0)) > 0) for r, a, m in zip(row_r, row_a, row_m)]
         )
     return keep, tvs
 
