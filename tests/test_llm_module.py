@@ -282,11 +282,16 @@ def test_sigterm_during_generation_abandons_the_batch_and_the_resume_regenerates
     run's bit for bit and every step is logged once."""
     args = ("--model.init_args.num_minibatches", "2", "--data.init_args.num_steps", "6")
     main(fit_args(setting, tmp_path / "straight", *args, objective="vaco_grpo.yaml"))
+    capsys.readouterr()  # the straight run's output
     stop = ("--trainer.callbacks+=helpers.signals.SignalAtBatchStart", "--trainer.callbacks.batch=2")
     with pytest.raises(SystemExit) as stopped:
         main(fit_args(setting, tmp_path / "stopped", *args, *stop, objective="vaco_grpo.yaml"))
     assert stopped.value.code == 128 + 15
-    assert "stopped by SIGTERM after iteration 1" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "stopped by SIGTERM after iteration 1" in captured.err
+    assert "stopping after this minibatch (in generation or evaluation: the next token)" in captured.err
+    # the abandoned batch printed no second line for iteration 1
+    assert [line.split(" |")[0] for line in captured.out.splitlines() if line.startswith("iter ")] == ["iter 1/3"]
     (ckpt,) = list((tmp_path / "stopped").glob("checkpoints/*/last.ckpt"))
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert int(saved["state_dict"]["version"]) == 1 and saved["vaco"]["pending"] == {"regenerate": 1}

@@ -32,8 +32,8 @@ def _on_signal_while_starting(signum, frame) -> None:
         _STARTING["signal"] = signum
         again = " (Ctrl-C again stops at once, without one)" if signum == signal.SIGINT else ""
         print(
-            f"vaco: received {signal.Signals(signum).name} while starting; stopping after the first iteration with a "
-            f"checkpoint{again}",
+            f"vaco: received {signal.Signals(signum).name} while starting; it is kept: the run stops at its first "
+            f"boundary (an iteration; the LLM track's next token or minibatch) with a checkpoint{again}",
             file=sys.stderr,
             flush=True,
         )
@@ -104,6 +104,7 @@ class IterationCheckpoint(ModelCheckpoint):
         self.stop_signal: int | None = None  # the signal that asked the run to stop, once it has stopped
         self._requested: int | None = None
         self._previous_handlers: dict[int, object] = {}
+        self._boundary = "this iteration"  # the learner's (Learner.stop_boundary), from setup on
 
     # -- stopping at an iteration boundary on SIGTERM / SIGUSR2
     def _on_signal(self, signum, frame) -> None:
@@ -111,7 +112,7 @@ class IterationCheckpoint(ModelCheckpoint):
             self._requested = signum
             again = " (Ctrl-C again stops at once, without one)" if signum == signal.SIGINT else ""
             print(
-                f"vaco: received {signal.Signals(signum).name}; stopping after this iteration with a checkpoint{again}",
+                f"vaco: received {signal.Signals(signum).name}; stopping after {self._boundary} with a checkpoint{again}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -170,6 +171,7 @@ class IterationCheckpoint(ModelCheckpoint):
         self._install()
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        self._boundary = getattr(pl_module, "stop_boundary", self._boundary)
         # atomic writes and safe reads (vaco.checkpoint) unless the user chose their own CheckpointIO
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = SafeCheckpointIO()
@@ -209,10 +211,17 @@ class IterationLog(Callback):
         ("lag/policy_age_mean", "age"),
     )
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._printed: int | None = None  # the last iteration printed
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_rank != 0:
             return
         iteration = int(pl_module.version)  # a vaco.learner.Learner
+        if iteration == self._printed:  # a batch abandoned on a stop signal (the LLM track): nothing new
+            return
+        self._printed = iteration
         total = pl_module.total_iterations()
         width = len(str(total)) if total else 1
         parts = [f"iter {iteration:>{width}}" + (f"/{total}" if total else "")]

@@ -108,6 +108,8 @@ class Learner(L.LightningModule, ABC):
     score_metric: ClassVar[str]
     #: how the score is printed at the end of ``vaco fit``
     score_format: ClassVar[str] = ".1f"
+    #: where a stop signal takes effect, as the signal's message says it ("stopping after ...")
+    stop_boundary: ClassVar[str] = "this iteration"
     #: hyperparameters a resumed run may change (every other one defines the run)
     resumable_hparams: ClassVar[tuple[str, ...]] = ("algorithm_name", "variant_of")
     #: ``vaco evaluate`` can run this learner's checkpoints (MuJoCo policies)

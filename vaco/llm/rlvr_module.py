@@ -110,6 +110,8 @@ class RLVRModule(Learner):
         variant_of: the algorithm this run is an ablation or control of (see ``VacoModule``).
     """
 
+    stop_boundary = "this minibatch (in generation or evaluation: the next token)"
+
     #: the config key a sweep's ``K`` axis sets: N minibatches per generation batch (the lag)
     lag_key: ClassVar[str] = "model.init_args.num_minibatches"
     #: the metric a run is scored by (the report's final score)
