@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -194,7 +195,8 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
     empty profile, shows the experiment's runs table in the model-training view (MLflow 3's default
     for a fresh browser is its GenAI pages: Overview, Traces, Token usage), with the study's columns
     and their values (MLflow's own first columns are Source, Models and Dataset, no metric). A
-    screenshot is kept."""
+    screenshot is kept. The addresses a user types or clicks without vaco's query (the root, an
+    experiment's link) open the training view too, each in a fresh browser."""
     import shutil
 
     import mlflow
@@ -264,6 +266,31 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
             timeout=180,
         )
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+        def page(address: str, profile: str) -> str:  # a fresh browser opening an address by hand
+            return subprocess.run(
+                [chromium, *flags, f"--user-data-dir={tmp_path / profile}", "--dump-dom", address],
+                capture_output=True,
+                text=True,
+                timeout=180,
+            ).stdout
+
+        # the experiment's link as the home page and the experiments list give it (no workflowType):
+        # MLflow alone opens a fresh browser on the GenAI view there (Traces, Token usage)
+        linked = page(f"http://127.0.0.1:{port}/#/experiments/{experiment}", "profile-link")
+        assert "vaco Hopper-v5 K=4 s1" in linked and ">Runs<" in linked and "Token" not in linked
+
+        # the root: its page reads the same in both views, but its sidebar's switch says which one
+        # is on (and every link from it follows): on the root as with ?workflowType=machine_learning
+        def switch(dom: str) -> tuple[str, str]:
+            found = re.search(r'class="([^"]*)">GenAI</span>.*?class="([^"]*)">Model training<', dom, re.S)
+            assert found, dom[-2000:]
+            return found.groups()
+
+        root = switch(page(f"http://127.0.0.1:{port}/", "profile-root"))
+        training = switch(page(f"http://127.0.0.1:{port}/#/?workflowType=machine_learning", "profile-ml"))
+        genai = switch(page(f"http://127.0.0.1:{port}/#/?workflowType=genai", "profile-genai"))
+        assert root == training != genai
         ui.send_signal(signal.SIGINT)
         assert ui.wait(timeout=60) == 0
     finally:

@@ -5,8 +5,10 @@
     vaco ui --host 0.0.0.0       # only when you mean to expose it (no authentication)
     vaco ui --experiment vaco-laptop
 
-It prints the address of an experiment's runs table in MLflow's model-training view (MLflow 3
-opens a fresh browser on its GenAI pages; ``?workflowType=machine_learning`` is what it honours):
+Every address of the UI (the root, an experiment's link, the home button) opens MLflow's
+model-training view, where MLflow 3 opens a fresh browser on its GenAI pages: the server is
+MLflow's own app with one script added to its page (:mod:`vaco.ui_app`). It prints the address
+of an experiment's runs table:
 the experiment given, else the one with the most recent run. The table opens with the columns a
 lag study is read by (algorithm, env, K, seed, eval/return, the lag and filter metrics), not
 MLflow's defaults (Source, Models, Dataset): a view MLflow's UI loads from an experiment tag
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         str(args.port),
         "--workers",
         "1",
+        "--app-name",
+        "vaco",  # MLflow's app with the training view as a fresh browser's default (vaco.ui_app)
     ]
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     # MLflow's server imports a Starlette module Starlette deprecates: a warning on every start that
