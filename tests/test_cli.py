@@ -279,6 +279,7 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
         # MLflow alone opens a fresh browser on the GenAI view there (Traces, Token usage)
         linked = page(f"http://127.0.0.1:{port}/#/experiments/{experiment}", "profile-link")
         assert "vaco Hopper-v5 K=4 s1" in linked and ">Runs<" in linked and "Token" not in linked
+        assert "Ask questions about your experiments" not in linked  # the Assistant did not open over it
 
         # the root: its page reads the same in both views, but its sidebar's switch says which one
         # is on (and every link from it follows): on the root as with ?workflowType=machine_learning

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 __all__ = ["TRAINING_VIEW_SCRIPT", "create_app"]
 
-#: set in the page's <head> before MLflow's scripts run (the storage format of MLflow's useLocalStorage)
+#: set in the page's <head> before MLflow's scripts run (the storage format of MLflow's useLocalStorage,
+#: ``<key>_v<version>`` holding JSON), each only where the browser holds no value of its own: the
+#: training view, and the Assistant panel counted as already opened once (it opens by itself on a
+#: browser's first visit to a localhost UI, over the runs table)
 TRAINING_VIEW_SCRIPT = (
-    b"<script>try{var k='mlflow.workflowType_v1';if(window.localStorage.getItem(k)===null)"
-    b"window.localStorage.setItem(k,JSON.stringify('machine_learning'))}catch(e){}</script>"
+    b"<script>try{var s=window.localStorage,d={'mlflow.workflowType_v1':'machine_learning',"
+    b"'mlflow.assistant.fab.autoOpenedOnFirstLoad_v1':true};for(var k in d)if(s.getItem(k)===null)"
+    b"s.setItem(k,JSON.stringify(d[k]))}catch(e){}</script>"
 )
 
 
