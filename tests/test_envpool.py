@@ -140,6 +140,7 @@ def test_vaco_fit_on_envpool_learns_inverted_pendulum(tmp_path, mlflow_uri):
     # a random policy scores ~5-10; as with gymnasium's envs, 12 iterations reach several hundred
     assert final > 300 and math.isfinite(final), final
     assert run.data.params["collection"] == "vaco.data.envpool_backend.EnvPool"
+    assert run.info.run_name == "ppo_clip InvertedPendulum-v5 K=1 s1 [envpool]"  # the backend is in the name
 
 
 def test_importing_envpool_leaves_the_environment_as_it_was():

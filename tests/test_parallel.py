@@ -188,6 +188,7 @@ def test_vaco_fit_sync2_learns_inverted_pendulum(tmp_path, mlflow_uri):
     """`vaco fit` with configs/collection/sync2.yaml: 2 actor processes, learns InvertedPendulum."""
     run = fit_inverted_pendulum_ppo(tmp_path, mlflow_uri, "sync2")
     assert run.data.params["algorithm"] == "ppo_clip"
+    assert run.info.run_name == "ppo_clip InvertedPendulum-v5 K=1 s1 [sync x2]"  # the backend is in the name
     final = run.data.metrics["eval/return"]
     # a random policy scores ~5-10; 12 iterations of PPO on 4 envs reach the 1000 cap in most seeds
     assert final > 300 and math.isfinite(final), final

@@ -275,7 +275,7 @@ class VacoCLI(LightningCLI):
         starts or any MLflow run is created (the logger creates its run lazily)."""
         model: Learner = self.model
         if isinstance(self.trainer.logger, VacoMLFlowLogger):
-            self.trainer.logger.default_run_name = model.default_run_name(self.datamodule)
+            self.trainer.logger.default_run_name = _run_name(model, self.datamodule, self.trainer)
         try:
             model.check_data(self.datamodule)
             if self._resume_state is not None:
@@ -355,7 +355,7 @@ class VacoCLI(LightningCLI):
                 POPULATION_TAG: self.model.population_id,
                 MEMBER_TAG: str(m),
             }
-            member_logger.default_run_name = member.default_run_name(data)
+            member_logger.default_run_name = _run_name(member, data, self.trainer)
             member.member_logger = member_logger
             loggers.append(member_logger)
         self.trainer.loggers = loggers
@@ -441,6 +441,16 @@ class VacoCLI(LightningCLI):
                 flush=True,
             )
         sys.exit(128 + int(signum))
+
+
+def _run_name(model, data, trainer) -> str:
+    """The learner's name from the run's coordinates, with what ran it where that is not the
+    default: ``vaco Hopper-v5 K=4 s1 [async x2]``, ``[warp]``, ``[envpool]``, ``[ddp x2]``."""
+    where = [getattr(getattr(data, "collection", None), "label", None)]
+    if trainer.world_size > 1:
+        where.append(f"ddp x{trainer.world_size}")
+    where = [w for w in where if w]
+    return model.default_run_name(data) + (f" [{', '.join(where)}]" if where else "")
 
 
 def _member_name(name: str | None, first: int, seed: int) -> str | None:

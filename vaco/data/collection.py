@@ -129,6 +129,12 @@ class Collection:
         names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
         return {"class_path": self.definition()["class_path"], "init_args": {n: getattr(self, n) for n in names}}
 
+    @property
+    def label(self) -> str | None:
+        """What a run's name says of this backend (``async x2``, ``warp``); None for the default
+        (:class:`InProcess`), so that a plain run's name is only its coordinates."""
+        return type(self).__name__.lower()
+
     def definition(self) -> dict[str, Any]:
         """What a resumed run may not change: the class and its defining settings."""
         return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}"}
@@ -144,6 +150,7 @@ class InProcess(Collection):
     :class:`~vaco.data.collector.RolloutCollector`."""
 
     env_bytes = GYMNASIUM_ENV_BYTES
+    label = None  # the default backend: nothing in a run's name
 
     def lockstep_envs(self, datas: list[RolloutSettings], seeds: list[int]) -> list[VectorEnv]:
         """Each member's own gymnasium envs, as blocks of one :class:`~vaco.data.collector.JointGymnasium`

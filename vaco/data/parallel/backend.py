@@ -65,6 +65,11 @@ class Actors(Collection):
         self.num_workers, self.mode, self.staleness_limit = num_workers, mode, staleness_limit
         self.backend, self.launcher, self.tcp_port = backend, launcher, tcp_port
 
+    @property
+    def label(self) -> str:
+        """``async x2``, ``sync x4 distributed``: the mode and the actors (the transport where not ``mp``)."""
+        return f"{self.mode} x{self.num_workers}" + ("" if self.backend == "mp" else f" {self.backend}")
+
     def validate(self, data: RolloutSettings) -> None:
         super().validate(data)
         split_envs(data.num_envs, self.num_workers, f"{self.field_prefix}.num_workers")
