@@ -270,9 +270,11 @@ def same_run_problem(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
     """The first run-defining field that differs between a checkpoint and the config, as a message."""
     for key in sorted(set(saved) | set(now)):
         if saved.get(key) != now.get(key):
+            then = f"has {saved[key]!r}" if key in saved else "has no such field"
+            given = f"has {now[key]!r}" if key in now else "has no such field"
             return (
-                f"`{key}` cannot change when resuming (the checkpoint's run has {saved.get(key)!r}, the config "
-                f"{now.get(key)!r}); only `data.init_args.total_steps` and the evaluation and logging fields "
-                "may change. Start a new run for a different setting"
+                f"`{key}` cannot change when resuming (the checkpoint's run {then}, the config {given}); only "
+                "`data.init_args.total_steps` and the evaluation and logging fields may change. Start a new run "
+                "for a different setting"
             )
     return None
