@@ -131,3 +131,17 @@ def test_packing_forms_the_same_chunks_on_a_rerun_packs_impala_and_leaves_checkp
         "vaco-inverted_pendulum-K2-s3",
         "vaco-inverted_pendulum-K2-s4",
     ]
+
+
+def test_a_stopped_population_is_counted_as_resuming_not_new(tmp_path, mlflow_uri):
+    """A population stopped mid-run keeps its checkpoint in its own folder (its members' folders
+    have none): the rerun's summary and its list count its members as resuming, not new."""
+    path, out = tmp_path / "pop.yaml", tmp_path / "out"
+    path.write_text(yaml.safe_dump(SWEEP))
+    ckpt = out / "vaco-inverted_pendulum-K2-s1+2+3" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"")  # what a stop leaves there (the dry run reads only that it is there)
+    dry = _sweep(path, out, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "0 finished (skipped), 3 resume from a checkpoint, 1 new" in dry.stdout, dry.stdout
+    assert f"  resume    {CELLS[0]}" in dry.stdout and f"  new       {CELLS[3]}" in dry.stdout

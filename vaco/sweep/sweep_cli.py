@@ -207,8 +207,24 @@ def _finished_in(paths: list[str], cells: list[Cell], states: dict[str, str]) ->
     return found
 
 
+def shown_states(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
+    """Each cell's state as a user reads it: a member of a population whose folder holds a
+    checkpoint resumes (the member's own folder has none, so ``plan`` calls it new)."""
+    from vaco.sweep.grid import PopulationCell, pack
+
+    shown = dict(states)
+    new = [c for c in cells if states.get(c.id) == "new"]
+    if sweep.population > 1 and new:
+        jobs, job_states = pack(sweep, new, states)
+        for job in jobs:
+            if isinstance(job, PopulationCell) and job_states.get(job.id) == "resume":
+                shown.update(dict.fromkeys((m.id for m in job.members), "resume"))
+    return shown
+
+
 def _say_plan(p: _Plan, args) -> None:
-    sweep, launcher, uri, states = p.sweep, p.launcher, p.uri, p.states
+    sweep, launcher, uri = p.sweep, p.launcher, p.uri
+    states = shown_states(sweep, p.cells, p.states)
     jobs = args.jobs or sweep.jobs
     counts = {s: sum(1 for v in states.values() if v == s) for s in ("finished", "running", "queued", "resume", "new")}
     say(
@@ -247,7 +263,8 @@ def _say_plan(p: _Plan, args) -> None:
 def _list_cells(p: _Plan, args) -> None:
     """--dry-run and --status: each cell's state (the first ones of a large sweep), and for SLURM
     the job arrays and the first sbatch script."""
-    cells, states, sweep = p.cells, p.states, p.sweep
+    cells, sweep = p.cells, p.sweep
+    states = shown_states(sweep, cells, p.states)
     shown = cells if args.all_cells or len(cells) <= MAX_LISTED else cells[: MAX_LISTED // 2]
     for cell in shown:
         print(f"  {states[cell.id]:8s}  {cell.id}")
