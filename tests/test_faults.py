@@ -537,3 +537,26 @@ def test_a_stop_while_vaco_fit_starts_waits_for_the_first_iteration_and_the_reru
     assert done.returncode == 0, done.stderr[-3000:]
     (again,) = _runs(uri)
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+
+
+def test_a_store_locked_by_another_process_is_one_line_naming_it(tmp_path):
+    """Another program holding the SQLite store's write lock (an open sqlite3 shell in a
+    transaction) made `vaco fit` fail inside the config with "database is locked; Expected a
+    <class 'collections.abc.Iterable'>; Expected a <class 'bool'>". It waits for the lock a while,
+    then says which file is locked and what to do, exit 2, before any env starts."""
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    mlflow.MlflowClient(uri).search_experiments()  # a store with MLflow's tables
+    holder = sqlite3.connect(str(db), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        out = run_cli("fit", *TINY, cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert out.returncode == 2, out.stderr[-3000:]
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("vaco fit: error:")]
+    assert f"{db} is locked by another process" in line and "Expected a" not in out.stderr
+    assert not list(tmp_path.glob("checkpoints/*"))

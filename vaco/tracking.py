@@ -222,6 +222,32 @@ def _check_sqlite(uri: str, name: str) -> None:
             sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=5).close()
         except sqlite3.Error as err:
             raise TrackingStoreError(f"`{name}`={uri!r}: cannot open {file}: {err}") from None
+        _check_sqlite_lock(file, uri, name)
+
+
+#: seconds a run waits at its start for another writer's lock on a SQLite store (the writes of a
+#: sweep's runs sharing one store take milliseconds; a lock held this long is held on purpose or by a hung program)
+SQLITE_LOCK_WAIT = 10.0
+
+
+def _check_sqlite_lock(file: Path, uri: str, name: str) -> None:
+    """Whether a write could start: another process holding the store's write lock (an open
+    ``sqlite3`` shell in a transaction, a hung writer) made MLflow fail deep inside the config."""
+    try:
+        db = sqlite3.connect(str(file), timeout=SQLITE_LOCK_WAIT, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("ROLLBACK")
+        finally:
+            db.close()
+    except sqlite3.OperationalError as err:
+        if "locked" not in str(err):
+            raise TrackingStoreError(f"`{name}`={uri!r}: cannot write {file}: {err}") from None
+        raise TrackingStoreError(
+            f"`{name}`={uri!r}: {file} is locked by another process (waited {SQLITE_LOCK_WAIT:.0f} s for its write "
+            "lock): close the program holding it (a sqlite3 shell in a transaction, a hung run), or give runs that "
+            "write at once a server store (docs/mlflow.md)"
+        ) from None
 
 
 def _http_auth_header(parts) -> dict[str, str]:
