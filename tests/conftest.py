@@ -11,6 +11,12 @@ worker's: where the suite's time goes by file, and whether the two workers were 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -25,6 +31,44 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         stem = item.path.stem
         item.add_marker(pytest.mark.xdist_group("services" if stem in SHARED_SERVICES else stem))
+
+
+_FORKSERVER: dict = {}
+REAL_VACO = str(Path(sys.executable).with_name("vaco"))
+
+
+def pytest_configure(config):
+    """One fork server per process that runs tests (each xdist worker; the only one without xdist):
+    the tests' `vaco` commands fork from it instead of starting a cold interpreter (see
+    tests/helpers/forkserver.py). ``VACO_TEST_FORKSERVER=0`` turns it off."""
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # xdist's controller runs no test
+    if os.environ.get("VACO_TEST_FORKSERVER") == "0":
+        return
+    where = Path(tempfile.mkdtemp(prefix="vaco-forkserver-"))
+    socket_path = str(where / "server.sock")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the tests' own, for a command to match
+    server = Path(__file__).with_name("helpers") / "forkserver.py"
+    with open(where / "server.log", "w") as log:
+        _FORKSERVER["proc"] = subprocess.Popen(
+            [sys.executable, str(server), socket_path, REAL_VACO],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    from helpers.forkserver import write_client
+
+    os.environ["VACO_TEST_FORKSERVER"] = socket_path
+    os.environ["VACO_TEST_CLIENT"] = write_client(str(where / "vaco"), sys.executable, REAL_VACO)
+    _FORKSERVER["where"] = where
+
+
+def pytest_unconfigure(config):
+    proc = _FORKSERVER.pop("proc", None)
+    if proc is not None:
+        proc.kill()
+        proc.wait()
 
 
 _FILE_SECONDS: dict[str, float] = {}

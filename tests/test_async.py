@@ -20,7 +20,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from helpers.actors import descendants, parallel_run, still_alive_after
-from helpers.runs import CONFIGS, REPO, VACO, metric_histories
+from helpers.runs import CONFIGS, REPO, metric_histories
+from helpers.runs import REAL_VACO as VACO  # the process tree is looked at: a real `vaco` process
 
 
 def _values(history) -> list[float]:

@@ -9,18 +9,17 @@ import contextlib
 import io
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers.runs import VACO
 from vaco.config_errors import ConfigurationError
 from vaco.fit import VacoCLI
 
 REPO = Path(__file__).resolve().parents[1]
-VACO = str(Path(sys.executable).with_name("vaco"))
 BASE = ["--config", str(REPO / "configs/env/hopper.yaml"), "--config", str(REPO / "configs/algo/vaco.yaml")]
 # values the math allows at any size: a truncation level, a penalty weight, SPO's ratio bound, delta
 UNBOUNDED_ABOVE = {"c_bar", "kl_coef", "epsilon", "delta", "rho_bar"}

@@ -14,7 +14,10 @@ from vaco.tracking import artifact_location
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
-VACO = str(Path(sys.executable).with_name("vaco"))
+#: the real `vaco` script, and what the tests run as `vaco`: the fork server's client where the
+#: suite started one (tests/helpers/forkserver.py: the same command without a cold interpreter)
+REAL_VACO = str(Path(sys.executable).with_name("vaco"))
+VACO = os.environ.get("VACO_TEST_CLIENT") or REAL_VACO
 
 
 def metric_histories(uri: str, run_id: str, skip_prefixes=("perf/",)) -> dict[str, list[tuple[int, float]]]:
@@ -106,7 +109,12 @@ def run_cli(
 
     full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     return subprocess.run(
-        [*prefix, VACO, *args], cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+        [*prefix, REAL_VACO if prefix else VACO, *args],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
