@@ -6,6 +6,11 @@ is one group, so a file's module-scoped set-up runs once; the files that start t
 cluster, PostgreSQL or a local Ray cluster (tests/helpers/services.py starts each once per process)
 share one group, so those services start once per suite and never twice side by side.
 
+Each worker also starts a fork server (tests/helpers/forkserver.py): a process that has imported
+torch, Lightning, MLflow and vaco once, from which the tests' ``vaco`` commands (``VACO`` in
+tests/helpers/runs.py) are forked instead of started as cold interpreters (~7 s each on two cores).
+``VACO_TEST_FORKSERVER=0`` runs every command as a plain subprocess instead.
+
 With ``--durations`` (as `make test` runs it) the summary also gives each file's seconds and each
 worker's: where the suite's time goes by file, and whether the two workers were kept busy alike."""
 
