@@ -302,6 +302,7 @@ with open(sys.argv[1], "w") as out:
 """
 
 
+@pytest.mark.slow
 def test_the_iteration_walk_names_every_file_one_iteration_runs_and_no_other(tmp_path):
     """The walk in docs/architecture.md is the whole iteration: one real `vaco fit` (the walk's
     command at tiny sizes, a checkpoint every iteration) is traced through its second iteration,

@@ -173,6 +173,7 @@ def test_an_unknown_objective_class_gets_a_did_you_mean(tmp_path):
     assert "Did you mean PPOClip?" in line and "(in " not in line, line
 
 
+@pytest.mark.slow
 def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_render(tmp_path):
     import ctypes.util
 
@@ -312,6 +313,7 @@ def test_load_yaml_counts_what_aliases_expand_to_and_reads_ordinary_files():
     assert MAX_YAML_VALUES == 100_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, message",
     [

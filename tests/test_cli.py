@@ -104,6 +104,7 @@ TINY_FIT = (
 )
 
 
+@pytest.mark.slow
 def test_fit_ends_with_vacos_summary_not_lightnings_notice(tmp_path):
     out = run_cli(
         *TINY_FIT,
@@ -118,6 +119,7 @@ def test_fit_ends_with_vacos_summary_not_lightnings_notice(tmp_path):
     assert "vaco evaluate --ckpt" in out.stdout and "vaco ui" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_sqlite_store_keeps_its_runs_artifacts_beside_its_file_not_in_the_working_directory(tmp_path):
     """MLflow would put the config and the checkpoints in ./mlruns of whichever directory first
     created the experiment; vaco puts them in mlruns/<experiment> beside the database file."""
@@ -144,6 +146,7 @@ def test_a_sqlite_store_keeps_its_runs_artifacts_beside_its_file_not_in_the_work
     assert not (elsewhere / "mlruns").exists(), sorted((elsewhere / "mlruns").rglob("*"))
 
 
+@pytest.mark.slow
 def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
     import mlflow
 
@@ -190,6 +193,7 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
     assert not _serving(port), "a UI process outlived `vaco ui`"
 
 
+@pytest.mark.slow
 def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
     """What a new user sees: the address `vaco ui` prints, opened in headless Chromium with a new,
     empty profile, shows the experiment's runs table in the model-training view (MLflow 3's default

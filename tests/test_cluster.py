@@ -58,6 +58,7 @@ def _wait_until(check, timeout: float, what: str):
         time.sleep(1)
 
 
+@pytest.mark.slow
 def test_a_sweep_through_real_sbatch_survives_a_requeue_and_closes_its_parent_run(slurm, tmp_path):
     """`scontrol requeue` with the default checkpoint interval (10 iterations): the cell stops at the
     iteration boundary after SLURM's SIGTERM with a checkpoint there, and the requeued job resumes
@@ -165,6 +166,7 @@ def test_the_dry_run_shows_the_arrays_and_the_script_that_will_be_submitted(slur
     assert "cells on other hosts cannot share one SQLite file safely" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_submitter_killed_before_recording_its_jobs_does_not_submit_twice(slurm, tmp_path):
     """The state a submitter killed between `sbatch` and writing jobs.yaml leaves behind: the jobs
     are queued and nothing records them. The rerun asks SLURM and refuses, in one line. The five
@@ -208,6 +210,7 @@ def test_a_submitter_killed_before_recording_its_jobs_does_not_submit_twice(slur
         _wait_until(lambda: not _squeue(slurm), 120, "the queue emptying")
 
 
+@pytest.mark.slow
 def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     url, why = postgres(SECRET)
     if url is None:
@@ -241,6 +244,7 @@ def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     assert "postgresql+psycopg://***@127.0.0.1" in out.stdout  # what the sweep shows of the store
 
 
+@pytest.mark.slow
 def test_a_population_through_real_sbatch_is_one_job_that_survives_a_requeue(slurm, tmp_path):
     """`population: 2` on SLURM: two seeds of one cell are one array task (`vaco fit --population`);
     `scontrol requeue` mid-run stops both members at one iteration boundary with one checkpoint and

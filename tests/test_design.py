@@ -139,6 +139,7 @@ def test_the_contrast_bootstrap_draws_one_set_of_seeds_per_task_for_all_eight_ce
     assert mine.interval == pytest.approx(np.percentile(samples, [2.5, 97.5]), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_no_design_without_two_pairs_and_the_command_line_prints_it(tmp_path, capsys):
     runs = _runs(2)
     assert two_by_two(R.build_report("design", runs, reps=10, step_pairs={"vaco": "ppo_clip_large_step"})) is None
@@ -156,6 +157,7 @@ def test_no_design_without_two_pairs_and_the_command_line_prints_it(tmp_path, ca
     assert summary.count("| objective x step size |") == 2
 
 
+@pytest.mark.slow
 def test_the_contrasts_under_every_scoring_reproduce_the_headline_and_a_floor_free_mean_by_hand(tmp_path, capsys):
     runs = _runs(3)
     rep = R.build_report("design", runs, reps=100, seed=5, step_pairs=PAIRS)

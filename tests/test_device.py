@@ -68,6 +68,7 @@ def test_checkpoints_load_with_any_map_location(tmp_path, mlflow_uri):
             assert torch.equal(state["state_dict"][key], value)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 @pytest.mark.parametrize("hardware", ["gpu", "gpu_ddp"])
 def test_asking_for_a_gpu_without_one_is_one_line_before_any_work(tmp_path, hardware):

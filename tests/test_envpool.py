@@ -131,6 +131,7 @@ def test_an_episode_is_truncated_at_1000_steps():
         envs.close()
 
 
+@pytest.mark.slow
 def test_vaco_fit_on_envpool_learns_inverted_pendulum(tmp_path, mlflow_uri):
     """`vaco fit` with configs/collection/envpool.yaml (collection and evaluation on envpool)."""
     from helpers.runs import fit_inverted_pendulum_ppo
@@ -143,6 +144,7 @@ def test_vaco_fit_on_envpool_learns_inverted_pendulum(tmp_path, mlflow_uri):
     assert run.info.run_name == "ppo_clip InvertedPendulum-v5 K=1 s1 [envpool]"  # the backend is in the name
 
 
+@pytest.mark.slow
 def test_importing_envpool_leaves_the_environment_as_it_was():
     """envpool sets MPLBACKEND=Agg on import; vaco's import puts it back (a later notebook kernel or
     subprocess would otherwise draw nothing inline). Checked in a fresh interpreter, both ways."""

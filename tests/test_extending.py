@@ -85,6 +85,7 @@ def _commands(commands, verb: str) -> list[list[str]]:
     return [[VACO, *c[1:]] for c in commands if c[0].endswith("vaco") and c[1] == verb]
 
 
+@pytest.mark.slow
 def test_the_doc_objective_and_advantage_train_from_the_users_directory(project):
     root, commands, uri = project
     fits = _commands(commands, "fit")
@@ -119,6 +120,7 @@ def test_the_doc_objective_validates_its_field(project):
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_the_doc_sweep_axis_lists_its_cells_and_runs(project):
     root, commands, uri = project
     sweeps = _commands(commands, "sweep")
@@ -223,6 +225,7 @@ def annealed(i: int, iterations: int) -> float:
     return LR * (1.0 - i / iterations)
 
 
+@pytest.mark.slow
 def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_cannot_change(tmp_path):
     """Extending a finished 2-iteration run to 4: the same MLflow run, the budget's history, and
     the learning rate of the new budget's schedule from the first resumed iteration (it used to
@@ -275,6 +278,7 @@ def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_
     assert torch.load(ckpt, weights_only=True)["vaco"]["total_steps"] == 512  # the resumed state, in last.ckpt
 
 
+@pytest.mark.slow
 def test_resume_without_a_budget_keeps_the_checkpoints_and_says_so(tmp_path):
     """A resume that does not restate the budget runs to the checkpoint's, not the config file's
     (inverted_pendulum.yaml's 40,960 steps: it used to extend a 256-step run to 320 iterations)."""
@@ -298,6 +302,7 @@ def test_resume_without_a_budget_keeps_the_checkpoints_and_says_so(tmp_path):
     assert mlflow.MlflowClient(uri).get_run(run_id).data.tags["total_steps"] == "256"
 
 
+@pytest.mark.slow
 def test_resume_with_a_larger_budget_when_the_last_iteration_saved_the_checkpoint(tmp_path):
     """``checkpoint.every_n_iterations`` dividing the run (the demo: 100 iterations, every 10): the
     last iteration's own save is the last checkpoint, with its epoch not yet marked complete.

@@ -104,6 +104,7 @@ def test_malicious_checkpoint_given_to_evaluate_is_refused_and_its_payload_not_r
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_malicious_checkpoint_given_to_fit_is_refused_before_any_run(tmp_path, finished_run):
     _, _, good = finished_run
     marker = tmp_path / "pwned"
@@ -117,6 +118,7 @@ def test_malicious_checkpoint_given_to_fit_is_refused_before_any_run(tmp_path, f
     assert not (tmp_path / "mlflow.db").exists() or _runs(uri) == []
 
 
+@pytest.mark.slow
 def test_malicious_checkpoint_in_a_sweep_cell_is_refused_and_the_cell_fails(tmp_path):
     cell = "vaco-inverted_pendulum-K2-s1"  # a cell of configs/sweeps/tiny.yaml
     marker = tmp_path / "pwned"
@@ -188,6 +190,7 @@ def _overwrite_tensor_bytes(data: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------- truncated, empty, interrupted writes
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "empty", "overwritten"])
 def test_damaged_checkpoint_is_reported_naming_the_file(tmp_path, finished_run, damage):
     """Overwritten tensor bytes used to load silently as other numbers (torch does not check the CRC)."""
@@ -264,6 +267,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_checkpoint_writer_killed_midway_leaves_a_whole_checkpoint(tmp_path):
     path = tmp_path / "last.ckpt"
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True)
@@ -398,6 +402,7 @@ def test_tracking_server_restart_mid_run_loses_no_metric(tmp_path):
 
 
 # ---------------------------------------------------------------- config errors
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override,field",
     [
@@ -462,6 +467,7 @@ def test_sigkill_mid_run_then_resume_equals_an_uninterrupted_run(tmp_path, finis
         assert sorted(set(resumed[key])) == values, key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2, signal.SIGINT])
 def test_sigterm_mid_run_checkpoints_at_the_stop_and_the_resume_repeats_nothing(tmp_path, sig):
     """What SLURM sends before preempting (SIGTERM; SIGUSR2 with vaco's --signal=USR2@90) and Ctrl-C
@@ -505,6 +511,7 @@ def test_sigterm_mid_run_checkpoints_at_the_stop_and_the_resume_repeats_nothing(
     assert sorted(m.value for m in client.get_metric_history(run.info.run_id, "time/iteration")) == list(range(1, 13))
 
 
+@pytest.mark.slow
 def test_a_stop_while_vaco_fit_starts_waits_for_the_first_iteration_and_the_rerun_resumes_its_run(tmp_path):
     """SIGTERM as soon as the run has begun to start (Lightning's "Seed set to" line; the envs, the
     model and the MLflow run are made after it): the process used to die at once, leaving a RUNNING
@@ -539,6 +546,7 @@ def test_a_stop_while_vaco_fit_starts_waits_for_the_first_iteration_and_the_reru
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_a_store_locked_by_another_process_is_one_line_naming_it(tmp_path):
     """Another program holding the SQLite store's write lock (an open sqlite3 shell in a
     transaction) made `vaco fit` fail inside the config with "database is locked; Expected a

@@ -36,6 +36,7 @@ def _sweep(tmp_path: Path, uri: str, *args: str, timeout: int = 900) -> subproce
 
 
 # ---------------------------------------------------------------- SLURM (submitit)
+@pytest.mark.slow
 def test_slurm_launcher_runs_the_cells_through_submitits_local_executor(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     start = time.monotonic()
@@ -94,6 +95,7 @@ def test_slurm_job_array_script_carries_the_sweeps_resources(tmp_path):
     assert not (tmp_path / "out").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_slurm_without_submitit_is_refused_before_any_cell(tmp_path):
     code = (
         "import sys; sys.modules['submitit'] = None\n"
@@ -112,6 +114,7 @@ def test_slurm_without_submitit_is_refused_before_any_cell(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_slurm_dry_run_without_submitit_is_one_line_too(tmp_path):
     code = (
         "import sys; sys.modules['submitit'] = None\n"
@@ -335,6 +338,7 @@ class Serial(Launcher):
 """
 
 
+@pytest.mark.slow
 def test_every_launcher_inherits_one_base_and_a_users_launcher_runs_a_sweep_unedited(tmp_path):
     from vaco.sweep.launcher import Launcher, launcher_class, launcher_names
 
@@ -353,6 +357,7 @@ def test_every_launcher_inherits_one_base_and_a_users_launcher_runs_a_sweep_uned
     assert parent.info.status == "FINISHED"  # the base flow closed the sweep's parent run
 
 
+@pytest.mark.slow
 def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(tmp_path):
     """MLflow's client accepts http://user:password@host; its own "View run ... at: <URI>" lines,
     each cell's train.log and submitit's pickles must not carry the password. A real `mlflow server`
@@ -436,6 +441,7 @@ def test_stop_after_ends_a_block_with_124_and_the_same_command_without_it_finish
     assert elsewhere.returncode == 2 and "`--stop-after` is for the local launcher" in elsewhere.stderr
 
 
+@pytest.mark.slow
 def test_ray_runs_a_population_as_one_task_with_a_run_per_member(tmp_path):
     """`population: 2` on a real local Ray cluster: seeds 1 and 2 of one cell are one Ray task
     (`vaco fit --population [1, 2]`), each member one FINISHED run named and tagged as its cell."""

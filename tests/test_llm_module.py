@@ -185,6 +185,7 @@ def test_micro_batches_give_the_same_update(setting, tmp_path, mlflow_env):
         torch.testing.assert_close(full[key], micro[key], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path, mlflow_env, capsys):
     # straight: 4 steps as 2 generation batches of N = 2 minibatches
     args = ("--model.init_args.num_minibatches", "2", "--checkpoint.every_n_iterations", "1")
@@ -242,6 +243,7 @@ def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path
     assert (params["algorithm"], params["N"], params["delta"]) == ("vaco_grpo", "2", "0.05")
 
 
+@pytest.mark.slow
 def test_sigterm_inside_a_generation_batch_stops_at_the_minibatch_boundary_and_resumes_exactly(
     setting, tmp_path, mlflow_env, capsys
 ):
@@ -273,6 +275,7 @@ def test_sigterm_inside_a_generation_batch_stops_at_the_minibatch_boundary_and_r
         assert [m.step for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)] == steps
 
 
+@pytest.mark.slow
 def test_sigterm_during_generation_abandons_the_batch_and_the_resume_regenerates_it_exactly(
     setting, tmp_path, mlflow_env, capsys
 ):
@@ -308,6 +311,7 @@ def test_sigterm_during_generation_abandons_the_batch_and_the_resume_regenerates
         assert [m.step for m in sorted(client.get_metric_history(run_id, metric), key=lambda m: m.step)] == steps
 
 
+@pytest.mark.slow
 def test_sigterm_during_the_first_evaluation_stops_it_and_the_resume_evaluates_first(
     setting, tmp_path, mlflow_env, capsys
 ):
@@ -349,6 +353,7 @@ def test_sigterm_during_the_first_evaluation_stops_it_and_the_resume_evaluates_f
         assert got == want and got, metric
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["vaco_grpo.yaml", "vaco_grpo_seq.yaml"])
 def test_micro_batches_give_the_same_vaco_update(setting, tmp_path, mlflow_env, objective):
     """VACO-GRPO with a lagged second minibatch (N = 2): micro-batching changes nothing, because
@@ -452,6 +457,7 @@ def test_bf16_configured_weights_move_after_one_step_at_lr_1e_6(setting):
     assert _one_policy_gradient_step(stored) < 0.5
 
 
+@pytest.mark.slow
 def test_bf16_on_a_cpu_computes_in_float32_and_says_so(setting, tmp_path, mlflow_env):
     with pytest.warns(UserWarning, match="bfloat16` on a CPU: computing in float32"):
         main(fit_args(setting, tmp_path, "--data.init_args.num_steps", "1", "--model.init_args.dtype", "bfloat16"))

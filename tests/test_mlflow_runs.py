@@ -35,6 +35,7 @@ FIT = [
 ]
 
 
+@pytest.mark.slow
 def test_runs_are_named_by_their_coordinates_in_a_model_training_experiment(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for extra in ([], [], ["--model.init_args.objective.init_args.delta", "0.4"]):
@@ -95,6 +96,7 @@ def test_a_resume_the_logger_refuses_leaves_the_run_as_it_was(tmp_path):
     assert client.get_run(run.info.run_id).info.status == "FAILED"
 
 
+@pytest.mark.slow
 def test_runs_started_at_once_into_a_new_store_all_go_on(tmp_path):
     """Two `vaco fit`s started together into a store that has no experiment yet both look it up,
     find nothing and create it; the second create fails on the name's unique key (a benchmark's two

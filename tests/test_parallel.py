@@ -47,6 +47,7 @@ def _assert_same(a, b) -> None:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=f"{key} differs")
 
 
+@pytest.mark.slow
 def test_two_actors_equal_two_single_process_collectors_and_keep_the_semantics():
     """Actor w is the single-process collector seeded actor_seed(seed, w), bit for bit; the batch
     has the single-process keys, [num_envs, num_steps], and per-env versions drawn from the buffer."""
@@ -210,6 +211,7 @@ def _dies():
     raise SystemExit(3)
 
 
+@pytest.mark.slow
 def test_a_dead_actor_is_reported_in_one_error_whatever_its_siblings_state():
     """TorchRL's check terminated a sibling, slept 0.1 s and closed it: a sibling that took longer to
     exit made it raise "Cannot close a process while it is still running" (a traceback instead of the

@@ -79,6 +79,7 @@ def _bootstrap_differences(cells: list[np.ndarray], reps: int, seed: int) -> np.
     return (yr - yk) - (xr - xk)
 
 
+@pytest.mark.slow
 def test_on_the_committed_runs_with_labels_swapped_the_sequential_rule_keeps_its_rate():
     """Null studies made from the committed 2x2 runs (docs/data/lag_2x2.csv.gz, normalised as the
     report does): the small-step pair (vaco_tv_matched against ppo_clip_small_step) at K = 1 and 4,
@@ -200,6 +201,7 @@ def test_a_plan_has_an_identity_and_finds_its_look():
     assert plan.digest != other.digest and len(plan.digest) == 12
 
 
+@pytest.mark.slow
 def test_a_sweeps_plan_is_declared_with_its_first_run_and_cannot_change_after(tmp_path, mlflow_uri):
     """A real sweep (one tiny cell run): the parent run records the plan, its digest and when it was
     declared; the same file with another margin, or without its plan, is refused in one line before
@@ -309,6 +311,7 @@ def _null_studies(rho: float, looks: list[int], m: int, studies: int, seed: int)
     return np.concatenate(out)
 
 
+@pytest.mark.slow
 def test_the_family_wise_rate_holds_over_correlated_comparisons_and_looks_and_the_test_catches_wrong_boundaries():
     """200,000 null studies of four correlated comparisons (rho 0.25) over four unequal looks: the
     rule's family-wise false-"differs" rate stays within alpha + 3 Monte Carlo SE. The same check
@@ -342,6 +345,7 @@ def test_a_look_that_cannot_decide_is_named_with_the_seeds_it_needs():
     assert undecidable_looks(load_plan(PLAN, ["vaco", "ppo_clip"], [1, 4, 16], seeds=20), tasks=2) == []
 
 
+@pytest.mark.slow
 def test_the_report_judges_the_family_by_sequential_holm_and_splits_each_difference():
     """Synthetic runs (tests/test_robustness.py: ppo_clip loses 0.04 a unit of K, vaco 0.02, 6 seeds,
     2 tasks): the family's p-values are the difference-of-drops verdicts' own, judged by the step-down
@@ -414,6 +418,7 @@ def _lag_runs(losses: dict[str, float], seeds: int, levels: dict[str, float] | N
     return runs
 
 
+@pytest.mark.slow
 def test_the_equivalent_branch_and_the_floor_rule():
     """Equivalent: two arms that lose the same (12 seeds, 2 tasks, margin 0.05) are declared
     equivalent by the step-down on the TOST p; an arm that loses 0.075 more at K = 4 differs. The floor: a
@@ -460,6 +465,7 @@ def test_the_equivalent_branch_and_the_floor_rule():
         load_plan({**raw, "floor": 2}, ["vaco", "ppo_clip", "a2c"], [1, 4], seeds=12)
 
 
+@pytest.mark.slow
 def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_path, mlflow_uri):
     """A small plan end to end (real cells, populations): 7 seeds a cell at look 1 of [7, 14]. One
     iteration a cell: the two arms' drops are equal seed by seed, so at look 1 they are equivalent
@@ -538,6 +544,7 @@ def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_
     assert "declared after the runs" in own.stdout and "IQM at K 0.500 / 0.500" not in own.stdout
 
 
+@pytest.mark.slow
 def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_are_added(tmp_path):
     """A plan's ``references`` (task -> [min, max], fixed numbers) replace the report's own rule for
     the tasks they name: every run's normalised score is (final - min) / (max - min) with the plan's
@@ -581,6 +588,7 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
     assert "Hopper-v5: normalised by the plan's fixed references [100, 900]" in (out / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_non_finite_score_is_left_out_by_a_stated_rule_and_never_becomes_a_verdict(tmp_path):
     """One seed's final eval/return NaN (another's inf) made every robustness line "nan [nan, nan] ->
     differs" and a declared plan's comparison "+nan ... -> differs". Now the runs are left out and

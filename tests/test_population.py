@@ -66,6 +66,7 @@ def _solo(tmp_path, uri, objective, advantage, seed: int, env: str) -> list[dict
     return records, module
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_each_member_of_a_population_updates_exactly_as_its_solo_run(tmp_path, mlflow_uri, algorithm):
     """Hopper's 3 actions make log_std and the output bias 3 numbers a member: stacked, a member's

@@ -11,6 +11,7 @@ from helpers.runs import REPO, VACO, metric_histories
 from test_extending import TINY_FIT, _run, doc_blocks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["clipped_is.yaml", "ppo_td0.yaml"])
 def test_the_docs_objective_and_advantage_run_unchanged_in_a_population(tmp_path, config):
     files, _ = doc_blocks()
@@ -52,6 +53,7 @@ class Branching(Objective):
 '''
 
 
+@pytest.mark.slow
 def test_every_shipped_objective_passes_the_population_check_and_a_branching_one_stops_in_one_line(tmp_path):
     """The probe vmaps each objective's forward over two members, as the population update does:
     every shipped objective passes it; one that branches on a tensor's value is refused by `vaco fit

@@ -76,6 +76,7 @@ def _last(tmp_path, run_id: str):
     return load_checkpoint(str(tmp_path / "checkpoints" / run_id / "last.ckpt"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["vaco", "ppo_clip", "impala"])
 def test_each_member_is_its_seed_run_alone_bit_for_bit_and_across_a_resume(tmp_path, mlflow_uri, algo, monkeypatch):
     """A population of seeds 5 and 6 against the solo runs of 5 and 6: 2 iterations, then each
@@ -142,6 +143,7 @@ def test_each_member_is_its_seed_run_alone_bit_for_bit_and_across_a_resume(tmp_p
         assert len(member_histories["eval/return"]) == 2  # iterations 2 and 3
 
 
+@pytest.mark.slow
 def test_vaco_evaluate_plays_one_member_and_names_the_choice(tmp_path, mlflow_uri):
     _fit(tmp_path, "vaco", "--population", "[7, 9]", "--data.init_args.total_steps", str(BATCH))
     (first,) = [r for r in _runs(mlflow_uri) if r.data.tags[MEMBER_TAG] == "0"]
@@ -177,6 +179,7 @@ def test_a_bad_population_is_one_line_before_any_work(tmp_path, mlflow_uri, valu
     assert "Seed set to" not in out.stdout + out.stderr and not (tmp_path / "mlflow.db").exists()
 
 
+@pytest.mark.slow
 def test_a_member_whose_loss_turns_non_finite_stops_alone_and_the_others_are_still_their_solo_runs(
     tmp_path, mlflow_uri, capsys
 ):
@@ -205,6 +208,7 @@ def test_a_member_whose_loss_turns_non_finite_stops_alone_and_the_others_are_sti
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
+@pytest.mark.slow
 def test_a_population_checkpoints_at_every_period_and_counts_its_steps_as_a_solo_run(tmp_path, mlflow_uri):
     """Lightning skips a checkpoint whose global step it has saved already: the population's
     optimiser steps must be counted (they were not: only the first periodic checkpoint was written,
@@ -227,6 +231,7 @@ def test_a_population_checkpoints_at_every_period_and_counts_its_steps_as_a_solo
     assert [v for v, _ in saved][:3] == [1, 2, 3] and [g for _, g in saved][:3] == [steps, 2 * steps, 3 * steps]
 
 
+@pytest.mark.slow
 def test_a_warp_population_steps_its_members_in_one_model_and_each_is_its_seed_run_alone(
     tmp_path, mlflow_uri, monkeypatch
 ):
@@ -285,6 +290,7 @@ def test_a_warp_population_steps_its_members_in_one_model_and_each_is_its_seed_r
         assert metric_histories(mlflow_uri, members[m].info.run_id) == metric_histories(mlflow_uri, run_id), seed
 
 
+@pytest.mark.slow
 def test_an_envpool_population_is_each_seeds_run_alone(tmp_path, mlflow_uri):
     """On envpool's C++ pool the members collect one after another, each on its own pool: seeds 5
     and 6 together for 2 iterations, with evaluations on envpool, against each seed's solo run:

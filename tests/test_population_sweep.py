@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 
 import mlflow
+import pytest
 import yaml
 
 from helpers.runs import CONFIGS, VACO
@@ -45,6 +46,7 @@ def _sweep(path, out, *args):
     )
 
 
+@pytest.mark.slow
 def test_a_sweep_packs_a_cells_seeds_into_populations_and_skips_finished_members(tmp_path, mlflow_uri):
     path, out = tmp_path / "pop.yaml", tmp_path / "out"
     path.write_text(yaml.safe_dump(SWEEP))

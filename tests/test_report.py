@@ -209,6 +209,7 @@ def _synthetic_runs() -> list[R.Run]:
     return runs
 
 
+@pytest.mark.slow
 def test_report_draws_every_figure_with_intervals(tmp_path):
     runs = _synthetic_runs()
     rep = R.build_report("synthetic", runs, reps=200, seed=0)
@@ -254,6 +255,7 @@ def test_statistics_are_data_and_the_figures_draw_them(tmp_path):
     assert set(curves["K"]) == {1, 4} and (curves["low"] <= curves["high"]).all()
 
 
+@pytest.mark.slow
 def test_a_data_file_gives_the_same_report_as_the_runs(tmp_path):
     """--save-data writes every run's coordinates and histories; --data reads them back exactly."""
     runs = _synthetic_runs()
@@ -281,6 +283,7 @@ def test_a_data_file_gives_the_same_report_as_the_runs(tmp_path):
     assert (tmp_path / "c" / "summary.md").read_text().replace("# Report: runs", "# Report: x") == first
 
 
+@pytest.mark.slow
 def test_an_axis_an_objective_declares_gets_its_own_ablation(tmp_path):
     """No edit of the report: runs that log a new axis (ClippedIS's truncation) are compared by it."""
     runs = [r for r in _synthetic_runs() if r.algorithm == "ppo_clip"]
@@ -402,6 +405,7 @@ def _tv_run(algorithm: str, env: str, K: int, seed: int, tv: list[float], final:
     return make_run(algorithm, env, K, seed, histories, name=algorithm, objective="X")
 
 
+@pytest.mark.slow
 def test_step_size_pairs_are_compared_per_task_and_k_against_a_float64_loop(tmp_path):
     rng = np.random.default_rng(3)
     runs, tvs = [], {}

@@ -97,6 +97,7 @@ def test_the_paper_normalisation_leaves_variants_out_of_min_and_max():
     assert R.is_variant("ppo_clip+realign") and not R.is_variant("vaco") and not R.is_variant("my_objective")
 
 
+@pytest.mark.slow
 def test_drops_ratios_and_the_interaction_equal_float64_loops():
     runs = _runs()
     rep = R.build_report("robust", runs, reps=300, seed=4)
@@ -165,6 +166,7 @@ def test_distinct_resamples_are_multisets_counted_by_hand():
     assert R.distinct_resamples(3) == 10 and R.distinct_resamples(10) == 92378
 
 
+@pytest.mark.slow
 def test_the_summary_leads_with_robustness_and_warns_of_few_resamples(tmp_path):
     runs = [r for r in _runs() if r.seed <= 3]
     rep = R.build_report("robust", runs, reps=100)
@@ -180,6 +182,7 @@ def test_the_summary_leads_with_robustness_and_warns_of_few_resamples(tmp_path):
     assert "needs runs of an algorithm at two or more K" in text
 
 
+@pytest.mark.slow
 def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys):
     runs = _runs()
     first = R.save_runs([r for r in runs if r.seed <= 3], tmp_path / "part1.csv.gz")
@@ -280,6 +283,7 @@ def _two_by_two_report(name: str, files: list[str]):
     return rep, cells
 
 
+@pytest.mark.slow
 def test_the_2x2_study_figures_come_from_its_committed_data():
     """docs/figures/lag_2x2/ was written by the `vaco report` command in docs/results.md section 8
     from the committed data (the five arms at >= 20 seeds a cell, both tasks, K 1/4/16, and at K 1/4
@@ -358,6 +362,7 @@ def test_the_long_2x2_data_are_finished_runs_of_its_sweep_file():
     assert f"**{len(runs)} of the {len(cells)} runs**" in text
 
 
+@pytest.mark.slow
 def test_the_2x2_data_are_every_cell_of_its_sweep_file():
     """docs/data/lag_2x2.csv.gz (results.md section 8, filled in blocks across sessions; the second
     sizing step's 192 runs kept apart until all were in, then merged in one step) holds every cell of

@@ -108,6 +108,7 @@ def test_the_declared_scoring_reproduces_the_headline_and_auc_can_be_declared():
         assert math.isclose(headline.difference, expected, abs_tol=1e-12)
 
 
+@pytest.mark.slow
 def test_a_verdict_that_changes_with_the_scoring_is_flagged_scale_dependent(tmp_path, capsys):
     """vaco's K = 4 runs collapse at their last evaluation only: the final score says vaco loses
     more than ppo_clip (differs), the area under the curve says they lose the same (equivalent)."""

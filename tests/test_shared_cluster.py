@@ -262,6 +262,7 @@ def test_metrics_lost_on_a_read_only_working_directory_go_to_the_temp_dir(tmp_pa
     assert path.is_file() and '"a": 2.0' in path.read_text() and str(path) in err
 
 
+@pytest.mark.slow
 def test_a_resume_replays_the_unsent_metrics_into_the_same_run_once(tmp_path, monkeypatch, capsys):
     """A run whose store stopped taking writes left 102-150 of 200 iterations only in the unsent file,
     and a later resume marked the run FINISHED without them. Now the resume sends the file's batches

@@ -163,12 +163,21 @@ def test_axes_that_do_not_apply_do_not_multiply_cells(tmp_path):
 
 def test_the_llm_grid_is_a_sweep_file_whose_k_axis_is_n(tmp_path):
     """configs/sweeps/llm_cpu.yaml: RLVRModule declares that K sets num_minibatches; the TV
-    filter's delta stays at the LLM config's 0.05; the stress block is a variant at lr 3e-4."""
+    filter's delta stays at the LLM config's 0.05; the stress block is a variant at lr 3e-4; the
+    per-completion filter is an arm of its own."""
     sweep = S.load_sweep(REPO / "configs" / "sweeps" / "llm_cpu.yaml")
     cells = S.expand(sweep)
     S.validate_with_cli(sweep, cells, "sqlite:////nonexistent/mlflow.db")
-    assert len(cells) == 2 * 2 * 3 * 3
-    assert {c.algorithm for c in cells} == {"grpo", "vaco_grpo", "grpo[lr=0.0003]", "vaco_grpo[lr=0.0003]"}
+    assert len(cells) == 2 * 2 * 3 * 3 + 3 * 3
+    assert {c.algorithm for c in cells} == {
+        "grpo",
+        "vaco_grpo",
+        "vaco_grpo_seq",
+        "grpo[lr=0.0003]",
+        "vaco_grpo[lr=0.0003]",
+    }
+    seq = S.cell_config(sweep, next(c for c in cells if c.algorithm == "vaco_grpo_seq"), "sqlite:////x/mlflow.db")
+    assert seq["model"]["init_args"]["objective"]["class_path"] == "vaco.objectives.SequenceTVFilter"
     cell = next(c for c in cells if c.algorithm == "vaco_grpo" and c.K == 16 and c.seed == 2)
     assert cell.id == "vaco_grpo-gsm8k_cpu-K16-s2" and cell.delta == 0.05
     config = S.cell_config(sweep, cell, "sqlite:////nonexistent/mlflow.db")
@@ -261,6 +270,7 @@ def test_a_bad_label_names_the_field(tmp_path, blocks, message):
         S.load_sweep(_file(tmp_path, body))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["paper", "laptop", "tiny"])
 def test_the_shipped_profiles_are_valid(name):
     sweep = S.load_sweep(REPO / "configs" / "sweeps" / f"{name}.yaml")
@@ -297,6 +307,7 @@ STUDIES = sorted(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_shipped_study_file_is_valid_and_each_cell_parses_with_vaco_fit(name):
     """A study run in blocks over several sessions must not fail at its 300th cell: every cell's
@@ -431,6 +442,7 @@ def test_an_interrupted_sweep_resumes_its_cell_and_skips_the_finished_one(tmp_pa
     assert set(S.plan(sweep, cells, s.uri).values()) == {"finished"}
 
 
+@pytest.mark.slow
 def test_cells_forked_by_the_zygote_compute_exactly_what_subprocesses_do(tmp_path):
     """A local sweep forks its cells from a preloaded zygote (vaco.sweep.zygote) instead of
     starting an interpreter per cell: the same cell gives the same metrics, bit for bit, as with
@@ -494,6 +506,7 @@ def test_the_papers_llm_grid_is_36_gpu_cells_whose_k_is_n():
     assert config["trainer"]["accelerator"] == "gpu"
 
 
+@pytest.mark.slow
 def test_the_same_sweep_from_another_directory_is_refused_instead_of_repeating_its_cells(tmp_path):
     """Without `output_dir` a sweep's folder is `sweeps/<experiment>` under the working directory:
     from a second directory the dry run listed cells running elsewhere as "new", and a real run

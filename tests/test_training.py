@@ -20,7 +20,7 @@ import mlflow
 import pytest
 import torch
 
-from helpers.runs import CONFIGS, VACO, build_run, metric_histories, run_cli
+from helpers.runs import CONFIGS, REAL_VACO, VACO, build_run, metric_histories, run_cli
 from vaco import VacoModule
 from vaco.advantages import GAE, VTrace
 from vaco.objectives import PPOClip, TVFilter
@@ -75,6 +75,7 @@ class StopAt(L.Callback):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted_and_same_seed_is_identical(tmp_path, mlflow_uri):
     # K = 3 and mid-episode boundaries: the policy buffer, normalisers, env states and RNGs
     # all have to come back for the metrics to match
@@ -219,6 +220,7 @@ def test_every_env_config_instantiates(env, mlflow_uri):
     assert cli.datamodule.env_id.endswith("-v5")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", _all("algo"), ids=lambda p: p.stem)
 def test_every_algo_config_instantiates(algo, mlflow_uri):
     cli = _cli("--config", ENV, "--config", str(algo))
@@ -231,6 +233,7 @@ def test_demo_config_instantiates(mlflow_uri):
 
 
 # ---------------------------------------------------------------- the CLI, for real
+@pytest.mark.slow
 def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlflow_uri):
     tmp_path = tmp_path / "my runs"  # a folder with a space: the printed commands must paste as they are
     tmp_path.mkdir()
@@ -267,7 +270,9 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
     # the hint is runnable from here: `vaco` where it is on PATH, else this install's script
     hint = next(line for line in out.stdout.splitlines() if "open it with:" in line).split("open it with: ", 1)[1]
     program = hint.split()[0]
-    assert hint.endswith(" ui") and (program == "vaco" or Path(tmp_path, program).resolve() == Path(VACO).resolve())
+    assert hint.endswith(" ui") and (
+        program == "vaco" or Path(tmp_path, program).resolve() == Path(REAL_VACO).resolve()
+    )
     client = mlflow.MlflowClient(mlflow_uri)
     (run,) = client.search_runs([client.get_experiment_by_name("cli-test").experiment_id])
     assert run.info.status == "FINISHED"
@@ -465,6 +470,7 @@ def test_single_node_ddp_keeps_the_gloo_pairs_on_the_loopback(monkeypatch):
 NAN_MODULE = "from vaco.objectives import PPOClip\n\n\n" + __import__("inspect").getsource(NaNAfter)
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_ends_vaco_fit_in_one_line_with_the_iteration_and_the_checkpoint(tmp_path):
     """It ended in a 48-56 line traceback (the last line was clear). Now `vaco fit` prints one line
     naming the iteration and the last good checkpoint, exits 1, and the run is FAILED."""

@@ -120,6 +120,7 @@ AGREE = {  # task -> (cone, random steps before each state)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", list(AGREE))
 def test_one_step_agrees_with_gymnasium(env_id):
     cone, steps = AGREE[env_id]
@@ -298,6 +299,7 @@ def test_the_batch_meets_the_cpu_collectors_contract():
     cpu.shutdown()
 
 
+@pytest.mark.slow
 def test_the_collector_resumes_exactly():
     buffer = _buffer(4, 1)
     a = WarpCollector(WarpVectorEnv("InvertedPendulum-v5", 4, seed=3), 24, buffer, num_iterations=3, seed=3)
@@ -404,6 +406,7 @@ def test_learns_inverted_pendulum_on_warp(tmp_path, mlflow_uri):
     assert max(v for _, v in history["lag/policy_age_max"]) == 3
 
 
+@pytest.mark.slow
 def test_the_paper_grid_on_the_gpu_backend_is_a_valid_sweep():
     from vaco import sweep as S
 
@@ -577,6 +580,7 @@ def test_the_h100_figures_in_the_docs_are_its_measurements():
     assert re.sub(r"\s+", " ", f"({first}") in re.sub(r"\s+", " ", text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "InvertedPendulum-v5"])  # contacts; episodes that end
 def test_a_populations_members_stepped_in_one_model_are_their_collectors_alone(env_id):
     """Two members' collectors on blocks of one model of 2 x 2 worlds, stepped in lockstep
@@ -622,6 +626,7 @@ def test_a_populations_members_stepped_in_one_model_are_their_collectors_alone(e
             assert torch.equal(again[m][key], second[m][key]), (env_id, m, key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exact", [True, False], ids=["exact", "gpu-layout"])
 @pytest.mark.parametrize("K", [1, 3])
 def test_the_batched_lockstep_records_what_the_members_record_one_by_one(K, exact):
@@ -679,6 +684,7 @@ def test_the_batched_lockstep_records_what_the_members_record_one_by_one(K, exac
     assert identical >= (6 if exact else 0 if K == 1 else 2)  # the bit-for-bit comparison happened
 
 
+@pytest.mark.slow
 def test_a_member_whose_worlds_turn_nan_stops_alone_and_the_others_step_on_unchanged():
     """Member 1's Hopper worlds are set to NaN mid-run (as a simulator blow-up would leave them): its
     next lockstep batch is a FloatingPointError, member 0's is still its solo collector's bit for bit
