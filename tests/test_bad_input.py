@@ -125,6 +125,10 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
             ("--model.init_args.objective", "PPOclip"),
             "`model.objective`: no objective class 'PPOclip'; the shipped ones are vaco.objectives.TVFilter",
         ),
+        (  # the LLM track's per-completion filter has no sequences to test in a MuJoCo minibatch
+            ("--model.init_args.objective", "vaco.objectives.SequenceTVFilter"),
+            "`model.objective`: SequenceTVFilter tests each completion of the LLM track's",
+        ),
     ],
     ids=[
         "discrete-actions",
@@ -136,6 +140,7 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
         "misspelt-key",
         "directory",
         "unknown-objective",
+        "sequence-filter-on-mujoco",
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):

@@ -129,6 +129,12 @@ class VacoModule(Learner):
             raise ValueError(f"`model.lr` must be > 0, got {lr!r}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"`model.max_grad_norm` must be > 0 or null, got {max_grad_norm!r}")
+        if getattr(objective, "level", "minibatch") == "sequence":
+            raise ValueError(
+                f"`model.objective`: {type(objective).__name__} tests each completion of the LLM track's "
+                "[completions, tokens] batches (level 'sequence'); a MuJoCo minibatch has no sequences: use "
+                "vaco.objectives.TVFilter with its default level"
+            )
         if objective.reestimate_advantage and not advantage.realigns:
             raise ValueError(
                 f"`model.advantage`: {type(objective).__name__} re-estimates the realigned advantage every step "
