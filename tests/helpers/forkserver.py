@@ -35,6 +35,8 @@ import socket
 import sys
 import threading
 
+from vaco.sweep.zygote import PRELOAD as ZYGOTE_PRELOAD
+
 #: environment variables a preloaded module reads at import (or the interpreter at start-up): a
 #: command whose value differs from the server's runs in a fresh interpreter
 STARTUP_KEYS = (
@@ -54,25 +56,12 @@ STARTUP_KEYS = (
     "WARP_CACHE_PATH",
 )
 LIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_CPU", "RLIMIT_CORE")
+#: what a sweep's zygote preloads (a MuJoCo `vaco fit`), and what the other commands import
 PRELOAD = (
-    "torch",
-    "lightning",
-    "mlflow",
-    "gymnasium",
-    "torchrl",
-    "tensordict",
+    *ZYGOTE_PRELOAD,
     "pandas",
     "scipy.stats",
-    "vaco.cli",
-    "vaco.fit",
-    "vaco.vaco_module",
     "vaco.population_module",
-    "vaco.data",
-    "vaco.data.envs",
-    "vaco.objectives",
-    "vaco.advantages",
-    "vaco.logger",
-    "vaco.callbacks",
     "vaco.evaluate",
     "vaco.sweep.sweep_cli",
     "vaco.report",
