@@ -36,6 +36,8 @@ no host sync per minibatch (a non-finite member's step is undone on the device w
 as the solo run skips a step with the fused kernel's ``found_inf``). A member then equals its solo
 run to float rounding (``tests/test_population.py`` checks both layouts on the CPU).
 
+The epochs x minibatches loop is a run's (:func:`vaco.update.minibatch_epochs`); this module is
+the population's layout of it (:class:`PopulationUpdate`: where the member dimension lives).
 ``vaco fit --population`` (:mod:`vaco.population_module`) calls it once per iteration;
 ``benchmarks/population_update.py`` measures it against S solo updates.
 """
@@ -47,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from vaco.networks import gaussian_entropy, gaussian_log_prob
+from vaco.update import UpdateLayout, minibatch_epochs, policy_quantities, summed_losses
 
 __all__ = ["BatchedMLP", "PopulationUpdate", "check_vmappable", "stack_parameters"]
 
@@ -119,7 +121,7 @@ def _member_losses(objective: nn.Module) -> Callable:
     def one(mb, own):
         out = torch.func.functional_call(objective, own, (mb,), {"check_finite": False})
         values = dict(out.items())
-        return sum(v for k, v in values.items() if k.startswith("loss_")), values
+        return summed_losses(values), values
 
     return one
 
@@ -172,8 +174,9 @@ def check_vmappable(objective: nn.Module, field: str = "model.objective") -> Non
         ) from None
 
 
-class PopulationUpdate:
-    """Epochs x minibatches of one objective for S members at once (see the module docstring).
+class PopulationUpdate(UpdateLayout):
+    """Epochs x minibatches of one objective for S members at once: the population's layout of
+    :func:`vaco.update.minibatch_epochs`, the loop a run's update runs (see the module docstring).
 
     Args:
         actors, critics: each member's ``GaussianActor`` and ``Critic`` (their weights are read once
@@ -248,25 +251,6 @@ class PopulationUpdate:
         """Every parameter stacked ``[S, ...]`` (with gradient: the networks' inputs)."""
         return {name: torch.stack(leaf) if isinstance(leaf, list) else leaf for name, leaf in self.leaves.items()}
 
-    # ------------------------------------------------------------------ the members' forward
-    def _forward(self, obs: torch.Tensor, action: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The learner's quantities on ``[S, B, ...]`` minibatches (``vaco.update.MinibatchUpdate._minibatch``)."""
-        params = self.params
-        loc = self.actor_net(params, obs)
-        scale = params["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
-        return {
-            "loc": loc,
-            "scale": scale,
-            "log_prob": gaussian_log_prob(action, loc, scale),
-            "entropy": gaussian_entropy(scale),
-            "value": self.critic_net(params, obs).squeeze(-1),
-        }
-
-    def _losses(self, minibatch: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
-        """Each member's summed ``loss_*`` ``[S]`` and its outputs ``{key: [S]}``: the objective,
-        written for one run, vmapped over the members (with each member's own buffers)."""
-        return torch.func.vmap(_member_losses(self.objectives[0]))(minibatch, buffers)
-
     # ------------------------------------------------------------------ one iteration
     def update(
         self,
@@ -275,7 +259,8 @@ class PopulationUpdate:
         active: Sequence[bool] | None = None,
         reestimate: Callable[[], Mapping[str, torch.Tensor]] | None = None,
     ):
-        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.update.TRAIN_KEYS`);
+        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.update.TRAIN_KEYS`):
+        :func:`vaco.update.minibatch_epochs`, the loop a run's update runs, with this layout.
         ``normalize`` maps raw ``[S, B, obs]`` observations to the networks' inputs, per member.
         Returns each member's outputs averaged over the steps (a dict per member, as the solo
         update returns) and whether each member's every step was finite (a member that was not
@@ -291,48 +276,57 @@ class PopulationUpdate:
             raise ValueError(
                 f"{type(self.objectives[0]).__name__} re-estimates its advantage every step: pass reestimate"
             )
-        train = dict(train)
-        buffers = {
+        device = train["observation"].device
+        self.normalize = normalize
+        self.buffers = {
             name: torch.stack([dict(o.named_buffers())[name] for o in self.objectives])
             for name, _ in self.objectives[0].named_buffers()
         }
-        n = train["observation"].shape[1]
-        size = n // self.num_minibatches
-        device = train["observation"].device
         # the gather's indices live where the batch does: on a GPU no host-to-device copy per key and minibatch
-        members = torch.arange(self.size, device=device).unsqueeze(1)
-        sums: dict[str, torch.Tensor] = {}
-        finite_all: torch.Tensor | None = None  # on the loss's device: no transfer per minibatch
+        self.member_index = torch.arange(self.size, device=device).unsqueeze(1)
         going = None if active is None else torch.as_tensor(list(active), dtype=torch.bool, device=device)
-        steps = 0
-        for _epoch in range(self.update_epochs):
-            # each member's permutation from its own generator, drawn as its solo run draws it
-            orders = torch.stack([torch.randperm(n, generator=g) for g in self.generators]).to(device)
-            for k in range(self.num_minibatches):
-                if reestimate is not None:
-                    train.update(reestimate())
-                idx = orders[:, k * size : (k + 1) * size]
-                minibatch = {key: value[members, idx] for key, value in train.items()}
-                minibatch.update(self._forward(normalize(minibatch["observation"]), minibatch["action"]))
-                loss, out = self._losses(minibatch, buffers)
-                finite = torch.isfinite(loss)
-                if going is not None:
-                    finite = finite & going.to(finite.device)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.sum().backward()  # each member's gradient is its own loss's
-                if self.max_grad_norm is not None:
-                    self._clip(self.max_grad_norm)
-                self._step(finite)
-                finite_all = finite if finite_all is None else finite_all & finite
-                for key, value in out.items():
-                    sums[key] = sums.get(key, 0.0) + value.detach()
-                steps += 1
-        # one transfer, then Python floats divided as the solo update divides them
-        totals = torch.stack([value.float() for value in sums.values()]).cpu().T.tolist()  # [S][keys]
-        means = [{key: total / steps for key, total in zip(sums, member)} for member in totals]
+        done = minibatch_epochs(
+            self,
+            dict(train),
+            update_epochs=self.update_epochs,
+            num_minibatches=self.num_minibatches,
+            reestimate=reestimate,
+            active=going,
+        )
+        means = done.means()
         for objective, member_means in zip(self.objectives, means):
             objective.update_coefficients(member_means)
-        return means, ([True] * self.size if finite_all is None else finite_all.tolist())
+        return means, (done.first_bad < 0).tolist()
+
+    # ------------------------------------------------------------------ the layout of a population
+    def draw_order(self, n: int, device: torch.device) -> torch.Tensor:
+        # each member's permutation from its own generator, drawn as its solo run draws it
+        return torch.stack([torch.randperm(n, generator=g) for g in self.generators]).to(device)
+
+    def gather(self, train, idx):
+        return {key: value[self.member_index, idx] for key, value in train.items()}
+
+    def learner(self, minibatch: dict[str, torch.Tensor]) -> None:
+        """The learner's quantities on ``[S, B, ...]`` minibatches, as a run's layout computes them."""
+        params = self.params
+        obs = self.normalize(minibatch["observation"])
+        loc = self.actor_net(params, obs)
+        scale = params["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
+        minibatch.update(policy_quantities(minibatch["action"], loc, scale))
+        minibatch["value"] = self.critic_net(params, obs).squeeze(-1)
+
+    def losses(self, minibatch):
+        """Each member's summed ``loss_*`` ``[S]`` and its outputs ``{key: [S]}``: the objective,
+        written for one run, vmapped over the members (with each member's own buffers)."""
+        return torch.func.vmap(_member_losses(self.objectives[0]))(minibatch, self.buffers)
+
+    def step(self, loss: torch.Tensor, finite: torch.Tensor) -> bool:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.sum().backward()  # each member's gradient is its own loss's
+        if self.max_grad_norm is not None:
+            self._clip(self.max_grad_norm)
+        self._step(~finite)
+        return True
 
     @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
@@ -353,45 +347,15 @@ class PopulationUpdate:
             else:
                 leaf.grad.mul_(coef.view(-1, *[1] * (leaf.dim() - 1)))
 
-    def _step(self, finite: torch.Tensor) -> None:
-        """Adam on the stacked parameters; a member with a non-finite loss keeps its weights and
-        Adam state (the solo run skips that step on the device)."""
-        if not self.host_sync:
-            self._step_on_device(~finite)
-            return
-        bad = (~finite).nonzero().flatten().tolist()
-        if not bad:
+    def _step(self, bad: torch.Tensor) -> None:
+        """Adam on the stacked parameters; a member whose loss was not finite (``bad``, ``[S]`` on
+        the device) keeps its weights and Adam state, as the solo run skips that step on the device:
+        every member's are kept before the step and put back with ``torch.where`` where ``bad``
+        says so (a good member's new values are selected, not recomputed). With ``host_sync``, one
+        look at ``bad`` on the host spares that when every member is finite (a CPU's usual case)."""
+        if self.host_sync and not bool(bad.any()):
             self.step_optimizer()
             return
-        # (tensor, rows of it to keep): a stacked leaf's bad rows, or a bad member's own leaf whole
-        kept = []
-        for leaf in self.leaves.values():
-            if isinstance(leaf, list):
-                kept += [(leaf[m], slice(None)) for m in bad]
-            else:
-                kept.append((leaf, bad))
-        saved = [
-            (
-                t.detach()[rows].clone(),
-                {k: v[rows].clone() for k, v in self.optimizer.state.get(t, {}).items() if v.dim() > 0},
-            )
-            for t, rows in kept
-        ]
-        with torch.no_grad():
-            for t, rows in kept:
-                if t.grad is not None:
-                    t.grad[rows] = 0.0  # NaN gradients would poison the fused kernel's shared arithmetic
-        self.step_optimizer()
-        with torch.no_grad():
-            for (t, rows), (weights, state) in zip(kept, saved):
-                t[rows] = weights
-                for k, v in state.items():
-                    self.optimizer.state[t][k][rows] = v
-
-    def _step_on_device(self, bad: torch.Tensor) -> None:
-        """:meth:`_step` with no host sync: every member's weights and Adam state are kept before the
-        step and put back with ``torch.where`` where ``bad`` (``[S]``, on the device) says so. The
-        same numbers as the host's path (a good member's new values are selected, not recomputed)."""
         kept = []  # (tensor, its rows' flags, broadcastable)
         for leaf in self.leaves.values():
             if isinstance(leaf, list):

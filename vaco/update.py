@@ -1,13 +1,19 @@
-"""The update of one run: epochs x minibatches of the objective on one iteration's batch.
+"""The update: epochs x minibatches of the objective on one iteration's batch, for a run or a population.
 
-:class:`MinibatchUpdate` is an object whose every input is an argument; :meth:`vaco.vaco_module.VacoModule.update`
-builds one per iteration. A population's update (:class:`vaco.population.PopulationUpdate`) is each
-member's :meth:`MinibatchUpdate.run` alone, bit for bit, on the CPU.
+:func:`minibatch_epochs` is the one loop. What differs between a run and a population (S runs of
+one config that differ by seed) is where the member dimension lives, and that is the *layout* the
+loop is given (:class:`UpdateLayout`): :class:`MinibatchUpdate` is a run's (its networks and
+Lightning's optimiser, no member dimension), :class:`vaco.population.PopulationUpdate` a
+population's (every tensor ``[S, ...]``, the objective vmapped). The loop draws the permutations,
+gathers the minibatches, re-estimates IMPALA's advantage, keeps the non-finite record and the
+outputs' sums; the layout computes the learner's quantities, the losses and the optimiser step.
+Member ``m`` of a population is bit for bit its solo run on the CPU (``tests/test_population.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDictBase
@@ -18,7 +24,15 @@ from vaco.learner import NonFiniteLossError
 from vaco.networks import gaussian_entropy, gaussian_log_prob
 from vaco.objectives import Objective
 
-__all__ = ["MinibatchUpdate", "TRAIN_KEYS", "skip_step_on_device"]
+__all__ = [
+    "MinibatchUpdate",
+    "TRAIN_KEYS",
+    "UpdateLayout",
+    "minibatch_epochs",
+    "policy_quantities",
+    "skip_step_on_device",
+    "summed_losses",
+]
 
 #: the per-sample quantities an update trains on (``[N, ...]`` per run; ``[S, N, ...]`` in a population)
 TRAIN_KEYS = (
@@ -33,8 +47,126 @@ TRAIN_KEYS = (
 )
 
 
-class MinibatchUpdate:
-    """Epochs x minibatches of the objective on one iteration's batch: the update of one run.
+class UpdateLayout:
+    """What :func:`minibatch_epochs` asks of a run or a population: where the member dimension lives.
+
+    A run's tensors are ``[N, ...]`` and its loss a scalar; a population's are ``[S, N, ...]`` and
+    its loss ``[S]`` (one per member). Everything else in the loop is the same for both.
+    """
+
+    def draw_order(self, n: int, device: torch.device) -> torch.Tensor:
+        """An epoch's permutation of the ``n`` samples (``[n]``; ``[S, n]``, each member's from its own generator)."""
+        raise NotImplementedError
+
+    def gather(self, train: Mapping[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The minibatch of samples ``idx`` (a slice of :meth:`draw_order`'s result), a plain dict."""
+        raise NotImplementedError
+
+    def learner(self, minibatch: dict[str, torch.Tensor]) -> None:
+        """Add the learner's quantities, with gradient (:func:`policy_quantities` and ``value``)."""
+        raise NotImplementedError
+
+    def losses(self, minibatch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Mapping[str, torch.Tensor]]:
+        """The summed ``loss_*`` (``[]``; ``[S]``) and the objective's outputs."""
+        raise NotImplementedError
+
+    def step(self, loss: torch.Tensor, finite: torch.Tensor) -> bool:
+        """``zero_grad``, backward, clipping and the optimiser step, skipped where ``finite`` is
+        false. False: stop the epochs here (a run whose optimiser cannot skip on the device)."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """After the last step (a run clears the fused kernel's skip flag)."""
+
+
+@dataclass
+class Epochs:
+    """What :func:`minibatch_epochs` hands back."""
+
+    #: the objective's outputs summed over the optimiser steps (``[]`` or ``[S]`` each)
+    sums: dict[str, torch.Tensor]
+    #: the optimiser steps taken (``update_epochs * num_minibatches`` unless a run stopped early)
+    steps: int
+    #: the first step whose loss was not finite, -1 for none (``[]``; ``[S]``, on the device)
+    first_bad: torch.Tensor
+    #: each epoch's permutation, and the minibatch size (to find a step's minibatch again)
+    orders: list[torch.Tensor]
+    size: int
+
+    def means(self) -> dict[str, float] | list[dict[str, float]]:
+        """The outputs averaged over the steps: one dict, or one per member (one transfer, then
+        Python floats divided)."""
+        totals = torch.stack([value.float() for value in self.sums.values()]).cpu()
+        if totals.dim() == 1:
+            return {key: total / self.steps for key, total in zip(self.sums, totals.tolist())}
+        return [{key: total / self.steps for key, total in zip(self.sums, member)} for member in totals.T.tolist()]
+
+
+def minibatch_epochs(
+    layout: UpdateLayout,
+    train: dict[str, torch.Tensor],
+    *,
+    update_epochs: int,
+    num_minibatches: int,
+    reestimate: Callable[[], Mapping[str, torch.Tensor]] | None = None,
+    active: torch.Tensor | None = None,
+) -> Epochs:
+    """Epochs x minibatches of ``layout`` on ``train`` (the keys of :data:`TRAIN_KEYS`, ``[N]`` or ``[S, N]``).
+
+    No host sync per minibatch: a non-finite loss is recorded on the device (``first_bad``) and its
+    step skipped by the layout. ``reestimate`` (IMPALA): called before every step, it returns the
+    new ``advantage``, ``value_target`` and ``state_value`` from the current weights. ``active``
+    (``[S]`` bools): members whose every step is skipped, as a non-finite one is.
+    """
+    n = train["advantage"].shape[-1]
+    size = n // num_minibatches
+    device = train["observation"].device
+    sums: dict[str, torch.Tensor] = {}
+    first_bad: torch.Tensor | None = None
+    orders: list[torch.Tensor] = []
+    steps = 0
+    for _epoch in range(update_epochs):
+        # drawn on the CPU generator(s), whatever the device: the same run on any device
+        order = layout.draw_order(n, device)
+        orders.append(order)
+        for k in range(num_minibatches):
+            if reestimate is not None:
+                train.update(reestimate())
+            minibatch = layout.gather(train, order[..., k * size : (k + 1) * size])
+            layout.learner(minibatch)
+            loss, out = layout.losses(minibatch)
+            finite = torch.isfinite(loss)
+            if active is not None:
+                finite = finite & active
+            if first_bad is None:
+                first_bad = torch.full(finite.shape, -1, dtype=torch.long, device=finite.device)
+            first_bad = torch.where((first_bad < 0) & ~finite, steps, first_bad)
+            if not layout.step(loss, finite):
+                return Epochs(sums, steps, first_bad, orders, size)
+            for key, value in out.items():
+                sums[key] = sums.get(key, 0.0) + value.detach()
+            steps += 1
+    layout.finish()
+    return Epochs(sums, steps, first_bad, orders, size)
+
+
+def policy_quantities(action: torch.Tensor, loc: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The learner policy's ``loc``, ``scale``, ``log_prob`` of the stored action and ``entropy``."""
+    return {
+        "loc": loc,
+        "scale": scale,
+        "log_prob": gaussian_log_prob(action, loc, scale),
+        "entropy": gaussian_entropy(scale),
+    }
+
+
+def summed_losses(out: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The sum of an objective's ``loss_*`` outputs: what is differentiated."""
+    return sum(v for key, v in out.items() if key.startswith("loss_"))
+
+
+class MinibatchUpdate(UpdateLayout):
+    """The update of one run: :func:`minibatch_epochs` with the run's networks and optimiser.
 
     Per minibatch: the learner's log-prob, entropy and value on the stored samples (with gradient),
     the objective's losses, ``backward``, gradient-norm clipping and a fused Adam step. A
@@ -87,66 +219,74 @@ class MinibatchUpdate:
         self.optimizer, self.backward, self.clip = optimizer, backward, clip
         self.update_epochs, self.num_minibatches, self.device = update_epochs, num_minibatches, device
         self.iteration, self.checkpoint = iteration, checkpoint
+        # a fused optimizer skips a step on the device (`found_inf`, as under AMP); any other (a
+        # subclass's own `configure_optimizers`) is checked on the host before each step instead
+        self.skips_on_device = bool(optimizer.optimizer.defaults.get("fused"))
 
     def run(self, batch: TensorDictBase, flat: TensorDictBase) -> dict[str, float]:
         """Epochs x minibatches on one batch; returns the objective's outputs averaged over the
         optimiser steps. A non-finite loss stops the run (see :meth:`_diagnose`)."""
         train = {key: flat[key] for key in TRAIN_KEYS}
-        sums: dict[str, torch.Tensor] = {}
-        steps = 0
-        optimizer = self.optimizer
-        size = flat.numel() // self.num_minibatches
-        # no host sync per minibatch: a non-finite loss is found on the device, its step is skipped
-        # by the fused Adam kernel (`found_inf`, as under AMP), and the run stops after the epochs
-        first_bad = torch.full((), -1, dtype=torch.long, device=self.device)
-        # a fused optimizer skips a step on the device (`found_inf`); any other (a subclass's own
-        # `configure_optimizers`) is checked on the host before each step instead
-        skips_on_device = bool(optimizer.optimizer.defaults.get("fused"))
-        orders = []
-        for _epoch in range(self.update_epochs):
-            # drawn on the CPU generator, whatever the device: the same run on any device
-            order = torch.randperm(flat.numel(), generator=self.generator).to(self.device, non_blocking=True)
-            orders.append(order)
-            for k in range(self.num_minibatches):
-                if self.objective.reestimate_advantage:
-                    self._reestimate(batch, flat, train)
-                idx = order[k * size : (k + 1) * size]
-                # a plain dict: building a TensorDict per minibatch costs more than the gather
-                minibatch = {key: value[idx] for key, value in train.items()}
-                out = self.objective(self._minibatch(minibatch), check_finite=False)
-                loss = sum(v for key, v in out.items() if key.startswith("loss_"))
-                finite = torch.isfinite(loss)
-                first_bad = torch.where((first_bad < 0) & ~finite, steps, first_bad)
-                optimizer.zero_grad(set_to_none=True)
-                self.backward(loss)
-                if self.clip is not None:
-                    self.clip()
-                if skips_on_device:
-                    skip_step_on_device(optimizer.optimizer, ~finite)
-                elif not bool(finite):
-                    raise self._diagnose(steps, orders, size, train)
-                optimizer.step()
-                for key, value in out.items():
-                    sums[key] = sums.get(key, 0.0) + value.detach()
-                steps += 1
-        if skips_on_device:
-            skip_step_on_device(optimizer.optimizer, None)
-        if int(first_bad) >= 0:  # the iteration's one sync for the check
-            raise self._diagnose(int(first_bad), orders, size, train)
-        totals = torch.stack([value.float() for value in sums.values()]).cpu().tolist()  # one transfer
-        means = {key: total / steps for key, total in zip(sums, totals)}
+        reestimate = None
+        if self.objective.reestimate_advantage:
+            reestimate = lambda: self._reestimate(batch, flat)  # noqa: E731
+        done = minibatch_epochs(
+            self,
+            train,
+            update_epochs=self.update_epochs,
+            num_minibatches=self.num_minibatches,
+            reestimate=reestimate,
+        )
+        if int(done.first_bad) >= 0:  # the iteration's one sync for the check
+            raise self._diagnose(int(done.first_bad), done, train)
+        means = done.means()
         self.objective.update_coefficients(means)
         return means
 
+    # ------------------------------------------------------------------ the layout of a run
+    def draw_order(self, n: int, device: torch.device) -> torch.Tensor:
+        return torch.randperm(n, generator=self.generator).to(device, non_blocking=True)
+
+    def gather(self, train, idx):
+        # a plain dict: building a TensorDict per minibatch costs more than the gather
+        return {key: value[idx] for key, value in train.items()}
+
+    def learner(self, minibatch: dict[str, torch.Tensor]) -> None:
+        obs = self.normalize(minibatch["observation"])
+        minibatch.update(policy_quantities(minibatch["action"], *self.actor(obs)))
+        minibatch["value"] = self.critic(obs)
+
+    def losses(self, minibatch):
+        out = self.objective(minibatch, check_finite=False)
+        return summed_losses(out), out
+
+    def step(self, loss: torch.Tensor, finite: torch.Tensor) -> bool:
+        optimizer = self.optimizer
+        optimizer.zero_grad(set_to_none=True)
+        self.backward(loss)
+        if self.clip is not None:
+            self.clip()
+        if self.skips_on_device:
+            skip_step_on_device(optimizer.optimizer, ~finite)
+        elif not bool(finite):
+            return False  # run() names the input that went bad
+        optimizer.step()
+        return True
+
+    def finish(self) -> None:
+        if self.skips_on_device:
+            skip_step_on_device(self.optimizer.optimizer, None)
+
+    # ------------------------------------------------------------------ pieces
     @torch.no_grad()
-    def _diagnose(self, step: int, orders, size: int, train) -> NonFiniteLossError:
+    def _diagnose(self, step: int, done: Epochs, train) -> NonFiniteLossError:
         """Name what made step ``step``'s loss non-finite: rerun that minibatch with the checks on."""
         epoch, k = divmod(step, self.num_minibatches)
-        idx = orders[epoch][k * size : (k + 1) * size]
-        minibatch = {key: value[idx] for key, value in train.items()}
+        minibatch = self.gather(train, done.orders[epoch][k * done.size : (k + 1) * done.size])
+        self.learner(minibatch)
         try:
-            out = self.objective(self._minibatch(minibatch), check_finite=True)
-            detail = f"loss {float(sum(v for key, v in out.items() if key.startswith('loss_')))}, {_describe(out)}"
+            out = self.objective(minibatch, check_finite=True)
+            detail = f"loss {float(summed_losses(out))}, {_describe(out)}"
         except NonFiniteInputError as err:
             detail = str(err)
         where = f" ({self.checkpoint})" if self.checkpoint else ""
@@ -155,23 +295,15 @@ class MinibatchUpdate:
             f"{detail}. That step was skipped and the run stops; the last good checkpoint is kept{where}."
         )
 
-    def _reestimate(self, batch, flat, train) -> None:
+    def _reestimate(self, batch, flat) -> dict[str, torch.Tensor]:
         """IMPALA: V-trace for the current policy and critic, over the whole batch, every step."""
         self.learner_pass(batch, flat)
         self.advantage(batch)
-        train["advantage"] = batch["advantage"].reshape(-1)
-        train["value_target"] = batch["value_target"].reshape(-1)
-        train["state_value"] = flat["state_value"]
-
-    def _minibatch(self, mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Add the learner's current quantities (with gradient) to a minibatch."""
-        obs = self.normalize(mb["observation"])
-        loc, scale = self.actor(obs)
-        mb["loc"], mb["scale"] = loc, scale
-        mb["log_prob"] = gaussian_log_prob(mb["action"], loc, scale)
-        mb["entropy"] = gaussian_entropy(scale)
-        mb["value"] = self.critic(obs)
-        return mb
+        return {
+            "advantage": batch["advantage"].reshape(-1),
+            "value_target": batch["value_target"].reshape(-1),
+            "state_value": flat["state_value"],
+        }
 
 
 def skip_step_on_device(optimizer: torch.optim.Optimizer, skip: torch.Tensor | None) -> None:
