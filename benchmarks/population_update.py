@@ -61,8 +61,8 @@ def solo_run(seed: int, iterations: int) -> tuple[list[dict], VacoModule]:
         nets = (("actor.", module.actor), ("critic.", module.critic))
         record = {
             "before": {p + n: v.detach().clone() for p, net in nets for n, v in net.named_parameters()},
-            "generator": module._generator.get_state(),
-            "norm": tuple(t.clone() for t in module._norm_cache),
+            "generator": module.generator.get_state(),
+            "norm": tuple(t.clone() for t in module.frozen_normalizer),
             "lr": module.optimizers().param_groups[0]["lr"],
             "train": {key: flat[key].clone() for key in TRAIN_KEYS},
         }

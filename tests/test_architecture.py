@@ -197,17 +197,16 @@ def test_no_compatibility_layer_is_shipped():
     assert not hasattr(vaco.data, "ParallelRolloutDataModule")
 
 
-def test_the_iteration_walk_in_the_architecture_doc_names_functions_that_exist():
-    """docs/architecture.md walks one VACO iteration file by file: every (file, function) row
-    must name a function or method defined in that file (by its AST, nothing imported)."""
+@pytest.mark.parametrize("walk", ["run", "population"])
+def test_the_iteration_walk_in_the_architecture_doc_names_functions_that_exist(walk):
+    """docs/architecture.md walks one VACO iteration, and one population iteration, file by file:
+    every (file, function) row must name a function or method defined in that file (by its AST,
+    nothing imported)."""
     import ast
-    import re
 
     from helpers.runs import REPO
 
-    text = (REPO / "docs" / "architecture.md").read_text()
-    section = text.split("## One VACO iteration, file by file", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| (\d+) \| `([^`]+)` \| `([^`]+)` \|", section, flags=re.M)
+    _, rows = walk_rows(WALKS[walk][0])
     assert len(rows) >= 20 and [int(n) for n, _, _ in rows] == list(range(1, len(rows) + 1))
     for _, file, name in rows:
         tree = ast.parse((REPO / file).read_text())
@@ -275,24 +274,27 @@ def test_lightning_private_api_is_fenced_and_exists_on_this_lightning():
 
 # One `vaco fit` whose second iteration is traced: the vaco files whose Python code runs between
 # the start of iteration 2 and the start of iteration 3 (collection, update, checkpoint, logging).
+# argv: the output file, the learner class whose training_step is traced, then `vaco`'s arguments.
 _TRACE_ONE_ITERATION = r"""
-import json, os, sys
-import vaco.vaco_module as vm
-package = os.path.dirname(vm.__file__)
+import importlib, json, os, sys
+import vaco
+package = os.path.dirname(vaco.__file__)
 files, calls = {}, [0]
 def trace(frame, event, arg):
     if event == "call" and frame.f_code.co_filename.startswith(package + os.sep):
         name = os.path.relpath(frame.f_code.co_filename, os.path.dirname(package))
         files.setdefault(name, set()).add(frame.f_code.co_qualname)
-step = vm.VacoModule.training_step
+module, _, owner = sys.argv[2].rpartition(".")
+cls = getattr(importlib.import_module(module), owner)
+step = cls.training_step
 def training_step(self, dataloader_iter):
     calls[0] += 1
     sys.setprofile(trace if calls[0] == 2 else None)
     return step(self, dataloader_iter)
-vm.VacoModule.training_step = training_step
+cls.training_step = training_step
 from vaco.cli import main
 try:
-    main(sys.argv[2:])
+    main(sys.argv[3:])
 except SystemExit as stop:
     assert not stop.code, stop.code
 sys.setprofile(None)
@@ -301,20 +303,40 @@ with open(sys.argv[1], "w") as out:
     json.dump({name: sorted(functions) for name, functions in sorted(files.items())}, out)
 """
 
+#: the walks of docs/architecture.md: (its section, the learner traced, extra `vaco fit` arguments)
+WALKS = {
+    "run": ("## One VACO iteration, file by file", "vaco.vaco_module.VacoModule", ()),
+    "population": (
+        "## One population iteration, file by file",
+        "vaco.population_module.PopulationModule",
+        ("--population", "2"),
+    ),
+}
+
+
+def walk_rows(heading: str) -> list[tuple[str, str, str]]:
+    from helpers.runs import REPO
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    return section, re.findall(r"^\| (\d+) \| `([^`]+)` \| `([^`]+)` \|", section, flags=re.M)
+
 
 @pytest.mark.slow
-def test_the_iteration_walk_names_every_file_one_iteration_runs_and_no_other(tmp_path):
-    """The walk in docs/architecture.md is the whole iteration: one real `vaco fit` (the walk's
-    command at tiny sizes, a checkpoint every iteration) is traced through its second iteration,
-    and the vaco files whose code ran are exactly the walk's files; the count the doc states is
-    that number. A file the iteration starts to call (or stops calling) fails here by name."""
+@pytest.mark.parametrize("walk", list(WALKS))
+def test_the_iteration_walk_names_every_file_one_iteration_runs_and_no_other(tmp_path, walk):
+    """Each walk in docs/architecture.md is the whole iteration: one real `vaco fit` (the walk's
+    command at tiny sizes, a checkpoint every iteration; a population of two for the population's
+    walk) is traced through its second iteration, and the vaco files whose code ran are exactly the
+    walk's files; the count the doc states is that number. A file the iteration starts to call (or
+    stops calling) fails here by name."""
     import json
-    import re
     import subprocess
     import sys
 
     from helpers.runs import REPO
 
+    heading, learner, extra = WALKS[walk]
     out = tmp_path / "files.json"
     argv = [
         "fit",
@@ -324,10 +346,11 @@ def test_the_iteration_walk_names_every_file_one_iteration_runs_and_no_other(tmp
         *("--model.init_args.update_epochs", "1", "--model.init_args.num_minibatches", "2"),
         *("--checkpoint.every_n_iterations", "1", "--trainer.default_root_dir", str(tmp_path / "run")),
         "--trainer.enable_progress_bar=false",
+        *extra,
     ]
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
     done = subprocess.run(
-        [sys.executable, "-c", _TRACE_ONE_ITERATION, str(out), *argv],
+        [sys.executable, "-c", _TRACE_ONE_ITERATION, str(out), learner, *argv],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -337,11 +360,73 @@ def test_the_iteration_walk_names_every_file_one_iteration_runs_and_no_other(tmp
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     functions = json.loads(out.read_text())
     ran = set(functions)
-    text = (REPO / "docs" / "architecture.md").read_text()
-    section = text.split("## One VACO iteration, file by file", 1)[1].split("\n## ", 1)[0]
-    walk = set(re.findall(r"^\| \d+ \| `([^`]+)` \|", section, flags=re.M))
-    missing = {name: functions[name] for name in sorted(ran - walk)}
+    section, rows = walk_rows(heading)
+    walk_files = {file for _, file, _ in rows}
+    missing = {name: functions[name] for name in sorted(ran - walk_files)}
     assert not missing, f"one iteration runs code in files the walk does not name: {missing}"
-    assert walk - ran == set(), f"the walk names files one iteration does not run: {sorted(walk - ran)}"
+    assert walk_files - ran == set(), f"the walk names files one iteration does not run: {sorted(walk_files - ran)}"
     stated = re.search(r"runs code in (\d+) of vaco's files", section)
     assert stated and int(stated.group(1)) == len(ran), (stated and stated.group(0), len(ran))
+
+
+#: the private names of other packages vaco reads, each where the package offers no public way
+#: (attribute read on an object of that package: file -> names). Lightning's and TorchRL's live
+#: in their fences (vaco/lightning_private.py, vaco/data/parallel/torchrl_compat.py).
+THIRD_PARTY_PRIVATE = {
+    "vaco/lightning_private.py": {
+        "_hparams_initial",
+        "_save_last_checkpoint",
+        "_should_skip_saving_checkpoint",
+        "_monitor_candidates",
+    },
+    "vaco/data/parallel/torchrl_compat.py": {"_closed", "_send_instruction"},
+    # gymnasium's TimeLimit keeps its step counter private; an env snapshot must hold it
+    "vaco/data/envs.py": {"_elapsed_steps", "_max_episode_steps", "_has_reset"},
+    # the standard library's own documented names (os._exit, namedtuple._replace)
+    "*": {"_exit", "_replace"},
+}
+
+
+def private_reaches(root: Path) -> list[str]:
+    """Every place a file under ``root`` uses another file's private name: ``from x import _name``
+    of a vaco module, or ``obj._name`` on anything but ``self``, ``cls`` or ``super()`` (a
+    dunder is not private)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        allowed = THIRD_PARTY_PRIVATE.get(rel, set()) | THIRD_PARTY_PRIVATE["*"]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(root.name):
+                folder = root.parent.joinpath(*node.module.split("."))
+                found += [
+                    f"{rel}:{node.lineno} imports {a.name} from {node.module}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__") and not (folder / f"{a.name}.py").exists()
+                ]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                    continue
+                if isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super":
+                    continue
+                if node.attr not in allowed:
+                    found.append(f"{rel}:{node.lineno} reads {ast.unparse(owner)}.{node.attr}")
+    return found
+
+
+def test_no_file_reaches_into_another_files_private_names():
+    """A module talks to another through what it offers: no vaco file imports another's private
+    function or reads a private attribute of an object it does not own (a population reads its
+    members' state through VacoModule's and CollectorBase's methods). Private modules (vaco._checks)
+    are the package's own and may be imported; other packages' privates are listed above, by file."""
+    assert private_reaches(PACKAGE) == []
+
+
+def test_the_private_reach_check_can_fail(tmp_path):
+    package = tmp_path / "vaco"
+    package.mkdir()
+    (package / "a.py").write_text("def _hidden():\n    pass\n")
+    (package / "b.py").write_text(
+        "from vaco.a import _hidden\n\nclass B:\n    def f(self, other):\n        return self._own, other._state, super()._x\n"
+    )
+    assert private_reaches(package) == ["vaco/b.py:1 imports _hidden from vaco.a", "vaco/b.py:5 reads other._state"]

@@ -49,8 +49,8 @@ def _solo(tmp_path, uri, objective, advantage, seed: int, env: str) -> list[dict
         nets = (("actor.", module.actor), ("critic.", module.critic))
         record = {
             "before": {p + n: v.detach().clone() for p, net in nets for n, v in net.named_parameters()},
-            "generator": module._generator.get_state(),
-            "norm": tuple(t.clone() for t in module._norm_cache),
+            "generator": module.generator.get_state(),
+            "norm": tuple(t.clone() for t in module.frozen_normalizer),
             "lr": module.optimizers().param_groups[0]["lr"],
             "train": {key: flat[key].clone() for key in TRAIN_KEYS},
             "buffers": {n: b.clone() for n, b in module.objective.named_buffers()},

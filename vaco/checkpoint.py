@@ -267,3 +267,20 @@ def unpack_state(packed: dict) -> Any:
         return x
 
     return decode(json.loads(document))
+
+
+# Checkpoints hold only tensors and plain Python values, so Lightning (and torch.load) can read
+# them with weights_only=True.
+def numpy_rng_state() -> dict:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
+
+
+def set_numpy_rng_state(state: dict) -> None:
+    keys = state["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, state["pos"], state["has_gauss"], state["cached"]))

@@ -340,15 +340,10 @@ class VacoCLI(LightningCLI):
             if m == 0:
                 member_logger = logger
             else:
-                member_logger = VacoMLFlowLogger(
-                    experiment_name=logger._experiment_name,
-                    run_name=_member_name(logger._run_name, seeds[0], seeds[m]),
-                    tracking_uri=logger._tracking_uri,
-                    tags=_member_tags(logger.tags or {}, seeds[0], seeds[m]),
-                    log_model=logger._log_model,
-                    prefix=logger._prefix,
-                    artifact_location=logger._artifact_location,
-                    run_id=run_ids[m] if m < len(run_ids) else None,
+                member_logger = logger.sibling(
+                    _member_name(logger.run_name, seeds[0], seeds[m]),
+                    _member_tags(logger.tags or {}, seeds[0], seeds[m]),
+                    run_ids[m] if m < len(run_ids) else None,
                 )
             member_logger.tags = {
                 **(member_logger.tags or {}),

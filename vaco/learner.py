@@ -69,6 +69,14 @@ def startup_seconds() -> float | None:
     return None if age is None else max(0.0, age)
 
 
+def short_count(n: float) -> str:
+    """A count for the progress line: ``1.23M``, ``4.50k``, ``17``."""
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
 def plain_fields(module: torch.nn.Module, buffers: bool = False) -> dict[str, Any]:
     """A module's public scalar settings (an objective's ``delta``, an advantage's ``gamma``, ...)
     and, with ``buffers``, its public scalar buffers as floats (PPO-KL's adaptive ``kl_coef``, logged

@@ -80,6 +80,25 @@ class VacoMLFlowLogger(MLFlowLogger):
 
     # ------------------------------------------------------------------ the experiment and the run
     @property
+    def run_name(self) -> str | None:
+        """The run's name as given (None: from the run's coordinates when the run opens)."""
+        return self._run_name
+
+    def sibling(self, run_name: str, tags: dict, run_id: str | None = None) -> VacoMLFlowLogger:
+        """A logger of another run in the same experiment and store, with this one's settings (a
+        population member's, beside member 0's)."""
+        return VacoMLFlowLogger(
+            experiment_name=self._experiment_name,
+            run_name=run_name,
+            tracking_uri=self._tracking_uri,
+            tags=tags,
+            log_model=self._log_model,
+            prefix=self._prefix,
+            artifact_location=self._artifact_location,
+            run_id=run_id,
+        )
+
+    @property
     def experiment(self):
         """Lightning's client; on first use, the experiment is marked as model training and a
         new run is named after its coordinates (made unique within the experiment)."""

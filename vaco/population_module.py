@@ -51,13 +51,14 @@ import torch
 from torch import nn
 
 from vaco._checks import NonFiniteInputError
+from vaco.checkpoint import numpy_rng_state, set_numpy_rng_state
 from vaco.data.lockstep import Lockstep, shares_one_simulator
 from vaco.data.normalization import apply_normalizer
-from vaco.learner import Learner, NonFiniteLossError
+from vaco.learner import Learner, NonFiniteLossError, short_count
 from vaco.lightning_private import reopen_finished_epoch, set_logged_hparam
 from vaco.population import PopulationUpdate
 from vaco.update import TRAIN_KEYS
-from vaco.vaco_module import VacoModule, _numpy_rng_state, _set_numpy_rng_state, _si
+from vaco.vaco_module import VacoModule
 
 __all__ = ["PopulationModule", "PopulationDataModule", "population_seeds", "POPULATION_TAG", "MEMBER_TAG"]
 
@@ -303,7 +304,7 @@ class PopulationModule(Learner):
             [m.actor for m in self.members],
             [m.critic for m in self.members],
             [m.objective for m in self.members],
-            [m._generator for m in self.members],
+            [m.generator for m in self.members],
             update_epochs=hp.update_epochs,
             num_minibatches=hp.num_minibatches,
             max_grad_norm=hp.max_grad_norm,
@@ -351,7 +352,7 @@ class PopulationModule(Learner):
         active = [m not in stopped for m in range(len(members))]
         for member, on in zip(members, active):
             if not on:
-                member._freeze_normalizer()  # its row is normalised (and discarded) with the rest
+                member.freeze_normalizer()  # its row is normalised (and discarded) with the rest
         lr = self.optimizers().param_groups[0]["lr"]
         start = time.perf_counter()
         # a stopped member's row holds another member's batch with every step undone (the stacked
@@ -397,7 +398,7 @@ class PopulationModule(Learner):
                 for key in rows:
                     rows[key].append(train[key][m])
                 continue
-            member._learner_pass(step.batch, step.flat)
+            member.learner_pass(step.batch, step.flat)
             member.advantage(step.batch)
             rows["advantage"].append(step.batch["advantage"].reshape(-1))
             rows["value_target"].append(step.batch["value_target"].reshape(-1))
@@ -442,15 +443,17 @@ class PopulationModule(Learner):
         """Each member's frozen normaliser applied to its ``[S, B, obs]`` rows, as ``_normalize`` is."""
         if not members[0].hparams.normalize_observation:
             return lambda obs: obs
-        shift = torch.stack([m._norm_cache[0] for m in members]).unsqueeze(1)
-        inv_scale = torch.stack([m._norm_cache[1] for m in members]).unsqueeze(1)
+        shift = torch.stack([m.frozen_normalizer[0] for m in members]).unsqueeze(1)
+        inv_scale = torch.stack([m.frozen_normalizer[1] for m in members]).unsqueeze(1)
         return lambda obs: apply_normalizer(obs, shift, inv_scale)
 
     def _progress(self, members: Sequence[VacoModule]) -> dict[str, str]:
         data = members[0].data
         steps = int(self.version) * data.batch_size
         sps = sum(float(m.last_metrics.get("perf/sps", 0.0)) for m in members)
-        progress = {"steps": f"{_si(steps)}/{_si(data.num_iterations() * data.batch_size)} x{len(members)}"}
+        progress = {
+            "steps": f"{short_count(steps)}/{short_count(data.num_iterations() * data.batch_size)} x{len(members)}"
+        }
         progress["sps"] = f"{sps:.0f}"
         scores = [m.last_eval_return for m in members if not math.isnan(m.last_eval_return)]
         if scores:
@@ -482,8 +485,8 @@ class PopulationModule(Learner):
         return f"final {self.score_metric} of {done}: mean {np.mean(scores):.1f} ({', '.join(each)})"
 
     # ------------------------------------------------------------------ checkpoints
-    def _budget(self) -> int:
-        return self.members[0]._budget()
+    def budget(self) -> int:
+        return self.members[0].budget()
 
     def extra_state(self) -> dict[str, Any]:
         members = []
@@ -493,9 +496,9 @@ class PopulationModule(Learner):
             state["mlflow_run_id"] = getattr(member.logger, "run_id", None)
             members.append(state)
         return {
-            "numpy_rng": _numpy_rng_state(),
+            "numpy_rng": numpy_rng_state(),
             "python_rng": members[0]["python_rng"],
-            "total_steps": self._budget(),
+            "total_steps": self.budget(),
             "population_id": self.population_id,
             "population_seeds": list(self.seeds),
             "members": members,
@@ -506,10 +509,10 @@ class PopulationModule(Learner):
         spec = checkpoint["hyper_parameters"]["env_spec"]
         for member in self.members:
             if member.actor is None:
-                member._build(spec)
+                member.build_networks(spec)
         super().on_load_checkpoint(checkpoint)
         if self._restored and self._trainer is not None and self._saved_budget is not None:
-            if self._budget() > self._saved_budget:
+            if self.budget() > self._saved_budget:
                 reopen_finished_epoch(checkpoint)
 
     def restore_state(self, state: dict[str, Any]) -> None:
@@ -521,7 +524,7 @@ class PopulationModule(Learner):
         for member, member_state in zip(self.members, saved):
             member.restore_state(member_state)
         super().restore_state(state)
-        _set_numpy_rng_state(state["numpy_rng"])
+        set_numpy_rng_state(state["numpy_rng"])
         random.setstate((3, tuple(state["python_rng"]), None))
         self.population_id = state["population_id"]
         self._saved_budget = state.get("total_steps")

@@ -25,14 +25,14 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
 
 from vaco.advantages import AdvantageModule
+from vaco.checkpoint import numpy_rng_state, set_numpy_rng_state
 from vaco.data.episodes import learner_policy
 from vaco.data.normalization import RunningMeanStd, apply_normalizer, batch_moments, normalizer
-from vaco.learner import Learner, NonFiniteLossError, plain_fields, startup_seconds
+from vaco.learner import Learner, NonFiniteLossError, plain_fields, short_count, startup_seconds
 from vaco.lightning_private import reopen_finished_epoch
 from vaco.networks import Critic, GaussianActor, gaussian_log_prob
 from vaco.objectives import Objective
@@ -151,15 +151,15 @@ class VacoModule(Learner):
         self.actor: GaussianActor | None = None
         self.critic: Critic | None = None
         self.obs_rms: RunningMeanStd | None = None
-        self._generator = torch.Generator()
+        self.generator = torch.Generator()
         self._saved_budget: int | None = None
         self.last_eval_return = float("nan")
         self._startup_logged = False  # perf/startup_seconds goes with this process's first iteration
         if env_spec is not None:
-            self._build(env_spec)
+            self.build_networks(env_spec)
 
     # ------------------------------------------------------------------ construction
-    def _build(self, spec: dict) -> None:
+    def build_networks(self, spec: dict) -> None:
         hidden = tuple(self.hparams.hidden_sizes)
         self.actor = GaussianActor(spec["obs_dim"], spec["act_dim"], hidden)
         self.critic = Critic(spec["obs_dim"], hidden)
@@ -171,7 +171,7 @@ class VacoModule(Learner):
         if self.actor is None:
             spec = data.env_spec.to_dict()
             self.hparams.env_spec = spec
-            self._build(spec)
+            self.build_networks(spec)
 
     def defining_modules(self) -> dict[str, torch.nn.Module]:
         return {"objective": self.objective, "advantage": self.advantage}
@@ -226,19 +226,19 @@ class VacoModule(Learner):
     def on_fit_start(self) -> None:
         data = self.data
         if not self._restored:  # a resumed run keeps the generator state of its checkpoint
-            self._generator.manual_seed(data.seed + 7_919 * self.global_rank)
+            self.generator.manual_seed(data.seed + 7_919 * self.global_rank)
         if data.policy_buffer.size == 0:  # a fresh run: version 0 is the initial policy
             data.push_policy(self.actor, self.obs_rms.mean, self.obs_rms.var, int(self.version))
         self.log_run_params()
         if self.logger is not None and self.global_rank == 0:
             # the budget can grow on resume: its history is a metric (logged where it changes), not
             # an immutable param
-            budget = self._budget()
+            budget = self.budget()
             if budget != self._saved_budget:
                 steps = int(self.version) * data.batch_size * self.trainer.world_size
                 self.logger.log_metrics({"time/total_steps": float(budget)}, step=steps)
 
-    def _budget(self) -> int:
+    def budget(self) -> int:
         data = self.data
         return data.num_iterations() * data.batch_size * self.trainer.world_size
 
@@ -308,8 +308,8 @@ class VacoModule(Learner):
             self.actor,
             self.critic,
             normalize=self._normalize,
-            learner_pass=self._learner_pass,
-            generator=self._generator,
+            learner_pass=self.learner_pass,
+            generator=self.generator,
             optimizer=optimizer,
             backward=self.manual_backward,
             clip=clip,
@@ -332,10 +332,10 @@ class VacoModule(Learner):
         start = time.perf_counter()
         batch = self.transfer_batch(batch)
         flat = batch.reshape(-1)
-        self._freeze_normalizer()
+        self.freeze_normalizer()
 
         # -- once per iteration: critic values and the learner pi_T on the stored actions
-        self._learner_pass(batch, flat)
+        self.learner_pass(batch, flat)
         backward_tv = self._tv(flat["log_prob"], flat["behavior_log_prob"])
         self.advantage(batch)
         flat.set("advantage", batch["advantage"].reshape(-1))
@@ -420,9 +420,14 @@ class VacoModule(Learner):
             return obs
         return apply_normalizer(obs, *self._norm_cache)
 
-    def _freeze_normalizer(self) -> None:
+    def freeze_normalizer(self) -> None:
         """The statistics are fixed for the whole iteration: cache them as float32 shift/scale."""
         self._norm_cache = normalizer(self.obs_rms.mean, self.obs_rms.var)
+
+    @property
+    def frozen_normalizer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The iteration's frozen ``(shift, inv_scale)`` (:meth:`freeze_normalizer`), as the learner applies them."""
+        return self._norm_cache
 
     def _log_prob(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         out = []
@@ -435,7 +440,7 @@ class VacoModule(Learner):
         return torch.cat([self.critic(self._normalize(o)) for o in obs.split(_CHUNK)])
 
     @torch.no_grad()
-    def _learner_pass(self, batch: TensorDictBase, flat: TensorDictBase) -> None:
+    def learner_pass(self, batch: TensorDictBase, flat: TensorDictBase) -> None:
         """``state_value``, ``("next", "state_value")`` and pi_T's ``log_prob`` for the whole batch."""
         values = self._values(flat["observation"]).view(batch.batch_size)
         done = batch["next", "done"]
@@ -519,7 +524,7 @@ class VacoModule(Learner):
 
     def progress_fields(self, metrics: dict[str, float], step: int) -> dict[str, str]:
         """Env steps done/total, SPS and the latest eval return (``step`` is env steps)."""
-        progress = {"steps": f"{_si(step)}/{_si(self._budget())}", "sps": f"{metrics['perf/sps']:.0f}"}
+        progress = {"steps": f"{short_count(step)}/{short_count(self.budget())}", "sps": f"{metrics['perf/sps']:.0f}"}
         if not math.isnan(self.last_eval_return):
             progress["eval"] = f"{self.last_eval_return:.1f}"
         return progress
@@ -527,26 +532,26 @@ class VacoModule(Learner):
     # ------------------------------------------------------------------ checkpoints
     def extra_state(self) -> dict[str, Any]:
         return {
-            "generator": self._generator.get_state(),
+            "generator": self.generator.get_state(),
             "last_eval_return": self.last_eval_return,
-            "numpy_rng": _numpy_rng_state(),
+            "numpy_rng": numpy_rng_state(),
             "python_rng": list(random.getstate()[1]),
-            "total_steps": self._budget(),
+            "total_steps": self.budget(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.actor is None:
-            self._build(checkpoint["hyper_parameters"]["env_spec"])
+            self.build_networks(checkpoint["hyper_parameters"]["env_spec"])
         super().on_load_checkpoint(checkpoint)
         if self._restored and self._trainer is not None and self._saved_budget is not None:
-            if self._budget() > self._saved_budget:
+            if self.budget() > self._saved_budget:
                 reopen_finished_epoch(checkpoint)
 
     def restore_state(self, state: dict[str, Any]) -> None:
         super().restore_state(state)
-        self._generator.set_state(state["generator"])
+        self.generator.set_state(state["generator"])
         self.last_eval_return = state["last_eval_return"]
-        _set_numpy_rng_state(state["numpy_rng"])
+        set_numpy_rng_state(state["numpy_rng"])
         random.setstate((3, tuple(state["python_rng"]), None))
         self._saved_budget = state.get("total_steps")
 
@@ -568,30 +573,6 @@ def axis_labels(*modules) -> list[str]:
     return out
 
 
-# Checkpoints hold only tensors and plain Python values, so Lightning (and torch.load) can read
-# them with weights_only=True.
-def _numpy_rng_state() -> dict:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "keys": torch.from_numpy(keys.astype(np.int64)),
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached": float(cached),
-    }
-
-
-def _set_numpy_rng_state(state: dict) -> None:
-    keys = state["keys"].numpy().astype(np.uint32)
-    np.random.set_state(("MT19937", keys, state["pos"], state["has_gauss"], state["cached"]))
-
-
 def _explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
     var = target.var()
     return float("nan") if var == 0 else float(1 - (target - pred).var() / var)
-
-
-def _si(n: float) -> str:
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(int(n))

@@ -17,8 +17,8 @@ import math
 import time
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from tensordict import TensorDict
@@ -284,21 +284,18 @@ class CollectorBase(BaseCollector):
 
     @torch.no_grad()
     def observe(self, segment: Segment, t: int, outcome: tuple[torch.Tensor, ...]) -> None:
-        """Record step ``t``'s outcome (``VectorEnv.step``'s tuple): rewards (scaled), flags, the
-        final observations, episode statistics."""
-        new_obs, reward, term, trunc, final_obs = outcome
-        buffers = segment.buffers
-        done = term | trunc
-        buffers.next_obs[t] = final_obs
-        self._ep_return += reward.double()
-        self._ep_length += 1
-        buffers.ep_returns[t] = self._ep_return
-        buffers.ep_lengths[t] = self._ep_length
-        self._ep_return.masked_fill_(done, 0.0)
-        self._ep_length.masked_fill_(done, 0)
-        buffers.rewards[t] = self.reward_scaler(reward, term, done) if self.reward_scaler is not None else reward
-        buffers.terminated[t], buffers.truncated[t] = term, trunc
-        self._obs = new_obs
+        """Record step ``t``'s outcome (``VectorEnv.step``'s tuple): :func:`record_outcome` with this
+        collector's episode counters and reward scaler."""
+        self._obs = record_outcome(segment.buffers, t, outcome, self._ep_return, self._ep_length, self.reward_scaler)
+
+    def episode_state(self) -> EpisodeState:
+        """The envs' current observation (None before the first reset) and each env's running
+        episode return and length: what a population's lockstep steps for all its members at once."""
+        return EpisodeState(self._obs, self._ep_return, self._ep_length)
+
+    def set_episode_state(self, state: EpisodeState) -> None:
+        """Take over ``state`` (:meth:`episode_state`'s tuple, stepped elsewhere)."""
+        self._obs, self._ep_return, self._ep_length = state
 
     @torch.no_grad()
     def end_rollout(self, segment: Segment) -> TensorDict:
@@ -311,6 +308,41 @@ class CollectorBase(BaseCollector):
         batch = buffers.batch(segment.policy.versions.to(self.device), self.batch_device)
         self.iteration += 1
         return batch
+
+
+def record_outcome(
+    buffers: StepBuffers,
+    t: int,
+    outcome: tuple[torch.Tensor, ...],
+    ep_return: torch.Tensor,
+    ep_length: torch.Tensor,
+    scale: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    r"""Record step ``t``'s outcome (``VectorEnv.step``'s tuple) in ``buffers``: rewards (``scale``\ d
+    where given: ``(reward, terminated, done) -> reward``), flags, the final observations, and the
+    episode statistics (``ep_return`` and ``ep_length`` are advanced in place and restarted where an
+    episode ended). Returns the envs' new observation. A collector's :meth:`CollectorBase.observe`,
+    and a lockstep's for all its members' envs at once."""
+    new_obs, reward, term, trunc, final_obs = outcome
+    done = term | trunc
+    buffers.next_obs[t] = final_obs
+    ep_return += reward.double()
+    ep_length += 1
+    buffers.ep_returns[t] = ep_return
+    buffers.ep_lengths[t] = ep_length
+    ep_return.masked_fill_(done, 0.0)
+    ep_length.masked_fill_(done, 0)
+    buffers.rewards[t] = scale(reward, term, done) if scale is not None else reward
+    buffers.terminated[t], buffers.truncated[t] = term, trunc
+    return new_obs
+
+
+class EpisodeState(NamedTuple):
+    """What a collector carries from step to step and rollout to rollout."""
+
+    obs: torch.Tensor | None  # [N, obs_dim]; None: the next rollout starts with a seeded reset
+    ep_return: torch.Tensor  # [N] float64
+    ep_length: torch.Tensor  # [N] long
 
 
 def record_actions(

@@ -35,8 +35,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from vaco.data.collector_base import CollectorBase, Segment, StepBuffers, record_actions
-from vaco.data.normalization import EPS, DeviceRewardScaler, merge_moments
+from vaco.data.collector_base import CollectorBase, EpisodeState, Segment, StepBuffers, record_actions, record_outcome
+from vaco.data.normalization import DeviceRewardScaler
 from vaco.data.policy_buffer import MixturePolicy, PopulationPolicy
 
 __all__ = ["Lockstep", "shares_one_simulator"]
@@ -133,23 +133,25 @@ class Lockstep:
         n = members[0].num_envs
         # each member's reset (where none happened yet) and versions, in the solo order; one buffer for all
         segments = {m: Segment(collectors[m].start_rollout(), None) for m in going}
-        obs = torch.cat([c._obs for c in members])
+        states = [c.episode_state() for c in members]
+        obs = torch.cat([state.obs for state in states])
         buffers = StepBuffers.empty(T, obs.shape[0], obs.shape[-1], env.act_dim, obs.device)
         for i, m in enumerate(going):
             segments[m].buffers = buffers.rows(slice(i * n, (i + 1) * n))
         acting = _acting([segments[m].policy for m in going], n, self.exact, buffers)
-        # the members' state, stacked for the rollout (written back at its end)
-        ep_return = torch.cat([c._ep_return for c in members])
-        ep_length = torch.cat([c._ep_length for c in members])
+        # the members' counters, stacked for the rollout (given back at its end)
+        ep_return = torch.cat([state.ep_return for state in states])
+        ep_length = torch.cat([state.ep_length for state in states])
         scalers = [c.reward_scaler for c in members]
-        # the reward scalers stacked (a GPU's: one set of ops for all members) or each on its rows
-        scale = scalers[0] is not None and not self.exact and all(type(r) is DeviceRewardScaler for r in scalers)
-        own_scale = scalers[0] is not None and not scale
         member_rows = [slice(i * n, (i + 1) * n) for i in range(len(members))]
-        if scale:
-            returns = torch.stack([r.returns for r in scalers])  # [S, N]
-            mean, var, count = (torch.stack([getattr(r, k) for r in scalers]) for k in ("mean", "var", "count"))
-            gamma, clip = scalers[0].gamma, scalers[0].clip
+        # the reward scalers stacked (a GPU's: one set of ops for all members) or each on its rows
+        stacked = scalers[0] is not None and not self.exact and all(type(r) is DeviceRewardScaler for r in scalers)
+        if stacked:
+            scale = DeviceRewardScaler.stacked(scalers)
+        elif scalers[0] is not None:
+            scale = _EachScaler(scalers, member_rows)
+        else:
+            scale = None
         every = len(going) == len(collectors)
         if not every:  # a stopped member's worlds act with zeros; the others' rows of each outcome are read
             rows = torch.cat([torch.arange(m * n, (m + 1) * n, device=obs.device) for m in going])
@@ -177,38 +179,12 @@ class Lockstep:
             else:
                 outcome = tuple(x[rows] for x in env.step(full.index_copy(0, rows, action)))
             # observe (CollectorBase.observe), every member's envs at once; each member's reward scale
-            new_obs, reward, term, trunc, final_obs = outcome
-            done = term | trunc
-            buffers.next_obs[t] = final_obs
-            ep_return += reward.double()
-            ep_length += 1
-            buffers.ep_returns[t] = ep_return
-            buffers.ep_lengths[t] = ep_length
-            ep_return.masked_fill_(done, 0.0)
-            ep_length.masked_fill_(done, 0)
-            if scale:  # DeviceRewardScaler per member: its own returns' moments, on the rows of [S, N]
-                r = reward.reshape(-1, n)
-                returns = returns * gamma * (~term.reshape(-1, n)).double() + r.double()
-                batch_mean = returns.sum(1) / n
-                batch_var = (returns - batch_mean.unsqueeze(1)).square().sum(1) / n
-                mean, var, count = merge_moments(mean, var, count, batch_mean, batch_var, n)
-                returns = returns.masked_fill(done.reshape(-1, n), 0.0)
-                reward = (r.double() / (var.unsqueeze(1) + EPS).sqrt()).clamp(-clip, clip).float().view(-1)
-            elif own_scale:  # each member's scaler on its rows, as alone
-                reward = torch.cat([sc(reward[m], term[m], done[m]) for sc, m in zip(scalers, member_rows)])
-            buffers.rewards[t] = reward
-            buffers.terminated[t], buffers.truncated[t] = term, trunc
-            obs = new_obs
+            obs = record_outcome(buffers, t, outcome, ep_return, ep_length, scale)
         for i, c in enumerate(members):
-            part = slice(i * n, (i + 1) * n)
-            c._obs, c._ep_return, c._ep_length = obs[part].clone(), ep_return[part].clone(), ep_length[part].clone()
-            if scale:
-                c.reward_scaler.returns = returns[i].clone()
-                c.reward_scaler.mean, c.reward_scaler.var, c.reward_scaler.count = (
-                    mean[i].clone(),
-                    var[i].clone(),
-                    count[i].clone(),
-                )
+            part = member_rows[i]
+            c.set_episode_state(EpisodeState(obs[part].clone(), ep_return[part].clone(), ep_length[part].clone()))
+        if stacked:
+            scale.unstack(scalers)
         return segments
 
 
@@ -236,6 +212,16 @@ def _acting(mixtures: list[MixturePolicy], n: int, exact: bool, buffers: StepBuf
     if len(groups) == 1:
         return [(slice(0, n * len(mixtures)), groups[0][2], buffers)]
     return [(rows := slice(a * n, b * n), policy, buffers.rows(rows)) for a, b, policy in groups]
+
+
+class _EachScaler:
+    """Members' reward scalers, each on its rows of ``[S * N]`` (as alone: a CPU's exact path)."""
+
+    def __init__(self, scalers: list, rows: list[slice]) -> None:
+        self.scalers, self.rows = scalers, rows
+
+    def __call__(self, reward: torch.Tensor, terminated: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        return torch.cat([sc(reward[m], terminated[m], done[m]) for sc, m in zip(self.scalers, self.rows)])
 
 
 class _Each:

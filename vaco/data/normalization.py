@@ -147,7 +147,11 @@ class RewardScaler:
 class DeviceRewardScaler:
     """:class:`RewardScaler` on torch tensors, for collectors whose envs live on a device: the
     same arithmetic in float64 (``merge_moments`` works on tensors as on floats), no host sync.
-    Its ``state_dict`` has the same keys, moments as 0-d tensors."""
+    Its ``state_dict`` has the same keys, moments as 0-d tensors.
+
+    :meth:`stacked` makes one scaler of several (a population's members, ``returns`` ``[S, N]`` and
+    moments ``[S]``): each member's moments from its own rows, one set of ops for all, the numbers
+    of each member's own scaler (the reductions run over the last dimension either way)."""
 
     def __init__(self, num_envs: int, gamma: float, device: torch.device | str = "cpu", clip: float = 10.0) -> None:
         self.gamma, self.clip = gamma, clip
@@ -157,13 +161,32 @@ class DeviceRewardScaler:
         self.count = torch.full((), 1e-4, dtype=torch.float64, device=device)
 
     def __call__(self, reward: torch.Tensor, terminated: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        self.returns = self.returns * self.gamma * (~terminated).double() + reward.double()
-        n = self.returns.numel()
-        batch_mean = self.returns.sum() / n
-        batch_var = (self.returns - batch_mean).square().sum() / n
+        """Scaled rewards, the shape of ``reward`` (``[N]``; a stacked scaler's ``[S * N]`` member-major)."""
+        shape = self.returns.shape
+        r, terminated, done = reward.reshape(shape), terminated.reshape(shape), done.reshape(shape)
+        self.returns = self.returns * self.gamma * (~terminated).double() + r.double()
+        n = shape[-1]
+        batch_mean = self.returns.sum(-1) / n
+        batch_var = (self.returns - batch_mean.unsqueeze(-1)).square().sum(-1) / n
         self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, batch_mean, batch_var, n)
         self.returns = self.returns.masked_fill(done, 0.0)
-        return (reward.double() / (self.var + EPS).sqrt()).clamp(-self.clip, self.clip).float()
+        scaled = (r.double() / (self.var.unsqueeze(-1) + EPS).sqrt()).clamp(-self.clip, self.clip).float()
+        return scaled.reshape(reward.shape)
+
+    @classmethod
+    def stacked(cls, scalers: list[DeviceRewardScaler]) -> DeviceRewardScaler:
+        """One scaler for all of ``scalers`` (same ``gamma`` and ``clip``); :meth:`unstack` writes it back."""
+        out = cls.__new__(cls)
+        out.gamma, out.clip = scalers[0].gamma, scalers[0].clip
+        for key in ("returns", "mean", "var", "count"):
+            setattr(out, key, torch.stack([getattr(r, key) for r in scalers]))
+        return out
+
+    def unstack(self, scalers: list[DeviceRewardScaler]) -> None:
+        """Give each of ``scalers`` its row of this stacked scaler's state."""
+        for i, scaler in enumerate(scalers):
+            for key in ("returns", "mean", "var", "count"):
+                setattr(scaler, key, getattr(self, key)[i].clone())
 
     def state_dict(self) -> dict:
         return {

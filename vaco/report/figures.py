@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-def _plt():
+def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
@@ -47,7 +47,7 @@ def _plt():
 
 def use_file_backend() -> None:
     """Draw into files (matplotlib's Agg backend): no display is needed or opened."""
-    _plt().switch_backend("Agg")
+    pyplot().switch_backend("Agg")
 
 
 def _colors(keys: Sequence[str]) -> dict[str, tuple]:
@@ -171,7 +171,7 @@ def _vs_k_axis(
 
 def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
     """IQM of the normalised final score against K, one line per algorithm."""
-    plt = _plt()
+    plt = pyplot()
     scores = scores or iqm_against_k(report)
     estimates, notes = scores.estimates, scores.notes
     series = _k_series(main_groups(report), lambda r: r.algorithm)
@@ -192,7 +192,7 @@ def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
 
 def figure_returns(report: Report):
     """The raw score (eval/return) over training per task and K: mean and standard deviation over seeds."""
-    plt = _plt()
+    plt = pyplot()
     tasks, ks = report.tasks, report.ks
     colors = _algo_colors(report)
     fig, axes = plt.subplots(len(tasks), len(ks), figsize=(3.2 * len(ks), 2.6 * len(tasks)), squeeze=False)
@@ -234,7 +234,7 @@ def figure_sample_efficiency(report: Report, efficiency: SampleEfficiency | None
     returns the figure, the curves per K, the AUC estimates and the notes."""
     from rliable import plot_utils
 
-    plt = _plt()
+    plt = pyplot()
     ks, colors = report.ks, _algo_colors(report)
     efficiency = efficiency or sample_efficiency(report)
     curve_estimates, auc = efficiency.curves, efficiency.auc.estimates
@@ -274,7 +274,7 @@ def figure_performance_profiles(report: Report, data: Profiles | None = None):
     """Score distributions per K (rliable); returns the figure and the notes."""
     from rliable import plot_utils
 
-    plt = _plt()
+    plt = pyplot()
     ks, colors = report.ks, _algo_colors(report)
     data = data or profiles(report)
     fig, axes = plt.subplots(1, len(ks), figsize=(4.2 * len(ks), 3.6), squeeze=False)
@@ -302,7 +302,7 @@ def figure_performance_profiles(report: Report, data: Profiles | None = None):
 
 def figure_tv(report: Report):
     """Per task: each run's mean TV over its iterations against K, mean +- std over seeds; delta/2 dashed."""
-    plt = _plt()
+    plt = pyplot()
     tasks, colors = report.tasks, _algo_colors(report)
     main = report.main_runs()
     fig, axes = plt.subplots(2, len(tasks), figsize=(4.2 * len(tasks), 6.4), squeeze=False)
@@ -352,7 +352,7 @@ def figure_tv(report: Report):
 def figure_fractions(report: Report):
     """train/filter_fraction (TV-filter objectives) and train/clip_fraction (the others) per
     iteration, averaged over the runs of each (algorithm, K)."""
-    plt = _plt()
+    plt = pyplot()
     ks, colors = report.ks, _algo_colors(report)
     main = report.main_runs()
     fig, axes = plt.subplots(2, len(ks), figsize=(4.0 * len(ks), 5.6), squeeze=False, sharey="row")
@@ -384,7 +384,7 @@ def figure_fractions(report: Report):
 def figure_ablation(report: Report, ablation: Ablation, scores: tuple[Scores, Scores] | None = None):
     """IQM of the final normalised score and of the AUC against K, one line per ablation value;
     returns the figure, the two sets of estimates and the notes."""
-    plt = _plt()
+    plt = pyplot()
     final, auc = scores or ablation_scores(report, ablation)
     final_est, auc_est, notes = final.estimates, auc.estimates, final.notes
     series = _k_series(ablation.groups(), ablation.variant)
@@ -407,7 +407,7 @@ def figure_robustness(report: Report, data=None):
     :func:`vaco.report.robustness.robustness`, else computed."""
     from vaco.report.robustness import robustness
 
-    plt = _plt()
+    plt = pyplot()
     data = data or robustness(report)
     colors = _algo_colors(report)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))

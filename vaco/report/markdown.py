@@ -11,7 +11,7 @@ from vaco.report.scores import Estimate
 __all__: list[str] = []  # helpers of the summary modules, not part of vaco.report's API
 
 
-def _ci(e: Estimate | None, i: int = 0) -> str:
+def ci_text(e: Estimate | None, i: int = 0) -> str:
     if e is None:
         return "-"
     if e.interval is None:
@@ -19,19 +19,19 @@ def _ci(e: Estimate | None, i: int = 0) -> str:
     return f"{e.point[i]:.3f} [{e.interval[0, i]:.3f}, {e.interval[1, i]:.3f}]"
 
 
-def _sd(values) -> float:
+def sample_sd(values) -> float:
     """The sample standard deviation (ddof = 1); 0 for one value."""
     values = np.asarray(values, dtype=np.float64)
     return float(values.std(ddof=1)) if values.size > 1 else 0.0
 
 
-def _pair(x: float, interval) -> str:
+def estimate_text(x: float, interval) -> str:
     if interval is None:
         return f"{x:.3f} (no CI)"
     return f"{x:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vaco.report.decision import PERMUTATION_BELOW, Verdict
 from vaco.report.design import Design
-from vaco.report.markdown import _pair, _table
+from vaco.report.markdown import estimate_text, markdown_table
 from vaco.report.robustness import Robustness
 from vaco.report.scores import Report
 from vaco.report.sensitivity import SCALES, Sensitivity, SensitivityRow
@@ -23,7 +23,7 @@ def score_words(report: Report) -> str:
     return SCORE_WORDS[report.score].format(n=report.last_evals)
 
 
-def _robustness_section(
+def robustness_section(
     report: Report, data: Robustness, figure: str | None, scoring: Sensitivity | None = None
 ) -> list[str]:
     s = ["", "## Robustness to lag", ""]
@@ -110,7 +110,7 @@ def _scoring_section(report: Report, data: Sensitivity) -> list[str]:
             "(above 0: the algorithm loses less), with its 95% confidence interval and t-test. A cross-check that "
             "does not trim or resample.",
             "",
-            _table(
+            markdown_table(
                 ["algorithm", "K", "interaction", "95% CI", "t", "p", "observations"],
                 [
                     (
@@ -140,9 +140,9 @@ def _scoring_table(rows: list[SensitivityRow], last_n: int, first: str) -> str:
         for scale in SCALES:
             r = cells[(algo, K, score, agg, scale)]
             star = "*" if r.declared else ""
-            line.append(f"{_pair(r.difference, r.interval)} {r.verdict.word}{star}")
+            line.append(f"{estimate_text(r.difference, r.interval)} {r.verdict.word}{star}")
         lines.append(line)
-    return _table([first, "K", "score", "aggregate", *SCALES], lines)
+    return markdown_table([first, "K", "score", "aggregate", *SCALES], lines)
 
 
 def _flagged_sentence(flagged: dict[tuple[str, int], list[str]]) -> str:
@@ -207,13 +207,13 @@ def verdict_lines(data: Robustness) -> list[str]:
     lines = []
     for (algo, K), x in data.interactions.items():
         lines.append(
-            f"  {algo} vs {data.baseline}, K={K}: difference of drops {_pair(x.difference, x.difference_interval)}"
+            f"  {algo} vs {data.baseline}, K={K}: difference of drops {estimate_text(x.difference, x.difference_interval)}"
             f" -> {x.verdict.text() if x.verdict else '-'}"
             + (f" [{x.verdict.method}]" if x.verdict and x.verdict.method != "bootstrap" else "")
         )
     for (algo, K), d in data.drops.items():
         lines.append(
-            f"  {algo}, drop K={data.k_ref}->{K}: {_pair(d.drop, d.drop_interval)}"
+            f"  {algo}, drop K={data.k_ref}->{K}: {estimate_text(d.drop, d.drop_interval)}"
             f" -> {d.verdict.text() if d.verdict else '-'}"
             + (f" [{d.verdict.method}]" if d.verdict and d.verdict.method != "bootstrap" else "")
         )
@@ -221,16 +221,16 @@ def verdict_lines(data: Robustness) -> list[str]:
 
 
 def _interaction_table(data: Robustness) -> str:
-    return _table(
+    return markdown_table(
         ["algorithm", "K", "difference of drops", "verdict", "MDD", "P(drop smaller)", "paired seeds/task", "tasks"],
         [
             (
                 x.algorithm,
                 K,
-                _pair(x.difference, x.difference_interval),
+                estimate_text(x.difference, x.difference_interval),
                 _verdict(x.verdict),
                 _mdd(x.verdict),
-                _pair(x.p_smaller, x.p_interval),
+                estimate_text(x.p_smaller, x.p_interval),
                 x.seeds,
                 x.tasks,
             )
@@ -241,7 +241,7 @@ def _interaction_table(data: Robustness) -> str:
 
 def _drop_table(data: Robustness) -> str:
     k_ref = data.k_ref
-    return _table(
+    return markdown_table(
         ["algorithm", "K", f"IQM K={k_ref}", "IQM K", "drop", "verdict", "ratio", "paired seeds/task", "tasks"],
         [
             (
@@ -249,9 +249,9 @@ def _drop_table(data: Robustness) -> str:
                 K,
                 f"{d.level_ref:.3f}",
                 f"{d.level:.3f}",
-                _pair(d.drop, d.drop_interval),
+                estimate_text(d.drop, d.drop_interval),
                 _verdict(d.verdict),
-                _pair(d.ratio, d.ratio_interval),
+                estimate_text(d.ratio, d.ratio_interval),
                 d.seeds,
                 d.tasks,
             )
@@ -262,7 +262,7 @@ def _drop_table(data: Robustness) -> str:
 
 def _task_drop_table(report: Report, data: Robustness) -> str:
     k_ref = data.k_ref
-    return _table(
+    return markdown_table(
         ["task", "algorithm", "K", f"mean K={k_ref}", "mean K", "drop", "seeds"],
         [
             (
@@ -279,7 +279,7 @@ def _task_drop_table(report: Report, data: Robustness) -> str:
     )
 
 
-def _design_section(report: Report, design: Design | None, scoring: Sensitivity | None = None) -> list[str]:
+def design_section(report: Report, design: Design | None, scoring: Sensitivity | None = None) -> list[str]:
     """The 2x2 step-size design's contrasts (only with two ``--step-pairs``), and under every scoring."""
     if design is None:
         return []
@@ -298,10 +298,18 @@ def _design_section(report: Report, design: Design | None, scoring: Sensitivity 
     ]
     if design.contrasts:
         s.append(
-            _table(
+            markdown_table(
                 ["K", "contrast", "estimate", "verdict", "MDD", "paired seeds/task", "tasks"],
                 [
-                    (c.K, c.name, _pair(c.estimate, c.interval), _verdict(c.verdict), _mdd(c.verdict), c.seeds, c.tasks)
+                    (
+                        c.K,
+                        c.name,
+                        estimate_text(c.estimate, c.interval),
+                        _verdict(c.verdict),
+                        _mdd(c.verdict),
+                        c.seeds,
+                        c.tasks,
+                    )
                     for c in design.contrasts
                 ],
             )
@@ -329,7 +337,7 @@ def design_lines(design: Design | None) -> list[str]:
     if design is None:
         return []
     return [
-        f"  2x2 K={c.K}, {c.name}: {_pair(c.estimate, c.interval)} -> {c.verdict.text()}"
+        f"  2x2 K={c.K}, {c.name}: {estimate_text(c.estimate, c.interval)} -> {c.verdict.text()}"
         + (f" [{c.verdict.method}]" if c.verdict.method != "bootstrap" else "")
         for c in design.contrasts
     ]

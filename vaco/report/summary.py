@@ -25,7 +25,6 @@ from vaco.report.ablations import (
 )
 from vaco.report.design import Design, two_by_two
 from vaco.report.figures import (
-    _plt,
     figure_ablation,
     figure_aggregates,
     figure_fractions,
@@ -35,10 +34,11 @@ from vaco.report.figures import (
     figure_robustness,
     figure_sample_efficiency,
     figure_tv,
+    pyplot,
 )
-from vaco.report.markdown import _ci, _sd, _table
+from vaco.report.markdown import ci_text, markdown_table, sample_sd
 from vaco.report.robustness import FEW_RESAMPLES, Robustness, distinct_resamples, robustness
-from vaco.report.robustness_summary import _design_section, _robustness_section
+from vaco.report.robustness_summary import design_section, robustness_section
 from vaco.report.scores import AGGREGATES, MAX_CURVE_POINTS, Estimate, Report, is_variant
 from vaco.report.sensitivity import Sensitivity, sensitivity
 from vaco.report.tables import (
@@ -109,7 +109,7 @@ class _Figures:
             if ax.get_xlabel() == "env steps":
                 ax.xaxis.set_major_formatter(EngFormatter(sep=""))
         fig.savefig(self.out / name, dpi=self.dpi, bbox_inches="tight")
-        _plt().close(fig)
+        pyplot().close(fig)
         return name
 
 
@@ -133,7 +133,7 @@ def write_report(
     s += _normalisation_section(report, save)
     design = design if design is not None else two_by_two(report)
     s += _robustness_part(report, save, lag, scoring, design)
-    s += _design_section(report, design, scoring)
+    s += design_section(report, design, scoring)
     scores = aggregate_scores(report)  # (after the robustness bootstrap, as the summary has always been drawn)
     s += _final_scores_section(report, save, scores)
     s += _iqm_section(report, save, scores)
@@ -164,7 +164,7 @@ def _runs_section(report: Report, save: _Figures) -> list[str]:
     counts = Counter((r.algorithm, r.K, r.env) for r in main)
     s += [
         "",
-        _table(
+        markdown_table(
             ["algorithm", "K", "runs per task"],
             [
                 (a, K, ", ".join(f"{t}: {counts[(a, K, t)]}" for t in report.tasks))
@@ -203,7 +203,7 @@ def _normalisation_section(report: Report, save: _Figures) -> list[str]:
         "",
     ]
     s.append(
-        _table(
+        markdown_table(
             ["task", "min", "max"],
             [
                 (t, f"{lo:.{_decimals(report)}f}", f"{hi:.{_decimals(report)}f}")
@@ -231,7 +231,7 @@ def _robustness_part(
         scoring = sensitivity(report, lag, design=design)
     if scoring is not None and (scoring.rows or scoring.design):
         scoring.frame().to_csv(save.out / "sensitivity.csv", index=False)
-    return _robustness_section(
+    return robustness_section(
         report, lag, save(figure_robustness(report, lag), "robustness.png") if lag.drops else None, scoring
     )
 
@@ -252,9 +252,9 @@ def _final_scores_section(report: Report, save: _Figures, scores) -> list[str]:
         "",
     ]
     s.append(
-        _table(
+        markdown_table(
             ["group", "runs/task", "tasks", *AGGREGATES],
-            [(k, e.runs_per_task, e.tasks, *(_ci(e, i) for i in range(len(AGGREGATES)))) for k, e in agg.items()],
+            [(k, e.runs_per_task, e.tasks, *(ci_text(e, i) for i in range(len(AGGREGATES)))) for k, e in agg.items()],
         )
     )
     s += [f"- {n}" for n in notes]
@@ -265,10 +265,10 @@ def _final_scores_section(report: Report, save: _Figures, scores) -> list[str]:
         per_seed[(r.env, r.algorithm, r.K)].append(f"s{r.seed}: {report.final[r.run_id]:.{d}f}")
     s += ["", f"Final {report.score_metric} (raw), mean +- sample SD (ddof = 1) over seeds, and each seed's:", ""]
     s.append(
-        _table(
+        markdown_table(
             ["task", "algorithm", "K", "return", "runs", "per seed"],
             [
-                (t, a, K, f"{np.mean(v):.{d}f} +- {_sd(v):.{d}f}", len(v), ", ".join(per_seed[(t, a, K)]))
+                (t, a, K, f"{np.mean(v):.{d}f} +- {sample_sd(v):.{d}f}", len(v), ", ".join(per_seed[(t, a, K)]))
                 for (t, a, K), v in sorted(
                     final_returns.items(), key=lambda x: (x[0][0], report.algorithms.index(x[0][1]), x[0][2])
                 )
@@ -293,10 +293,10 @@ def _iqm_section(report: Report, save: _Figures, scores) -> list[str]:
         "",
     ]
     s.append(
-        _table(
+        markdown_table(
             ["algorithm", *[f"K={k}" for k in report.ks]],
             [
-                (a, *(_ci(iqm.get(f"{a} K={k}")) for k in report.ks))
+                (a, *(ci_text(iqm.get(f"{a} K={k}")) for k in report.ks))
                 for a in report.algorithms
                 if any(f"{a} K={k}" in iqm for k in report.ks)
             ],
@@ -325,10 +325,10 @@ def _improvement_section(report: Report, save: _Figures) -> list[str]:
             "",
         ]
         s.append(
-            _table(
+            markdown_table(
                 ["X", "Y", "P(X > Y)", "runs/task", "tasks"],
                 [
-                    (key.split(" vs ")[0], key.split(" vs ")[1], _ci(e), e.runs_per_task, e.tasks)
+                    (key.split(" vs ")[0], key.split(" vs ")[1], ci_text(e), e.runs_per_task, e.tasks)
                     for key, e in improvement.estimates.items()
                 ],
             )
@@ -366,10 +366,10 @@ def _sample_efficiency_section(report: Report, save: _Figures) -> list[str]:
         "",
     ]
     s.append(
-        _table(
+        markdown_table(
             ["algorithm", *[f"AUC K={k}" for k in report.ks]],
             [
-                (a, *(_ci(auc.get(f"{a} K={k}")) for k in report.ks))
+                (a, *(ci_text(auc.get(f"{a} K={k}")) for k in report.ks))
                 for a in report.algorithms
                 if any(f"{a} K={k}" in auc for k in report.ks)
             ],
@@ -413,14 +413,14 @@ def _tv_section(report: Report, save: _Figures) -> list[str]:
         "",
     ]
     s.append(
-        _table(
+        markdown_table(
             ["algorithm", "K", "lag/forward_tv", "train/tv", "delta/2"],
             [
                 (
                     a,
                     K,
-                    f"{np.mean(f):.4f} +- {_sd(f):.4f}" if f else "-",
-                    f"{np.mean(t):.4f} +- {_sd(t):.4f}" if t else "-",
+                    f"{np.mean(f):.4f} +- {sample_sd(f):.4f}" if f else "-",
+                    f"{np.mean(t):.4f} +- {sample_sd(t):.4f}" if t else "-",
                     f"{d / 2:g}" if d is not None else "-",
                 )
                 for (a, K), (f, t, d) in tv_table(report).items()
@@ -432,7 +432,7 @@ def _tv_section(report: Report, save: _Figures) -> list[str]:
         groups = list(dict.fromkeys((a, K) for _, a, K in per_task))
         s += ["", "`lag/forward_tv` per task (mean over runs):", ""]
         s.append(
-            _table(
+            markdown_table(
                 ["algorithm", "K", *report.tasks, "delta/2"],
                 [
                     (
@@ -478,7 +478,7 @@ def _step_size_part(report: Report) -> list[str]:
     if not matches:
         return s + ["No pair has runs of both arms at a common task and K here."]
     s.append(
-        _table(
+        markdown_table(
             ["pair", "task", "K", "filter arm TV", "clip arm TV", "clip / filter", "step size", "runs"],
             [
                 (
@@ -502,7 +502,7 @@ def _step_size_part(report: Report) -> list[str]:
         "move further early and less late), with the spread across seeds of the per-seed ratio (sample SD over the "
         f"seeds both arms ran). **leaves +-{STEP_TOLERANCE:.0%}**: that phase does not hold the step.",
         "",
-        _table(
+        markdown_table(
             ["pair", "task", "K", "phase", "clip / filter", "SD over seeds", "seeds", "step size"],
             [
                 (
@@ -536,7 +536,7 @@ def _fractions_section(report: Report, save: _Figures) -> list[str]:
         "",
     ]
     s.append(
-        _table(
+        markdown_table(
             ["algorithm", "K", "objective", "filter fraction", "clip fraction"],
             [
                 (a, K, o, f"{f:.4f}", f"{c:.4f}")
@@ -566,9 +566,9 @@ def _ablations_section(report: Report, save: _Figures) -> list[str]:
             "",
         ]
         s.append(
-            _table(
+            markdown_table(
                 ["variant and K", "IQM final", "IQM AUC"],
-                [(k, _ci(e), _ci(auc_est.get(k))) for k, e in final_est.items()],
+                [(k, ci_text(e), ci_text(auc_est.get(k))) for k, e in final_est.items()],
             )
         )
         s += [f"- {n}" for n in notes]

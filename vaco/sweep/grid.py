@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vaco.sweep.schema import _LOGGER, import_class
+from vaco.sweep.schema import LOGGER_CLASS, import_class
 from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, SETTINGS_TAG
 
 __all__ = ["Algorithm", "Block", "Cell", "PopulationCell", "Sweep", "expand", "cell_config", "pack"]
@@ -128,7 +128,7 @@ class Cell:
         }
 
     def tags(self, settings: str) -> dict[str, str]:
-        tags = {f"vaco.{k}": _fmt(v) for k, v in self.coordinates().items() if v is not None}
+        tags = {f"vaco.{k}": format_value(v) for k, v in self.coordinates().items() if v is not None}
         tags[CELL_TAG] = self.id
         tags[SETTINGS_TAG] = settings
         return tags
@@ -283,7 +283,7 @@ def _make_cell(sweep: Sweep, algo: Algorithm, env, K, seed, realign, given: dict
     for axis, (short, parts) in base.axes(realigned).items():
         default = float(base.init_arg(parts[-1], axis, realigned))
         value = given.get(axis, default)
-        suffix += f"-{short}{_fmt(value)}" if value != default else ""
+        suffix += f"-{short}{format_value(value)}" if value != default else ""
         settings.append((axis, value))
     return Cell(label, base.name, env, K, seed, tuple(settings), realigned, suffix)
 
@@ -291,8 +291,8 @@ def _make_cell(sweep: Sweep, algo: Algorithm, env, K, seed, realign, given: dict
 def _with_extra(cell: Cell, extra: tuple[tuple[str, Any], ...]) -> Cell:
     """A dotted-key axis makes a variant of the algorithm: ``vaco[lr=0.0001]`` is compared with
     ``vaco[lr=0.0003]`` by the report as two algorithms, never averaged together."""
-    short = ",".join(f"{key.rsplit('.', 1)[-1]}={_fmt(value)}" for key, value in extra)
-    suffix = "".join(f"-{key.rsplit('.', 1)[-1]}{_fmt(value)}" for key, value in extra)
+    short = ",".join(f"{key.rsplit('.', 1)[-1]}={format_value(value)}" for key, value in extra)
+    suffix = "".join(f"-{key.rsplit('.', 1)[-1]}{format_value(value)}" for key, value in extra)
     return dataclasses.replace(
         cell, algorithm=f"{cell.algorithm}[{short}]", label_suffix=cell.label_suffix + suffix, extra=extra
     )
@@ -351,7 +351,7 @@ def cell_config(sweep: Sweep, cell: Cell, tracking_uri: str | None = None) -> di
         {
             "default_root_dir": str(cell_dir),
             "logger": {
-                "class_path": _LOGGER,
+                "class_path": LOGGER_CLASS,
                 "init_args": {
                     "experiment_name": sweep.experiment,
                     "run_name": cell.run_name,
@@ -399,7 +399,7 @@ def _set_dotted(config: dict, key: str, value) -> None:
     node[parts[-1]] = value
 
 
-def _fmt(value) -> str:
+def format_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):

@@ -60,8 +60,9 @@ class Launcher(ABC):
 
     # ------------------------------------------------------------------ what a launcher provides
     @classmethod
-    def add_arguments(cls, group: argparse._ArgumentGroup) -> None:
-        """Add this launcher's own ``vaco sweep`` flags (``--ray-address``); none by default."""
+    def add_arguments(cls, group) -> None:
+        """Add this launcher's own ``vaco sweep`` flags (``--ray-address``) to ``group`` (an
+        ``argparse`` argument group); none by default."""
         return None
 
     @classmethod

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from vaco.files import load_yaml
-from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, _fmt, cell_config, expand
+from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, cell_config, expand, format_value
 from vaco.sweep.schema import (
-    _AXIS_DEFAULTS,
-    _RESERVED,
-    _SAFE_ID,
-    _TOP_FIELDS,
     AXES,
+    AXIS_DEFAULTS,
+    RESERVED_FIELDS,
     RESOURCE_FIELDS,
+    SAFE_ID,
+    TOP_FIELDS,
     SweepError,
     check_resources,
     check_text,
@@ -47,10 +47,10 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     except ConfigurationError as err:
         raise SweepError(str(err)) from None
     if not isinstance(raw, dict):
-        raise SweepError(f"{path}: a sweep file is a mapping with the fields {', '.join(_TOP_FIELDS)}")
+        raise SweepError(f"{path}: a sweep file is a mapping with the fields {', '.join(TOP_FIELDS)}")
     for key in raw:
-        if key not in _TOP_FIELDS:
-            raise SweepError(f"{path}: unknown field `{key}` (known: {', '.join(_TOP_FIELDS)})")
+        if key not in TOP_FIELDS:
+            raise SweepError(f"{path}: unknown field `{key}` (known: {', '.join(TOP_FIELDS)})")
     experiment = raw.get("experiment")
     if not (isinstance(experiment, str) and experiment.strip()):
         raise SweepError(f"{path}: `experiment` (the MLflow experiment name) is required")
@@ -233,7 +233,7 @@ def _reserved(algorithms: dict[str, Algorithm]) -> list[str]:
     return list(
         dict.fromkeys(
             [
-                *_RESERVED,
+                *RESERVED_FIELDS,
                 *(a.lag_key for a in algorithms.values()),
                 *(f"model.init_args.{part}.init_args.{a}" for a, parts in axes.items() for part in parts),
             ]
@@ -307,8 +307,8 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
         raw = body.get(key, defaults.get(key))
         values = tuple(dict.fromkeys(_as_list(name, key, raw)))
         for value in values:  # each value becomes part of a cell id: a folder name and an MLflow filter
-            text = _fmt(value)
-            if not _SAFE_ID.fullmatch(text) or ".." in text:
+            text = format_value(value)
+            if not SAFE_ID.fullmatch(text) or ".." in text:
                 raise SweepError(
                     f"`grid.{name}.{key}`: {value!r} cannot name a cell (its folder and MLflow run): a value is "
                     "a number, true/false, or text of letters, digits and _ . + = - (no '..')"
@@ -316,7 +316,7 @@ def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
         extra.append((str(key), values))
     values: dict[str, Any] = {}
     for axis in (*AXES, *axes):
-        raw = body.get(axis, defaults.get(axis, _AXIS_DEFAULTS.get(axis)))
+        raw = body.get(axis, defaults.get(axis, AXIS_DEFAULTS.get(axis)))
         if raw is None:
             if axis in ("algorithm", "env"):
                 raise SweepError(f"`grid.{name}.{axis}` is required (in the block or in `defaults`)")

@@ -17,7 +17,7 @@ __all__ = [
 ]
 
 AXES = ("algorithm", "env", "K", "realign", "seed")  # and each axis an objective or advantage declares
-_TOP_FIELDS = (
+TOP_FIELDS = (
     "experiment",
     "output_dir",
     "jobs",
@@ -31,10 +31,10 @@ _TOP_FIELDS = (
     "launcher",
     "resources",
 )
-_AXIS_DEFAULTS = {"K": [1], "seed": [1]}
-_LOGGER = "vaco.logger.VacoMLFlowLogger"
+AXIS_DEFAULTS = {"K": [1], "seed": [1]}
+LOGGER_CLASS = "vaco.logger.VacoMLFlowLogger"
 # fields a cell's coordinates or the sweep itself set; an override of them is an error
-_RESERVED = (
+RESERVED_FIELDS = (
     "seed_everything",
     "ckpt_path",
     "torch_threads",
@@ -61,7 +61,7 @@ class SweepError(ValueError):
     """An invalid sweep file; the message names the field."""
 
 
-_SAFE_ID = re.compile(r"[A-Za-z0-9_.+=-]+")  # what a value may hold to become part of a cell id
+SAFE_ID = re.compile(r"[A-Za-z0-9_.+=-]+")  # what a value may hold to become part of a cell id
 _SAFE_SLURM = re.compile(r"[A-Za-z0-9_.,-]+")  # partition and account names (a comma lists several)
 
 

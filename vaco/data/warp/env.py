@@ -256,7 +256,7 @@ class WarpVectorEnv:
             raise AttributeError("an env of several blocks has one reset generator per block: `generators`")
         return self.generators[0]
 
-    def _block(self, b: int) -> slice:
+    def block_rows(self, b: int) -> slice:
         return slice(b * self.block_size, (b + 1) * self.block_size)
 
     def block(self, b: int) -> WarpBlock:
@@ -277,9 +277,9 @@ class WarpVectorEnv:
         if seed is not None:
             self.generators[b].manual_seed(int(seed))
         self._mask.fill_(False)
-        self._mask[self._block(b)] = True
+        self._mask[self.block_rows(b)] = True
         self._reset_masked(draw=[b])
-        return self._observe()[self._block(b)]
+        return self._observe()[self.block_rows(b)]
 
     @torch.no_grad()
     def step(self, action: torch.Tensor):
@@ -371,7 +371,7 @@ class WarpVectorEnv:
         noise_q = torch.zeros(self.sim.qpos.shape, device=self.device)
         noise_v = torch.zeros(self.sim.qvel.shape, device=self.device)
         for b in draw:
-            gen, rows = self.generators[b], self._block(b)
+            gen, rows = self.generators[b], self.block_rows(b)
             noise_q[rows] = torch.rand(shape_q, generator=gen, device=self.device) * (2 * s) - s
             if self.spec.qvel_noise == "normal":
                 noise_v[rows] = s * torch.randn(shape_v, generator=gen, device=self.device)
@@ -419,7 +419,7 @@ class WarpVectorEnv:
 
     def block_state_dict(self, b: int) -> OrderedDict:
         """Block ``b``'s :meth:`state_dict`: what an env of its worlds alone would save."""
-        rows = self._block(b)
+        rows = self.block_rows(b)
         return OrderedDict(
             qpos=self.sim.qpos[rows].cpu().clone(),
             qvel=self.sim.qvel[rows].cpu().clone(),
@@ -432,7 +432,7 @@ class WarpVectorEnv:
         )
 
     def load_block_state_dict(self, b: int, state: OrderedDict) -> None:
-        rows = self._block(b)
+        rows = self.block_rows(b)
         if tuple(state["qpos"].shape) != tuple(self.sim.qpos[rows].shape):
             raise ValueError(
                 f"the saved envs hold {tuple(state['qpos'].shape)} positions, these {tuple(self.sim.qpos[rows].shape)}"
@@ -458,7 +458,7 @@ class WarpBlock:
 
     def __init__(self, env: WarpVectorEnv, b: int) -> None:
         self.shared, self.index = env, b
-        self.rows = env._block(b)
+        self.rows = env.block_rows(b)
         self.device, self.num_envs = env.device, env.block_size
         self.spec, self.dt, self.obs_dim, self.act_dim = env.spec, env.dt, env.obs_dim, env.act_dim
         self.action_low, self.action_high = env.action_low, env.action_high
