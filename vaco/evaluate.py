@@ -205,16 +205,8 @@ def _evaluate_llm(ckpt: dict, args) -> int:
         raise ValueError("`--video` and `--backend` are for MuJoCo checkpoints; this is an LLM checkpoint")
     hparams = ckpt["hyper_parameters"]
     print(f"evaluating {hparams['model_path']} with the checkpoint's weights on its test split ...", flush=True)
-    out = evaluate_checkpoint(
-        ckpt,
-        samples=args.samples,
-        temperature=args.temperature,
-        test_path=args.test_path,
-        num_eval=args.num_eval,
-        batch_size=args.batch_size,
-        device=args.device,
-        seed=args.seed,
-    )
+    settings = ("samples", "temperature", "test_path", "num_eval", "batch_size", "device", "seed")
+    out = evaluate_checkpoint(ckpt, **{name: getattr(args, name) for name in settings})
     n = int(out["prompts"])
     print(
         f"greedy accuracy {out['eval/accuracy']:.3f} on {n} prompts (mean length {out['eval/completion_length']:.1f} tokens)"

@@ -305,12 +305,8 @@ class PopulationModule(Learner):
             [m.critic for m in self.members],
             [m.objective for m in self.members],
             [m.generator for m in self.members],
-            update_epochs=hp.update_epochs,
-            num_minibatches=hp.num_minibatches,
-            max_grad_norm=hp.max_grad_norm,
-            lr=hp.lr,
-            adam_eps=hp.adam_eps,
             exact=self._update_exact,
+            **{name: hp[name] for name in ("update_epochs", "num_minibatches", "max_grad_norm", "lr", "adam_eps")},
         )
         iterations = self.data.num_iterations()
         anneal = hp.anneal_lr

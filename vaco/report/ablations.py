@@ -50,8 +50,25 @@ def tv_table(report: Report, by_task: bool = False) -> dict[tuple, tuple[list[fl
 STEP_TOLERANCE = 0.10
 
 
+class _StepRatio:
+    """The clip arm's realised TV against the filter arm's (``filter_tv``, ``clip_tv``)."""
+
+    filter_tv: float
+    clip_tv: float
+
+    @property
+    def ratio(self) -> float:
+        """clip arm's TV / filter arm's TV."""
+        return self.clip_tv / self.filter_tv if self.filter_tv > 0 else math.nan
+
+    @property
+    def drifts(self) -> bool:
+        """More than :data:`STEP_TOLERANCE` apart: the pair does not hold step size at this K."""
+        return not abs(self.ratio - 1.0) <= STEP_TOLERANCE
+
+
 @dataclasses.dataclass(frozen=True)
-class StepMatch:
+class StepMatch(_StepRatio):
     """One (task, K) of a step-size pair: each arm's realised ``lag/forward_tv`` (the mean over its
     runs of each run's mean over iterations) and how far the clip arm is from the filter arm."""
 
@@ -63,16 +80,6 @@ class StepMatch:
     clip_tv: float
     filter_runs: int
     clip_runs: int
-
-    @property
-    def ratio(self) -> float:
-        """clip arm's TV / filter arm's TV."""
-        return self.clip_tv / self.filter_tv if self.filter_tv > 0 else math.nan
-
-    @property
-    def drifts(self) -> bool:
-        """More than :data:`STEP_TOLERANCE` apart: the pair does not hold step size at this K."""
-        return not abs(self.ratio - 1.0) <= STEP_TOLERANCE
 
 
 def step_size_matching(report: Report) -> list[StepMatch]:
@@ -105,7 +112,7 @@ PHASES = ("first third", "middle third", "last third")
 
 
 @dataclasses.dataclass(frozen=True)
-class StepPhase:
+class StepPhase(_StepRatio):
     """One phase of one (task, K) of a step-size pair: each arm's ``lag/forward_tv`` over that part
     of its runs (per run, the mean over the phase's iterations; per arm, the mean over runs), and the
     spread across seeds of the per-seed ratio (the seeds both arms ran)."""
@@ -119,14 +126,6 @@ class StepPhase:
     clip_tv: float
     ratio_sd: float  # sample SD (ddof 1) of clip / filter over the paired seeds; NaN below 2
     seeds: int
-
-    @property
-    def ratio(self) -> float:
-        return self.clip_tv / self.filter_tv if self.filter_tv > 0 else math.nan
-
-    @property
-    def drifts(self) -> bool:
-        return not abs(self.ratio - 1.0) <= STEP_TOLERANCE
 
 
 def phase_means(values: np.ndarray, phases: int = len(PHASES)) -> list[float]:
