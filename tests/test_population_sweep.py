@@ -53,7 +53,7 @@ def test_a_sweep_packs_a_cells_seeds_into_populations_and_skips_finished_members
     dry = _sweep(path, out, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert (
-        "population 3: 3 of the 4 cells to run would run as 1 populations (e.g. vaco-inverted_pendulum-K2-s1+2+3); 2 processes in all"
+        "population: 3 -> 3 of the 4 cells to run would run as 1 populations (e.g. vaco-inverted_pendulum-K2-s1+2+3); 2 processes in all"
         in dry.stdout
     )
     first = _sweep(path, out, "--only", CELLS[0])
@@ -147,3 +147,39 @@ def test_a_stopped_population_is_counted_as_resuming_not_new(tmp_path, mlflow_ur
     assert dry.returncode == 0, dry.stderr
     assert "0 finished (skipped), 3 resume from a checkpoint, 1 new" in dry.stdout, dry.stdout
     assert f"  resume    {CELLS[0]}" in dry.stdout and f"  new       {CELLS[3]}" in dry.stdout
+
+
+@pytest.mark.parametrize(
+    ("collection", "population", "expected"),
+    [
+        (None, None, [4, 1]),  # the default, in process: 4 seeds a process (the fifth alone)
+        (None, 1, [1] * 5),  # `population: 1`: every seed alone
+        (None, 2, [2, 2, 1]),
+        ("vaco.data.parallel.Actors", None, [1] * 5),  # actor processes: alone
+        ("vaco.data.warp.Warp", None, [5]),  # Warp: up to 16, so the cell's five seeds in one
+    ],
+)
+def test_a_sweep_packs_seeds_into_populations_by_default_sized_by_the_backend(
+    tmp_path, collection, population, expected
+):
+    """Without `population`, a sweep packs a cell's seeds by its backend (vaco.sweep.grid.AUTO_POPULATION);
+    `population: 1` keeps every seed alone, and the plan prints how the seeds are packed."""
+    from vaco.sweep.grid import pack
+
+    body = {**SWEEP, "defaults": {"env": "inverted_pendulum", "K": 2, "seed": [1, 2, 3, 4, 5]}}
+    body.pop("population")
+    if population is not None:
+        body["population"] = population
+    if collection is not None:
+        body["overrides"] = {**body["overrides"], "data.init_args.collection": {"class_path": collection}}
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump(body))
+    sweep = S.load_sweep(path, output_dir=str(tmp_path / "out"))
+    cells = S.expand(sweep)
+    jobs, _ = pack(sweep, cells, dict.fromkeys((c.id for c in cells), "new"))
+    assert [len(getattr(job, "members", (job,))) for job in jobs] == expected
+    if population is None and collection is None:
+        dry = _sweep(path, tmp_path / "out", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "population: auto, the default (4 seeds a process" in dry.stdout
+        assert "4 of the 5 cells to run would run as 1 populations" in dry.stdout

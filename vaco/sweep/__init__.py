@@ -21,8 +21,8 @@ logging one MLflow run tagged with its coordinates (``vaco.algorithm``, ``vaco.e
 ``vaco.delta``, ``vaco.rho_bar``, ``vaco.realign``, ``vaco.seed``) and ``vaco.sweep.cell``. A
 cell whose run FINISHED is skipped; a cell with ``<out>/<cell>/checkpoints/last.ckpt`` resumes
 from it into the same MLflow run; a failed cell prints the end of its log and the others go on.
-With ``population: P``, a cell's seeds run P at a time as one ``vaco fit --population`` process
-(:func:`pack`), each member still its own run (docs/sweeps.md).
+A cell's seeds run P at a time as one ``vaco fit --population`` process (:func:`pack`; ``population:
+P``, or by default ``auto``: P by the cell's backend), each member still its own run (docs/sweeps.md).
 """
 
 from vaco.sweep.grid import Algorithm, Block, Cell, PopulationCell, Sweep, cell_config, expand, pack

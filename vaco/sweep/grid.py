@@ -166,22 +166,23 @@ class PopulationCell:
 
 
 def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list, dict[str, str]]:
-    """The jobs that run ``cells`` (those not finished) and their states: with ``sweep.population``
-    P > 1, the cells that differ only by seed are taken P at a time, in the sweep's seed order, over
+    """The jobs that run ``cells`` (those not finished) and their states: with a population size
+    P > 1 (:func:`population_size`), the cells that differ only by seed are taken P at a time, in the sweep's seed order, over
     the whole grid (so that a rerun forms the same populations); a population runs the members of
     its chunk that have neither finished nor a checkpoint of their own (those resume alone); the LLM
     track's cells run alone (:func:`_batchable`).
     Returns (jobs, states with each population's: ``resume`` where its folder has a checkpoint)."""
-    if sweep.population <= 1:
-        return list(cells), dict(states)
     todo = {cell.id for cell in cells}
     groups: dict[str, list[Cell]] = {}
     for cell in expand(sweep):
         groups.setdefault(seedless_id(cell), []).append(cell)
     jobs, out = [], dict(states)
     for group in groups.values():
-        for start in range(0, len(group), sweep.population):
-            chunk = [c for c in group[start : start + sweep.population] if c.id in todo]
+        if not any(c.id in todo for c in group):
+            continue
+        size = population_size(sweep, group[0])
+        for start in range(0, len(group), size):
+            chunk = [c for c in group[start : start + size] if c.id in todo]
             # a member with its own checkpoint resumes alone; the LLM track is not batched
             batched = _batchable(sweep.algorithms[group[0].base])
             alone = [c for c in chunk if states.get(c.id) != "new" or not batched]
@@ -197,6 +198,29 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     order = {cell.id: i for i, cell in enumerate(cells)}
     jobs.sort(key=lambda job: order[job.members[0].id if isinstance(job, PopulationCell) else job.id])
     return jobs, out
+
+
+#: members per population where a sweep file leaves ``population`` at ``auto``, by the cells'
+#: collection backend: what docs/sweeps.md's measurements found fastest. In process (gymnasium) and
+#: envpool on a CPU: 4 (8 Hopper seeds as populations of 4 took 2.2x less wall time than 8 solo
+#: cells on two cores); Warp: 16 (16 x 500 Hopper worlds on one H200, 6.67x one run's steps/s).
+#: Actor processes and DDP: alone (each member would start its own actors; DDP is refused).
+AUTO_POPULATION = {"InProcess": 4, "EnvPool": 4, "Warp": 16}
+
+
+def population_size(sweep: Sweep, cell: Cell) -> int:
+    """Members per population for ``cell``'s seeds: the sweep file's ``population``, or with
+    ``auto`` (the default) :data:`AUTO_POPULATION` of the cell's collection backend."""
+    if sweep.population != "auto":
+        return sweep.population
+    config = cell_config(sweep, cell)
+    trainer = config.get("trainer") or {}
+    devices = trainer.get("devices", 1)
+    if "ddp" in str(trainer.get("strategy", "")) or (isinstance(devices, int) and devices > 1):
+        return 1
+    collection = ((config.get("data") or {}).get("init_args") or {}).get("collection") or "vaco.data.InProcess"
+    name = collection.get("class_path", "") if isinstance(collection, dict) else str(collection)
+    return AUTO_POPULATION.get(name.rsplit(".", 1)[-1], 1)
 
 
 def _batchable(algo: Algorithm) -> bool:
@@ -224,7 +248,8 @@ class Sweep:
     description: str = ""
     launcher: str = "local"
     resources: dict = dataclasses.field(default_factory=dict)
-    population: int = 1  # members per population: a cell's seeds run P at a time in one process
+    #: members per population: a cell's seeds run P at a time in one process; "auto": by backend
+    population: int | str = "auto"
     plan: Any = None  # the study plan declared with the sweep (vaco.report.plan.StudyPlan), or None
     parent_run_id: str | None = None  # the sweep's parent MLflow run (set when the sweep starts)
 

@@ -73,9 +73,14 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     jobs = raw.get("jobs", 1)
     if not (isinstance(jobs, int) and not isinstance(jobs, bool) and jobs >= 1):
         raise SweepError(f"`jobs` must be an integer >= 1, got {jobs!r}")
-    population = raw.get("population", 1)
-    if not (isinstance(population, int) and not isinstance(population, bool) and population >= 1):
-        raise SweepError(f"`population` must be an integer >= 1 (seeds of a cell per process), got {population!r}")
+    population = raw.get("population", "auto")
+    if population != "auto" and not (
+        isinstance(population, int) and not isinstance(population, bool) and population >= 1
+    ):
+        raise SweepError(
+            f"`population` must be an integer >= 1 (seeds of a cell per process) or `auto` (the default: "
+            f"sized by the cell's backend, docs/sweeps.md), got {population!r}"
+        )
     # the launcher and resources first: they need no torch, and a misspelt one is refused in a second,
     # not after the algorithms' classes (and so torch and Lightning, ~7 s) are imported
     launcher = _load_launcher(raw.get("launcher", "local"))
@@ -430,7 +435,7 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
     override fields fail here, before anything starts, with jsonargparse's message; and every
     cell's sizes (num_envs x num_steps, K) must fit in this machine's memory."""
     from vaco.fit import VacoCLI
-    from vaco.sweep.grid import seedless_id
+    from vaco.sweep.grid import population_size, seedless_id
 
     class ParseOnly(VacoCLI):
         def init_parser(self, **kwargs):
@@ -448,7 +453,8 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
     seen = set()
     seeds_of = Counter(seedless_id(cell) for cell in cells)  # a cell's seeds: a population's most members
     for cell in cells:
-        _check_memory(sweep, cell, tracking_uri, members=min(sweep.population, seeds_of[seedless_id(cell)]))
+        members = min(population_size(sweep, cell), seeds_of[seedless_id(cell)])
+        _check_memory(sweep, cell, tracking_uri, members=members)
         key = (cell.algorithm, cell.env, tuple(axis for axis, _ in cell.settings))
         if key in seen:
             continue

@@ -214,12 +214,22 @@ def shown_states(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> dic
 
     shown = dict(states)
     new = [c for c in cells if states.get(c.id) == "new"]
-    if sweep.population > 1 and new:
+    if new:
         jobs, job_states = pack(sweep, new, states)
         for job in jobs:
             if isinstance(job, PopulationCell) and job_states.get(job.id) == "resume":
                 shown.update(dict.fromkeys((m.id for m in job.members), "resume"))
     return shown
+
+
+def _population_setting(sweep: Sweep) -> str:
+    """How the sweep packs seeds, in the words of its file."""
+    if sweep.population != "auto":
+        return f"population: {sweep.population}"
+    return (
+        "population: auto, the default (4 seeds a process in process or on envpool, 16 on Warp, "
+        "docs/sweeps.md; `population: 1` runs every seed alone)"
+    )
 
 
 def _say_plan(p: _Plan, args) -> None:
@@ -280,17 +290,17 @@ def _list_cells(p: _Plan, args) -> None:
         f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
     )
     todo = [c for c in cells if states[c.id] not in ("finished", "running", "queued")]
-    if sweep.population > 1 and todo:
+    if todo:
         from vaco.sweep.grid import pack
 
         jobs, _ = pack(sweep, todo, states)
         populations = [job for job in jobs if hasattr(job, "members")]
-        print(
-            f"  population {sweep.population}: {sum(len(j.members) for j in populations)} of the {len(todo)} cells to run "
-            f"would run as {len(populations)} populations"
-            + (f" (e.g. {populations[0].id})" if populations else "")
-            + f"; {len(jobs)} processes in all"
-        )
+        if populations:
+            print(
+                f"  {_population_setting(sweep)} -> {sum(len(j.members) for j in populations)} of the {len(todo)} "
+                f"cells to run would run as {len(populations)} populations (e.g. {populations[0].id}); "
+                f"{len(jobs)} processes in all"
+            )
     extra = p.runner.describe(cells, states) if args.dry_run and p.runner is not None else None
     if extra:
         print(extra)
@@ -303,7 +313,7 @@ def _run(p: _Plan, args) -> int:
         if states[cell.id] == "finished":
             say(f"skip   {cell.id} (finished{', in ' + p.from_data[cell.id] if cell.id in p.from_data else ''})")
     todo = [c for c in cells if states[c.id] != "finished"]
-    if todo and sweep.population > 1:
+    if todo:
         from vaco.sweep.grid import pack
 
         todo, _ = pack(sweep, todo, states)
@@ -311,7 +321,7 @@ def _run(p: _Plan, args) -> int:
         if populations:
             say(
                 f"{sum(len(j.members) for j in populations)} cells run as {len(populations)} populations "
-                f"(population: {sweep.population}; a member is its seed's run alone, bit for bit)"
+                f"({_population_setting(sweep)}; a member is its seed's run alone, bit for bit)"
             )
     if not todo:
         closed = close_parent_run(uri, sweep)
