@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -252,6 +253,47 @@ def test_a_full_disk_while_checkpointing_is_one_line_naming_the_file_and_the_che
         assert [p.name for p in small.iterdir()] == ["last.ckpt"]  # no partial file left behind
         (run,) = _runs(uri)
         assert run.info.status == "FAILED"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+@pytest.mark.slow
+def test_a_store_that_fills_mid_run_is_one_line_not_mlflows_tracebacks(tmp_path):
+    """A real full disk under the SQLite store: a tmpfs with room for the new store and a few
+    iterations' metrics. MLflow's store logs each failed write with its ~90-line traceback before
+    raising it; the console shows vaco's one line for the outage (the database's own message), the
+    run keeps its unsent metrics and `vaco fit` ends saying so (exit 3)."""
+    seed = tmp_path / "seed.db"
+    mlflow.MlflowClient(f"sqlite:///{seed}").create_experiment("vaco")  # the store's tables, as a run makes them
+    small = tmp_path / "small"
+    small.mkdir()
+    size = -(-(seed.stat().st_size + 160_000) // 4096) * 4096
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        shutil.copy(seed, small / "mlflow.db")
+        uri = f"sqlite:///{small / 'mlflow.db'}"
+        out = run_cli(
+            "fit",
+            *TINY,
+            "--data.init_args.total_steps",
+            str(2 * 64 * 150),
+            "--data.init_args.eval_every",
+            "0",
+            cwd=tmp_path,
+            env={"MLFLOW_TRACKING_URI": uri},
+        )
+        text = out.stdout + out.stderr
+        assert out.returncode == 3, text[-3000:]
+        assert "Traceback" not in text and "SQLAlchemy" not in text, text[-3000:]
+        outages = [line for line in text.splitlines() if "could not send metrics to MLflow" in line]
+        assert outages == [
+            "vaco: could not send metrics to MLflow ((sqlite3.OperationalError) database or disk is full); keeping "
+            "them and retrying every few seconds; training goes on"
+        ], text[-3000:]
+        assert len(text.strip().splitlines()) < 25, text
+        assert list(tmp_path.glob("unsent-metrics-*.jsonl")), text[-2000:]
     finally:
         subprocess.run(["umount", str(small)], check=True)
 

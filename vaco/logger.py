@@ -22,7 +22,9 @@ Two things Lightning's logger does not do:
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -193,7 +195,7 @@ class VacoMLFlowLogger(MLFlowLogger):
                 if _refused_for_good(err):
                     self._rejected.append(self._unsent.pop(0))
                     print(
-                        f"vaco: MLflow refused a metric batch at step {step} ({type(err).__name__}: {str(err)[:200]}); "
+                        f"vaco: MLflow refused a metric batch at step {step} ({_store_error_line(err)}); "
                         "it is kept aside and written to the unsent-metrics file at the end",
                         file=sys.stderr,
                         flush=True,
@@ -201,7 +203,7 @@ class VacoMLFlowLogger(MLFlowLogger):
                     continue
                 if self.last_error is None:
                     print(
-                        f"vaco: could not send metrics to MLflow ({type(err).__name__}: {str(err)[:200]}); "
+                        f"vaco: could not send metrics to MLflow ({_store_error_line(err)}); "
                         "keeping them and retrying every few seconds; training goes on",
                         file=sys.stderr,
                         flush=True,
@@ -237,7 +239,11 @@ class VacoMLFlowLogger(MLFlowLogger):
         try:
             super().finalize(status)
         except Exception as err:  # noqa: BLE001 - the run's data is on disk; say so, do not mask the run's own error
-            print(f"vaco: could not mark the MLflow run {self.run_id} as ended: {err}", file=sys.stderr, flush=True)
+            print(
+                f"vaco: could not mark the MLflow run {self.run_id} as ended: {_store_error_line(err)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _write_unsent(self, batches: list[tuple[dict[str, float], int | None]]) -> None:
         """The batches MLflow never took, as JSON lines: in the working directory, else the temporary
@@ -310,6 +316,29 @@ class VacoMLFlowLogger(MLFlowLogger):
                 flush=True,
             )
         return sent
+
+
+def _store_error_line(err: Exception) -> str:
+    """An error from the store in one line: the database's own message where MLflow wraps
+    SQLAlchemy's (``(sqlite3.OperationalError) database or disk is full``), else its first line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for line in lines:
+        found = re.search(r"\((?:sqlite3|psycopg2?|pymysql|MySQLdb)[\w.]*\) .+", line)
+        if found:
+            return found.group(0)[:200]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+class _StoreTracebacksOff(logging.Filter):
+    """MLflow's SQL store logs every failed write with its whole traceback (``mlflow.store.db.utils``,
+    ~90 lines) and then raises the error, which vaco reports in one line per outage: the record is
+    dropped, the error is not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("SQLAlchemy database error")
+
+
+logging.getLogger("mlflow.store.db.utils").addFilter(_StoreTracebacksOff())
 
 
 def _refused_for_good(err: Exception) -> bool:
