@@ -378,8 +378,9 @@ THIRD_PARTY_PRIVATE = {
         "_save_last_checkpoint",
         "_should_skip_saving_checkpoint",
         "_monitor_candidates",
+        "_timeout",
     },
-    "vaco/data/parallel/torchrl_compat.py": {"_closed", "_send_instruction"},
+    "vaco/data/parallel/torchrl_compat.py": {"_closed", "_send_instruction", "_weight_sync_schemes"},
     # gymnasium's TimeLimit keeps its step counter private; an env snapshot must hold it
     "vaco/data/envs.py": {"_elapsed_steps", "_max_episode_steps", "_has_reset"},
     # the standard library's own documented names (os._exit, namedtuple._replace)
@@ -403,6 +404,18 @@ def private_reaches(root: Path) -> list[str]:
                     for a in node.names
                     if a.name.startswith("_") and not a.name.startswith("__") and not (folder / f"{a.name}.py").exists()
                 ]
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and str(node.args[1].value).startswith("_")
+                and not str(node.args[1].value).startswith("__")
+            ):
+                owner = node.args[0]
+                if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                    if node.args[1].value not in allowed:
+                        found.append(f"{rel}:{node.lineno} reads {ast.unparse(owner)}.{node.args[1].value} by name")
             elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 owner = node.value
                 if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
@@ -428,5 +441,10 @@ def test_the_private_reach_check_can_fail(tmp_path):
     (package / "a.py").write_text("def _hidden():\n    pass\n")
     (package / "b.py").write_text(
         "from vaco.a import _hidden\n\nclass B:\n    def f(self, other):\n        return self._own, other._state, super()._x\n"
+        "\n    def g(self, other):\n        return getattr(other, '_flag', None), getattr(self, '_mine', 0)\n"
     )
-    assert private_reaches(package) == ["vaco/b.py:1 imports _hidden from vaco.a", "vaco/b.py:5 reads other._state"]
+    assert private_reaches(package) == [
+        "vaco/b.py:1 imports _hidden from vaco.a",
+        "vaco/b.py:5 reads other._state",
+        "vaco/b.py:8 reads other._flag by name",
+    ]

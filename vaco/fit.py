@@ -15,13 +15,11 @@ exit 2.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import warnings
 
 import lightning as L
 import torch
-from jsonargparse import Namespace
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -33,7 +31,7 @@ from vaco.callbacks import (
     listen_while_starting,
     stop_listening,
 )
-from vaco.checkpoint import CheckpointError, load_checkpoint
+from vaco.checkpoint import CheckpointError
 from vaco.config_errors import (
     ConfigurationError,
     check_command_line_values,
@@ -43,13 +41,23 @@ from vaco.config_errors import (
     given_on_command_line,
     one_line,
 )
+from vaco.fit_checks import (
+    check_same_run,
+    check_tracking,
+    config_error,
+    continue_mlflow_run,
+    early_checks,
+    plain_type_error,
+    read_resume_checkpoint,
+    resume_budget,
+    resume_env_step,
+)
 from vaco.hints import shell, vaco_command
-from vaco.learner import Learner, NonFiniteLossError, same_run_problem
+from vaco.learner import Learner, NonFiniteLossError
 from vaco.logger import VacoMLFlowLogger
 from vaco.tracking import (
     DEFAULT_TRACKING_URI,
     TrackingStoreError,
-    check_tracking_store,
     redact_uri,
     tracking_uri,
 )
@@ -74,73 +82,12 @@ class VacoArgumentParser(LightningArgumentParser):
             return super().error(message, ex)
         options = [o for action in self._actions for o in action.option_strings]
         prog = "vaco fit"
-        text = _plain_type_error(one_line(message, options))
+        text = plain_type_error(one_line(message, options), _ARGV)
         where = None if given_on_command_line(text, _ARGV) else file_of_key(text, _CONFIG_FILES)
         if where is not None:
             text += f" (in {where})"
         print(f"{prog}: error: {text} (`{prog} --help` lists the fields)", file=sys.stderr)
         sys.exit(2)
-
-
-# vaco's own top-level fields, said in words where jsonargparse would list the types it tried
-_TYPE_WORDS = {
-    "population": "must be an integer >= 1 (that many seeds from seed_everything on) or a list of seeds like [3, 5, 9]",
-    "seed_everything": "must be an integer in [0, 2^32 - 1] (or true for a random one)",
-    "torch_threads": "must be an integer >= 1",
-}
-
-
-def _configs_in(folder: str) -> str:
-    """The shipped configs of ``configs/<folder>`` (this directory's, else the clone vaco runs from)."""
-    from pathlib import Path
-
-    for root in (Path("configs"), Path(__file__).resolve().parents[1] / "configs"):
-        names = sorted(p.stem for p in (root / folder).glob("*.yaml"))
-        if names:
-            return ", ".join(names)
-    return "see the clone's configs/" + folder
-
-
-def _given(field: str) -> str | None:
-    """The value ``--field`` (or its ``init_args``-less spelling) has on this command line."""
-    spellings = {f"--{field}", f"--{field.replace('.init_args.', '.')}"}
-    for i, arg in enumerate(_ARGV):
-        key, _, value = arg.partition("=")
-        if key in spellings:
-            return value if value else (_ARGV[i + 1] if i + 1 < len(_ARGV) else None)
-    return None
-
-
-def _plain_type_error(text: str) -> str:
-    """jsonargparse's type bookkeeping said in words: ```population`: Expected a <class 'int'>; ...``
-    as ```population` must be ..., got 'four'``; a missing task or algorithm names the config to add;
-    an unknown objective or advantage class lists the shipped ones with a did-you-mean."""
-    import re
-
-    from vaco.config_errors import did_you_mean
-
-    if "arguments are required: fit.data" in text:
-        return f"no task given: add --config configs/env/<task>.yaml ({_configs_in('env')})"
-    if "arguments are required: fit.model" in text:
-        return f"no algorithm given: add --config configs/algo/<algorithm>.yaml ({_configs_in('algo')})"
-    found = re.match(r"`(model(?:\.init_args)?\.(objective|advantage))`: .*import path", text)
-    if found:
-        kind = found.group(2)
-        module = "vaco.objectives" if kind == "objective" else "vaco.advantages"
-        shipped = {"objective": ["TVFilter", "PPOClip", "PPOKL", "SPO", "IMPALA"], "advantage": ["GAE", "VTrace"]}[kind]
-        given = _given(found.group(1)) or "?"
-        hint = did_you_mean(given.rpartition(".")[2], shipped)
-        return (
-            f"`model.{kind}`: no {kind} class {given!r}; the shipped ones are "
-            + ", ".join(f"{module}.{name}" for name in shipped)
-            + f" (or your own module.Class, importable from this directory).{hint}"
-        )
-    for field, words in _TYPE_WORDS.items():
-        if text.startswith(f"`{field}`:") and "Expected a <class" in text:
-            given = next((_ARGV[i + 1] for i, a in enumerate(_ARGV[:-1]) if a == f"--{field}"), None)
-            given = given or next((a.split("=", 1)[1] for a in _ARGV if a.startswith(f"--{field}=")), None)
-            return f"`{field}` {words}" + (f", got {given!r}" if given is not None else "")
-    return text
 
 
 class VacoCLI(LightningCLI):
@@ -209,20 +156,20 @@ class VacoCLI(LightningCLI):
 
         Lightning's version loads the checkpoint and merges its model hyperparameters over the
         config. vaco keeps the config as given and instead refuses a resume whose run-defining
-        fields differ from the checkpoint's (:func:`_check_same_run`), so nothing changes silently.
+        fields differ from the checkpoint's (:func:`check_same_run`), so nothing changes silently.
         """
         config = self.config.get(self.config.get("subcommand") or "", None) if self.config.get("subcommand") else None
-        self._resume_state = _read_resume_checkpoint(config) if config is not None else None
+        self._resume_state = read_resume_checkpoint(config) if config is not None else None
         if self._resume_state is not None:
-            self._budget_line = _resume_budget(config, self._resume_state, self._argv)
+            self._budget_line = resume_budget(config, self._resume_state, self._argv)
 
     def _set_seed(self) -> None:
         """The checks that need no object, before Lightning prints "Seed set to" and before any
         MLflow run exists: the seed's range, the MuJoCo task (registered, continuous) and the
         tracking store (it answers, it accepts the credentials)."""
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        _early_checks(config)
-        _check_tracking(config)
+        early_checks(config)
+        check_tracking(config)
         self._validate_classes()
         if self._budget_line is not None:  # a resume's first line: the budget it runs to, and why
             print(self._budget_line, flush=True)
@@ -240,7 +187,7 @@ class VacoCLI(LightningCLI):
         try:
             made = self.parser.instantiate_classes(config)
         except (ValueError, TypeError) as err:
-            raise ConfigurationError(_config_error(err)) from err
+            raise ConfigurationError(config_error(err)) from err
         made = made.get(self.subcommand, made) if self.subcommand else made
         if made.get("population", 1) != 1:
             from vaco.data.datamodule import RolloutDataModule, check_memory
@@ -268,7 +215,7 @@ class VacoCLI(LightningCLI):
         if not (isinstance(threads, int) and threads >= 1):
             raise ConfigurationError(f"`torch_threads` must be an integer >= 1, got {threads!r}")
         torch.set_num_threads(threads)
-        _continue_mlflow_run(config, self._resume_state)
+        continue_mlflow_run(config, self._resume_state)
 
     def before_fit(self) -> None:
         """Cross-field checks and the resume check, after the classes exist but before any env
@@ -279,12 +226,12 @@ class VacoCLI(LightningCLI):
         try:
             model.check_data(self.datamodule)
             if self._resume_state is not None:
-                _check_same_run(self.model, self.datamodule, self._resume_state)
+                check_same_run(self.model, self.datamodule, self._resume_state)
         except ValueError as err:
             raise ConfigurationError(str(err)) from err
         logger = self.trainer.logger
         if self._resume_state is not None and isinstance(logger, VacoMLFlowLogger) and len(self.trainer.loggers) == 1:
-            logger.replay_unsent(_resume_env_step(self._resume_state, self.datamodule, self.trainer))
+            logger.replay_unsent(resume_env_step(self._resume_state, self.datamodule, self.trainer))
         from vaco.rendezvous import host_store_on_loopback
 
         self._store = host_store_on_loopback(self.trainer)  # single-node DDP: not on every interface
@@ -312,7 +259,7 @@ class VacoCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (ValueError, TypeError) as err:
-            raise ConfigurationError(_config_error(err)) from err
+            raise ConfigurationError(config_error(err)) from err
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         population = config.get("population", 1)
         if population != 1:
@@ -378,21 +325,19 @@ class VacoCLI(LightningCLI):
             lines.append(f"  checkpoint: {ckpt}")
         run_id = getattr(logger, "run_id", None)
         members = getattr(model, "seeds", None)
+        uri, experiment = tracking_uri(), ""
+        if isinstance(logger, VacoMLFlowLogger):
+            uri, experiment = logger.tracking_store, logger.experiment_name
         if run_id and members:
-            uri = getattr(logger, "_tracking_uri", tracking_uri())
             ids = ", ".join(
                 f"s{seed} {getattr(each, 'run_id', None)}" for seed, each in zip(members, self.trainer.loggers)
             )
-            lines.append(
-                f"  MLflow runs of population {model.population_id} in experiment "
-                f"'{getattr(logger, '_experiment_name', '')}': {ids}"
-            )
+            lines.append(f"  MLflow runs of population {model.population_id} in experiment '{experiment}': {ids}")
             lines.append(
                 f"  open them with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {shell(redact_uri(uri))}")
             )
         elif run_id:
-            uri = getattr(logger, "_tracking_uri", tracking_uri())
-            lines.append(f"  MLflow run {run_id} in experiment '{getattr(logger, '_experiment_name', '')}'")
+            lines.append(f"  MLflow run {run_id} in experiment '{experiment}'")
             lines.append(
                 f"  open it with: {vaco} ui" + ("" if uri == tracking_uri() else f" --store {shell(redact_uri(uri))}")
             )
@@ -469,200 +414,6 @@ def _member_tags(tags: dict, first: int, seed: int) -> dict:
     if CELL_TAG in out:
         out[CELL_TAG] = _member_name(str(out[CELL_TAG]), first, seed)
     return out
-
-
-def _early_checks(config) -> None:
-    seed = config.get("seed_everything")
-    if not (seed is None or isinstance(seed, bool) or (isinstance(seed, int) and 0 <= seed < 2**32)):
-        raise ConfigurationError(
-            f"`seed_everything` must be an integer in [0, 2^32 - 1] (or true for a random one), got {seed!r}"
-        )
-    _check_writable(config)
-    population = config.get("population", 1)
-    if population != 1:
-        from vaco.population_module import population_seeds
-
-        try:
-            population_seeds(population, seed if isinstance(seed, int) and not isinstance(seed, bool) else 0)
-        except ValueError as err:
-            raise ConfigurationError(str(err)) from None
-    data = config.get("data")
-    init = (data.get("init_args") if hasattr(data, "get") else None) or {}
-    env_id = init.get("env_id") if hasattr(init, "get") else None
-    if env_id is not None:  # the MuJoCo data modules (the LLM track's has no env_id)
-        from vaco.data.envs import env_spec
-
-        kwargs = init.get("env_kwargs") if hasattr(init, "get") else None
-        try:
-            env_spec(env_id, dict(kwargs) if kwargs else None, field="data.env_id")
-        except ValueError as err:
-            raise ConfigurationError(str(err)) from None
-
-
-def _config_error(err: Exception) -> str:
-    """The validators' own messages, without jsonargparse's union bookkeeping around them."""
-    text = str(err)
-    reasons = [
-        line.strip()[2:]
-        for line in text.splitlines()
-        if line.strip().startswith("- ")
-        and "Expected a <class 'NoneType'>" not in line
-        and "Does not validate against any of the Union subtypes" not in line
-    ]
-    return "; ".join(reasons) if reasons else one_line(text)
-
-
-def _read_resume_checkpoint(config) -> dict | None:
-    """The checkpoint given as ``--ckpt_path``, loaded safely (a bad file is one line, exit 2)."""
-    ckpt_path = config.get("ckpt_path")
-    if not ckpt_path or str(ckpt_path) in ("last", "best", "hpc", "registry"):
-        return None
-    try:
-        return load_checkpoint(str(ckpt_path), field="ckpt_path")
-    except CheckpointError as err:
-        raise ConfigurationError(str(err)) from None
-
-
-#: the checkpoint's record of a run's budget -> the data field that sets it (MuJoCo: env steps; the
-#: LLM track: optimiser steps)
-BUDGET_FIELDS = {"total_steps": "total_steps", "num_steps": "num_steps"}
-
-
-def _resume_budget(config, state: dict, argv: list[str]) -> str | None:
-    """A resume runs to the checkpoint's budget unless the command line names another.
-
-    The budget in the config files is the one the run was started from, or a file's default
-    (``configs/env/hopper.yaml``'s 1M): taking it would extend a run silently. Only the budget field
-    given on this command line (``--data.init_args.total_steps N`` or ``--data.total_steps N``)
-    changes it. Returns the line ``vaco fit`` prints first, saying which budget and why."""
-    saved = state.get("vaco", {})
-    key = next((k for k in BUDGET_FIELDS if isinstance(saved.get(k), int)), None)
-    data = config.get("data")
-    init = data.get("init_args") if hasattr(data, "get") else None
-    if key is None or init is None or not hasattr(init, "get"):
-        return None
-    field, before = BUDGET_FIELDS[key], saved[key]
-    flags = {f"--data.init_args.{field}", f"--data.{field}"}
-    asked = any(word.split("=", 1)[0] in flags for word in argv)
-    unit = "env steps" if field == "total_steps" else "optimiser steps"
-    if asked:
-        now = init.get(field)
-        had = "as the checkpoint's run had" if now == before else f"the checkpoint's run had {before:,}"
-        return f"vaco fit: resuming to a budget of {now:,} {unit} (--data.init_args.{field}; {had})"
-    config_value = init.get(field)
-    init[field] = before
-    note = "" if config_value in (None, before) else f"; the config's {config_value:,} is not used on a resume"
-    return (
-        f"vaco fit: resuming to the checkpoint's budget of {before:,} {unit}{note} "
-        f"(--data.init_args.{field} N runs it to N)"
-    )
-
-
-def _logger_config(config):
-    logger = config.get("trainer", {}).get("logger")
-    # the parsed logger is a jsonargparse Namespace (a dict only when it comes from the defaults)
-    if not isinstance(logger, (dict, Namespace)) or "MLFlowLogger" not in str(logger.get("class_path", "")):
-        return None
-    if logger.get("init_args") is None:
-        logger["init_args"] = type(logger)()
-    return logger["init_args"]
-
-
-def _check_tracking(config) -> None:
-    init_args = _logger_config(config)
-    if init_args is None:
-        return
-    uri = init_args.get("tracking_uri") or tracking_uri()
-    field = (
-        "MLFLOW_TRACKING_URI"
-        if os.environ.get("MLFLOW_TRACKING_URI") == uri
-        else "trainer.logger.init_args.tracking_uri"
-    )
-    try:
-        check_tracking_store(uri, field)
-    except TrackingStoreError as err:
-        raise ConfigurationError(str(err)) from None
-
-
-def _continue_mlflow_run(config, state: dict | None) -> None:
-    """Resuming from a checkpoint logs into the MLflow run that wrote it (unless a run is given)."""
-    init_args = _logger_config(config)
-    if state is None or init_args is None or init_args.get("run_id"):
-        return
-    run_id = state.get("vaco", {}).get("mlflow_run_id")
-    if not run_id:
-        return
-    import mlflow
-
-    uri = init_args.get("tracking_uri") or tracking_uri()
-    try:
-        mlflow.MlflowClient(uri).get_run(run_id)
-    except mlflow.exceptions.MlflowException:
-        raise ConfigurationError(
-            f"`ckpt_path`: its MLflow run {run_id} is not in the tracking store {redact_uri(uri)}; set MLFLOW_TRACKING_URI "
-            "to the store the run was tracked in, or pass --trainer.logger.init_args.run_id to log elsewhere"
-        ) from None
-    init_args["run_id"] = run_id
-
-
-def _resume_env_step(state: dict, datamodule, trainer) -> int | None:
-    """The env step (the MLflow step) a MuJoCo checkpoint was saved at; None where it is not known."""
-    version = state.get("state_dict", {}).get("version")
-    rows = getattr(datamodule, "num_envs", None), getattr(datamodule, "num_steps", None)
-    if version is None or None in rows:
-        return None
-    return int(version) * rows[0] * rows[1] * trainer.world_size
-
-
-def _check_writable(config) -> None:
-    """Every folder the run will write is writable, checked before anything starts (seeding, envs,
-    the MLflow run): a checkpoint folder found unwritable at the first save lost everything trained
-    before it."""
-    ckpt = config.get("checkpoint") or {}
-    trainer = config.get("trainer") or {}
-    dirpath = ckpt.get("dirpath") if hasattr(ckpt, "get") else None
-    if dirpath:
-        folder, field = str(dirpath), "checkpoint.dirpath"
-    else:
-        root = (trainer.get("default_root_dir") if hasattr(trainer, "get") else None) or os.getcwd()
-        folder, field = os.path.join(str(root), "checkpoints"), "trainer.default_root_dir"
-    problem = _unwritable(folder)
-    if problem is not None:
-        raise ConfigurationError(
-            f"`{field}`: checkpoints go to {folder}, but {problem}; choose a folder you can write (--{field} DIR)"
-        )
-
-
-def _unwritable(folder: str) -> str | None:
-    """Why ``folder`` (made if missing) cannot be written, or None: the nearest existing folder on
-    its path must take a new file."""
-    path = os.path.abspath(folder)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    if not os.path.isdir(path):
-        return f"{path} is a file, not a folder"
-    import tempfile
-
-    try:  # a real write: os.access says yes to root on a read-only mount
-        handle, probe = tempfile.mkstemp(prefix=".vaco-write-check-", dir=path)
-    except OSError as err:
-        return f"{path} is not writable ({err.strerror or err})"
-    os.close(handle)
-    os.unlink(probe)
-    return None
-
-
-def _check_same_run(model, datamodule, state: dict) -> None:
-    """Refuse to resume a checkpoint into a different experiment (only the budget may change)."""
-    saved = state.get("vaco", {}).get("definition")
-    if saved is None:  # written by a learner that had no data module to define the run by
-        return
-    problem = same_run_problem(saved, model.run_definition(datamodule))
-    if problem is not None:
-        raise ValueError(problem)
 
 
 _HELP_HEADER = """usage: vaco fit --config FILE [--config FILE ...] [--FIELD VALUE ...] [--ckpt_path CKPT] [--print_config]

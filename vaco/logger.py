@@ -82,6 +82,21 @@ class VacoMLFlowLogger(MLFlowLogger):
 
     # ------------------------------------------------------------------ the experiment and the run
     @property
+    def refused(self) -> bool:
+        """Whether this logger refused to resume its run (the run keeps the status it had)."""
+        return self._refused
+
+    @property
+    def tracking_store(self) -> str:
+        """The tracking store's URI this logger writes to."""
+        return self._tracking_uri
+
+    @property
+    def experiment_name(self) -> str:
+        """The MLflow experiment's name."""
+        return self._experiment_name
+
+    @property
     def run_name(self) -> str | None:
         """The run's name as given (None: from the run's coordinates when the run opens)."""
         return self._run_name

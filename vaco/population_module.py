@@ -423,7 +423,7 @@ class PopulationModule(Learner):
         logger = member.logger
         if logger is not None and hasattr(logger, "final_status"):
             logger.final_status = "failed"
-            if run_id is not None and not getattr(logger, "_refused", False):
+            if run_id is not None and not getattr(logger, "refused", False):
                 try:
                     logger.experiment.set_terminated(run_id, "FAILED")
                 except Exception as err:  # noqa: BLE001 - training goes on; finalize marks it again
