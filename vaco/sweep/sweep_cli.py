@@ -222,6 +222,14 @@ def shown_states(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> dic
     return shown
 
 
+def _packed(sweep: Sweep, todo: list[Cell], states: dict[str, str]) -> tuple[list, list]:
+    """The jobs that run ``todo`` (:func:`vaco.sweep.grid.pack`) and the populations among them."""
+    from vaco.sweep.grid import pack
+
+    jobs, _ = pack(sweep, todo, states) if todo else ([], {})
+    return jobs, [job for job in jobs if hasattr(job, "members")]
+
+
 def _population_setting(sweep: Sweep) -> str:
     """How the sweep packs seeds, in the words of its file."""
     if sweep.population != "auto":
@@ -290,17 +298,13 @@ def _list_cells(p: _Plan, args) -> None:
         f"  command of a cell: vaco fit --config {sweep.output_dir}/<cell>/config.yaml [--ckpt_path <cell>/checkpoints/last.ckpt]"
     )
     todo = [c for c in cells if states[c.id] not in ("finished", "running", "queued")]
-    if todo:
-        from vaco.sweep.grid import pack
-
-        jobs, _ = pack(sweep, todo, states)
-        populations = [job for job in jobs if hasattr(job, "members")]
-        if populations:
-            print(
-                f"  {_population_setting(sweep)} -> {sum(len(j.members) for j in populations)} of the {len(todo)} "
-                f"cells to run would run as {len(populations)} populations (e.g. {populations[0].id}); "
-                f"{len(jobs)} processes in all"
-            )
+    jobs, populations = _packed(sweep, todo, states)
+    if populations:
+        print(
+            f"  {_population_setting(sweep)} -> {sum(len(j.members) for j in populations)} of the {len(todo)} "
+            f"cells to run would run as {len(populations)} populations (e.g. {populations[0].id}); "
+            f"{len(jobs)} processes in all"
+        )
     extra = p.runner.describe(cells, states) if args.dry_run and p.runner is not None else None
     if extra:
         print(extra)
@@ -312,17 +316,12 @@ def _run(p: _Plan, args) -> int:
     for cell in cells:
         if states[cell.id] == "finished":
             say(f"skip   {cell.id} (finished{', in ' + p.from_data[cell.id] if cell.id in p.from_data else ''})")
-    todo = [c for c in cells if states[c.id] != "finished"]
-    if todo:
-        from vaco.sweep.grid import pack
-
-        todo, _ = pack(sweep, todo, states)
-        populations = [job for job in todo if hasattr(job, "members")]
-        if populations:
-            say(
-                f"{sum(len(j.members) for j in populations)} cells run as {len(populations)} populations "
-                f"({_population_setting(sweep)}; a member is its seed's run alone, bit for bit)"
-            )
+    todo, populations = _packed(sweep, [c for c in cells if states[c.id] != "finished"], states)
+    if populations:
+        say(
+            f"{sum(len(j.members) for j in populations)} cells run as {len(populations)} populations "
+            f"({_population_setting(sweep)}; a member is its seed's run alone, bit for bit)"
+        )
     if not todo:
         closed = close_parent_run(uri, sweep)
         say("nothing to do: every cell has finished" + (" (the sweep's parent run is now FINISHED)" if closed else ""))
