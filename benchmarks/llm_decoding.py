@@ -5,7 +5,9 @@ Three measurements on the same prompts, in one process, one after another:
 1. **End to end, greedy** (temperature 0, so every path must produce the same tokens, and does: checked
    row by row): ``vaco.llm.policy.generate`` (its eager loop with a dynamic KV cache and continuous
    batching over ``--slots``) against transformers' own continuous batching with a paged KV cache
-   (``model.generate_batch``: its scheduler, ``paged|sdpa`` attention). Kept tokens per second.
+   (``model.generate_batch``: its scheduler, ``paged|sdpa`` attention), and against plain
+   ``model.generate`` (padded batches of ``--slots`` rows, the dynamic cache: a batch decodes until
+   its last row ends). Kept tokens per second; the tokens compared row by row.
 2. **One decoding step** at ``--slots`` rows, a fixed number of steps after the prompt pass: the
    dynamic cache (vaco's loop), transformers' ``StaticCache`` eager, and the ``StaticCache`` step
    under ``torch.compile`` (fixed shapes, what a compiled decode loop would run; its compile time is
@@ -86,6 +88,11 @@ def random_prompts(rows: int, length: int, vocab: int, eos: int, seed: int) -> t
     return ids, mask
 
 
+def _until_eos(tokens: list[int], eos: int) -> list[int]:
+    """A completion's tokens up to and with its first EOS (as vaco's loop keeps them)."""
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="models/SmolLM2-135M-Instruct")
@@ -164,21 +171,47 @@ def main() -> None:
     hf_s = time.perf_counter() - start
     by_index = sorted(theirs.values(), key=lambda out: int(str(out.request_id).rsplit("_", 1)[-1]))
     hf_rows = [list(out.generated_tokens) for out in by_index]
+    # plain `model.generate`: padded batches of `--slots` rows, the dynamic cache, every row of a
+    # batch decoding until the batch's last one ends (what a trainer calling transformers gets)
+    sync()
+    start = time.perf_counter()
+    plain_rows = []
+    with torch.no_grad():
+        for first in range(0, args.rows, args.slots):
+            part_ids, part_mask = ids[first : first + args.slots], mask[first : first + args.slots]
+            width = int(part_mask.sum(-1).max())  # the batch's own left padding
+            out = model.generate(
+                input_ids=part_ids[:, -width:],
+                attention_mask=part_mask[:, -width:].long(),
+                generation_config=config,
+            )
+            plain_rows += [_until_eos(row[width:].tolist(), eos) for row in out]
+    sync()
+    plain_s = time.perf_counter() - start
     tokens = sum(len(r) for r in vaco_rows)
     same = sum(a == b for a, b in zip(vaco_rows, hf_rows))
+    same_plain = sum(a == b for a, b in zip(vaco_rows, plain_rows))
+    full = sum(len(r) >= args.max_new_tokens for r in vaco_rows)
     result["end_to_end"] = {
         "vaco_seconds": vaco_s,
         "vaco_tokens_per_second": tokens / vaco_s,
         "transformers_generate_batch_seconds": hf_s,
         "transformers_generate_batch_tokens_per_second": sum(len(r) for r in hf_rows) / hf_s,
+        "transformers_generate_seconds": plain_s,
+        "transformers_generate_tokens_per_second": sum(len(r) for r in plain_rows) / plain_s,
         "tokens": tokens,
+        "rows_to_max_new_tokens": full,
         "rows_with_identical_tokens": same,
+        "rows_with_identical_tokens_generate": same_plain,
         "rows": args.rows,
     }
     print(
-        f"end to end, greedy, {args.rows} rows, {args.slots} slots, <= {args.max_new_tokens} new tokens: "
-        f"vaco {vaco_s:.1f} s ({tokens / vaco_s:.1f} tokens/s), transformers generate_batch {hf_s:.1f} s "
-        f"({sum(len(r) for r in hf_rows) / hf_s:.1f} tokens/s); rows with identical tokens: {same} of {args.rows}",
+        f"end to end, greedy, {args.rows} rows ({full} to the maximum), {args.slots} slots, <= {args.max_new_tokens} "
+        f"new tokens: vaco {vaco_s:.1f} s ({tokens / vaco_s:.1f} tokens/s); transformers generate {plain_s:.1f} s "
+        f"({sum(len(r) for r in plain_rows) / plain_s:.1f} tokens/s: their time / vaco's {plain_s / vaco_s:.2f}); "
+        f"generate_batch {hf_s:.1f} s "
+        f"({sum(len(r) for r in hf_rows) / hf_s:.1f} tokens/s); rows with identical tokens: {same_plain} (generate), "
+        f"{same} (generate_batch) of {args.rows}",
         flush=True,
     )
 
