@@ -1,0 +1,144 @@
+"""How long the paper's LLM grid would take on one machine: a projection from measured figures.
+
+Nothing here is a measurement. The script multiplies out what one cell of
+``configs/sweeps/llm_gsm8k.yaml`` does (its config read from the sweep's own files) by figures
+measured on the machine in question, each given with its source:
+
+    python scripts/llm_projection.py --inputs figures.json [--sweep configs/sweeps/llm_gsm8k.yaml]
+
+``figures.json`` holds one entry per figure, ``{"value": <number>, "source": "<command, machine, date>"}``:
+
+- ``decode_tokens_per_second``: kept completion tokens per second while generating a generation
+  batch (``benchmarks/llm_decoding.py``'s end to end ``vaco_tokens_per_second`` at the run's
+  ``--slots``);
+- ``completion_tokens``: the mean completion length in tokens (a run's ``train/completion_length``);
+- ``update_seconds_per_step``: one optimiser step on a minibatch, re-scoring and the filter's pass
+  included (a run's ``perf/update_seconds`` over its steps);
+- ``eval_tokens_per_second`` and ``eval_completion_tokens``: the same for the greedy evaluation;
+- ``checkpoint_gb`` and ``checkpoint_write_gb_per_second``: a checkpoint's size and how fast the
+  run's disk writes it;
+- ``startup_seconds``: a cell's start (imports, model load; ``perf/startup_seconds``).
+
+Per cell (N minibatches per generation batch, ``num_steps`` optimiser steps of ``P`` prompts x ``G``
+completions): every step's completions are generated once, whatever N (``num_steps * P * G``
+completions); ``num_steps / N`` generation batches, a checkpoint every ``every_n_iterations`` of
+them and at the end; an evaluation at the start, then after each generation batch that passes a
+multiple of ``eval_every`` steps or ends the run, of ``test_size`` prompts. The result prints per N and for the grid run one cell at a time, marked projected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+FIGURES = (
+    "decode_tokens_per_second",
+    "completion_tokens",
+    "update_seconds_per_step",
+    "eval_tokens_per_second",
+    "eval_completion_tokens",
+    "checkpoint_gb",
+    "checkpoint_write_gb_per_second",
+    "startup_seconds",
+)
+GSM8K_TEST = 1319  # problems in GSM8k's test split (the evaluation's prompts)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one run of the grid does (from its config)."""
+
+    num_steps: int
+    prompts_per_minibatch: int
+    completions_per_prompt: int
+    eval_every: int
+    checkpoint_every: int
+    test_size: int = GSM8K_TEST
+
+
+def cell_seconds(cell: Cell, n: int, figures: dict[str, float]) -> dict[str, float]:
+    """The projected seconds of one cell with ``n`` minibatches per generation batch, by part."""
+    completions = cell.num_steps * cell.prompts_per_minibatch * cell.completions_per_prompt
+    generation_batches = math.ceil(cell.num_steps / n)
+    # vaco.llm.RLVRModule: the supervised start at step 0, then after each generation batch that
+    # passes a multiple of eval_every or ends the run
+    evaluations = 1 + sum(
+        1
+        for b in range(1, generation_batches + 1)
+        if b * n >= cell.num_steps or (cell.eval_every and (b * n) // cell.eval_every > (b * n - n) // cell.eval_every)
+    )
+    checkpoints = generation_batches // cell.checkpoint_every + (generation_batches % cell.checkpoint_every != 0)
+    return {
+        "generation": completions * figures["completion_tokens"] / figures["decode_tokens_per_second"],
+        "update": cell.num_steps * figures["update_seconds_per_step"],
+        "evaluation": evaluations
+        * cell.test_size
+        * figures["eval_completion_tokens"]
+        / figures["eval_tokens_per_second"],
+        "checkpoints": checkpoints * figures["checkpoint_gb"] / figures["checkpoint_write_gb_per_second"],
+        "startup": figures["startup_seconds"],
+    }
+
+
+def read_figures(path: Path) -> tuple[dict[str, float], dict[str, str]]:
+    """The figures and their sources; a missing or unsourced one is refused in one line."""
+    raw = json.loads(path.read_text())
+    values, sources = {}, {}
+    for name in FIGURES:
+        entry = raw.get(name)
+        if not isinstance(entry, dict) or not isinstance(entry.get("value"), (int, float)) or entry["value"] <= 0:
+            raise SystemExit(f'--inputs: `{name}` must be {{"value": <a positive number>, "source": "..."}}')
+        if not str(entry.get("source", "")).strip():
+            raise SystemExit(f"--inputs: `{name}` has no source: say which command, machine and date measured it")
+        values[name], sources[name] = float(entry["value"]), str(entry["source"])
+    return values, sources
+
+
+def grid_of(sweep_path: Path) -> tuple[Cell, list[int], int]:
+    """The cell's sizes, the N axis and the number of cells per N, from the sweep and its config."""
+    import yaml
+
+    sweep = yaml.safe_load(sweep_path.read_text())
+    env = yaml.safe_load(
+        (sweep_path.parent / sweep["configs_dir"] / "env" / f"{sweep['defaults']['env']}.yaml").read_text()
+    )
+    data, model = env["data"]["init_args"], env["model"]["init_args"]
+    cell = Cell(
+        num_steps=data["num_steps"],
+        prompts_per_minibatch=data["prompts_per_minibatch"],
+        completions_per_prompt=model["completions_per_prompt"],
+        eval_every=data["eval_every"],
+        checkpoint_every=env["checkpoint"]["every_n_iterations"],
+    )
+    algorithms = sweep["grid"]["main"]["algorithm"]
+    per_n = len(algorithms if isinstance(algorithms, list) else [algorithms]) * len(sweep["defaults"]["seed"])
+    return cell, list(sweep["defaults"]["K"]), per_n
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--inputs", required=True, type=Path, help="the measured figures (JSON, see above)")
+    parser.add_argument("--sweep", type=Path, default=Path("configs/sweeps/llm_gsm8k.yaml"))
+    args = parser.parse_args(argv)
+    figures, sources = read_figures(args.inputs)
+    cell, ns, per_n = grid_of(args.sweep)
+    print(f"PROJECTED (not measured): {args.sweep}, {per_n} cells per N, one at a time, from:")
+    for name in FIGURES:
+        print(f"  {name} = {figures[name]:g}  ({sources[name]})")
+    total = 0.0
+    for n in ns:
+        parts = cell_seconds(cell, n, figures)
+        seconds = sum(parts.values())
+        total += per_n * seconds
+        shares = ", ".join(f"{k} {v / seconds:.0%}" for k, v in parts.items())
+        print(f"  N = {n:>2}: {seconds / 3600:.2f} h a cell ({shares})")
+    print(f"the grid: {total / 3600:.1f} h ({total / 86400:.2f} days) projected")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
