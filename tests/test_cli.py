@@ -217,6 +217,7 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
             client.log_param(run.info.run_id, key, value)
         client.log_metric(run.info.run_id, "eval/return", 123.5, step=4096)
         client.log_metric(run.info.run_id, "lag/forward_tv", 0.0987, step=4096)
+        client.log_metric(run.info.run_id, "lag/backward_tv", 8.748329e-08, step=4096)
         client.set_terminated(run.info.run_id)
     port = free_port()
     ui = subprocess.Popen(
@@ -263,6 +264,20 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
         for column, value in (("eval/return", "123.5"), ("lag/forward_tv", "0.0987")):
             assert f'id="cell-metrics.`{column}`' in dom and f">{value}</span>" in dom, column
         assert 'id="cell-params.`K`' in dom and ">ppo_clip</span>" in dom
+        assert ">8.748329e-8</span>" in dom  # a small value whole, its exponent too
+
+        def left_edge(column: str) -> tuple[int, int]:  # a header cell's place in the scrolled pane
+            found = re.search(
+                rf'col-id="{re.escape(column)}" aria-sort[^>]*style="left: (\d+)px; width: (\d+)px;"', dom
+            )
+            assert found, column
+            return int(found.group(1)), int(found.group(2))
+
+        # the run's coordinates first, on screen without scrolling in a 1400-pixel window (the
+        # pane scrolled beside the run's name shows ~700 pixels), the metrics after them
+        seed_left, seed_width = left_edge("params.`seed`")
+        assert max(left_edge(f"params.`{p}`")[0] for p in ("algorithm", "env", "K")) < seed_left
+        assert seed_left + seed_width <= 500 and left_edge("metrics.`eval/return`")[0] >= seed_left + seed_width
         shot = tmp_path / "vaco_ui.png"
         subprocess.run(
             [chromium, *flags, f"--user-data-dir={tmp_path / 'profile-shot'}", f"--screenshot={shot}", url],
