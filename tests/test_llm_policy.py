@@ -267,3 +267,31 @@ def test_a_row_generated_apart_with_its_seed_is_the_row_of_the_batch(model, toke
         assert torch.equal(alone["completion_ids"][0, :n], together["completion_ids"][i, :n]), i
     with pytest.raises(ValueError, match="2 `row_seeds` for 3 rows"):
         generate(model, ids, mask, row_seeds=[1, 2], **kwargs)
+
+
+def test_the_stop_check_on_a_rows_last_tokens_finds_what_the_whole_prefix_decode_finds(tokenizer):
+    """Generation checks a row for stop strings on its last tokens only (stop_tokens_window), not on
+    a decode of its whole prefix per token. On random rows of this byte-level BPE's tokens (texts
+    with multi-byte characters among them), the first token at which a stop string appears is the
+    same both ways, for every row."""
+    from vaco.llm.policy import _holds_a_stop, stop_tokens_window
+
+    texts = ["Question: Tom has 5 pens.\n#### 7", "prix: 3 € et 4 €, café ☕ Question", "a Q b Qu c Question:"]
+    encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    gen = torch.Generator().manual_seed(0)
+    vocab = len(tokenizer)
+    compared = 0
+    for stops in (["Question:"], ["€ et"], ["☕", "\n####"], ["Qu"]):
+        window = stop_tokens_window(stops)
+        for _ in range(60):
+            # random tokens (random bytes split characters), one text's own tokens, random tokens
+            before, after = (
+                torch.randint(0, vocab, (int(n),), generator=gen).tolist()
+                for n in torch.randint(0, 12, (2,), generator=gen)
+            )
+            row = before + encoded[int(torch.randint(0, len(texts), (1,), generator=gen))] + after
+            whole = next((t for t in range(1, len(row) + 1) if _holds_a_stop(tokenizer, row[:t], stops)), None)
+            last = next((t for t in range(1, len(row) + 1) if _holds_a_stop(tokenizer, row[:t][-window:], stops)), None)
+            assert last == whole, (stops, row, whole, last)
+            compared += whole is not None
+    assert compared >= 40  # most rows do meet a stop string

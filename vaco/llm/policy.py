@@ -176,6 +176,7 @@ def generate(
         a stop string within ``max_new_tokens``).
     """
     stops = [text for text in stop_strings if text]
+    stop_window = stop_tokens_window(stops)
     if stops and tokenizer is None:
         raise ValueError("generate: stop strings need the tokenizer that decodes the completions")
     if max_new_tokens < 1:
@@ -224,7 +225,7 @@ def generate(
             tokens[row].append(token_list[j])
             if token_list[j] == eos_token_id:
                 continue
-            if stops and _holds_a_stop(tokenizer, tokens[row], stops):
+            if stops and _holds_a_stop(tokenizer, tokens[row][-stop_window:], stops):
                 continue
             if len(tokens[row]) >= max_new_tokens:
                 truncated[row] = True
@@ -331,9 +332,21 @@ def _plain_dynamic(cache) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
+def stop_tokens_window(stops: Sequence[str]) -> int:
+    """How many of a row's last tokens the stop check decodes: a stop string the newest token
+    completes lies in them. Its characters are the ones that changed with that token or the ones
+    before them, at most ``len(stop)`` characters of at most 4 bytes, and a token holds at least one
+    byte; so ``4 * len(stop) + 4`` tokens hold it whole, and a decode of them gives its characters
+    as the whole prefix's decode does (only the window's first character may differ: a byte-level
+    token that starts mid-character, a word-start marker). The earlier prefix held no stop string,
+    or the row would have ended there. Checked against the whole-prefix decode in
+    ``tests/test_llm_policy.py``."""
+    return 4 * max((len(stop) for stop in stops), default=0) + 4
+
+
 def _holds_a_stop(tokenizer, row: list[int], stops: list[str]) -> bool:
-    """Whether the decode of the row's tokens so far holds a stop string (its previous prefix did
-    not, or the row would have ended there)."""
+    """Whether the decode of the row's last tokens (:func:`stop_tokens_window`) holds a stop string
+    (its previous prefix did not, or the row would have ended there)."""
     text = tokenizer.decode(row, skip_special_tokens=False)
     return any(stop in text for stop in stops)
 
