@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 # the suite runs on two pytest-xdist workers (tests/conftest.py groups the tests); TEST_WORKERS=0 runs it in one process.
 # `make test` ends with the 30 slowest tests (set-up, call, tear-down apart) and the seconds of each file and
-# worker: where its ~22 minutes on two cores go (docs/performance.md); `make test-fast` (~2 minutes) leaves out
+# worker: where its ~20 minutes on two cores go (docs/performance.md); `make test-fast` (~2 minutes) leaves out
 # the tests marked slow (3 s or more)
 TEST_WORKERS ?= 2
 PYTEST  := $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
@@ -23,7 +23,7 @@ PYTEST  := $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TES
 
 help:
 	@echo "make demo   - create .venv, install the core package, train VACO (K=4) on Hopper-v5 (measured times: README)"
-	@echo "make test   - create .venv, install, run the test suite (~22 min on 2 cores)"
+	@echo "make test   - create .venv, install, run the test suite (~20 min on 2 cores)"
 	@echo "make test-fast - the quick tier (~2 min): math, objectives, configs, learners; no test marked slow"
 	@echo "make check  - ruff format --check and ruff check (what CI runs first)"
 	@echo "make notebook - run notebooks/analysis.ipynb headless (e.g. VACO_DATA=docs/data/five_tasks.csv.gz make notebook)"
