@@ -1,4 +1,4 @@
-"""Which decoding path: vaco's own loop against what transformers provides, side by side (issue 48).
+"""Which decoding path: vaco's own loop against what transformers provides, side by side.
 
 Three measurements on the same prompts, in one process, one after another:
 

@@ -46,7 +46,7 @@ def tv_table(report: Report, by_task: bool = False) -> dict[tuple, tuple[list[fl
 
 
 #: the largest relative difference of realised step size (lag/forward_tv) two partner arms may
-#: show at a K and still count as one step size (issue 28's design: calibrate per K beyond it)
+#: show at a K and still count as one step size (beyond it, calibrate the pair per K)
 STEP_TOLERANCE = 0.10
 
 
