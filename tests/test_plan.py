@@ -418,6 +418,43 @@ def _lag_runs(losses: dict[str, float], seeds: int, levels: dict[str, float] | N
     return runs
 
 
+def test_a_look_after_a_decision_counts_the_seeds_of_the_open_comparisons_only():
+    """A comparison decided at look 1 (12 seeds) gets no more seeds: at look 2 its arm has 12 while
+    the open comparison's arms have 24. The look is the 24-seed one (the open comparison is judged at
+    look 2's Holm level for a family of one open hypothesis), the decided verdict is carried; counting
+    the fewest seeds of any comparison would read it as look 1 again. The sweep's look runs the open
+    comparison's arms only, at its K and the reference K."""
+    from vaco import report as R
+    from vaco.report.planned import Judgement, judge_plan
+    from vaco.sweep.grid import Cell
+    from vaco.sweep.sweep_cli import look_needs
+
+    refs = {"Hopper-v5": (0.0, 1000.0), "HalfCheetah-v5": (0.0, 1000.0)}
+    runs = _lag_runs({"vaco": 0.02, "ppo_clip": 0.045, "spo": 0.04}, seeds=24)
+    runs = [r for r in runs if not (r.algorithm == "vaco" and r.seed > 12)]
+    report = R.build_report("pruned", runs, reps=2000, fixed_bounds=refs)
+    family = [{"arm": a, "against": "ppo_clip", "K": 4} for a in ("vaco", "spo")]
+    raw = {"family": family, "looks": [12, 24, 36], "spending": "pocock", "margin": 0.05}
+    plan = load_plan(raw, ["vaco", "ppo_clip", "spo"], [1, 4], seeds=36)
+    look1 = Judgement(12, "2026-12-01 00:00:00 UTC", "until-decided", {"vaco vs ppo_clip at K=4": "differs"})
+    judged = judge_plan(plan, report, declared="2026-11-30 00:00:00 UTC", earlier=[look1])
+    assert judged.seeds == 24 and judged.look == 1 and judged.looks == (12, 24, 36)
+    carried, spo = judged.verdicts
+    assert carried.word == "differs" and carried.decided_at == 12 and carried.seeds == 12
+    assert spo.seeds == 24 and spo.level_differs == pytest.approx(holm_levels([12, 24, 36], 0.05, "pocock", 1)[0][1])
+    assert judged.open == ([] if spo.word in ("differs", "equivalent") else [plan.family[1]])
+    # without the record of look 1 nothing is carried: the fewest seeds (12) are the look
+    assert judge_plan(plan, report, declared="2026-11-30 00:00:00 UTC", earlier=[]).seeds == 12
+
+    def cell(algorithm, K):
+        return Cell(algorithm, algorithm, "Hopper-v5", K, 1, (), True)
+
+    open_ = [plan.family[1]]
+    assert [look_needs(cell(a, k), open_, 1) for a in ("vaco", "ppo_clip", "spo") for k in (1, 4, 16)] == [
+        False, False, False, True, True, False, True, True, False,
+    ]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_the_equivalent_branch_and_the_floor_rule():
     """Equivalent: two arms that lose the same (12 seeds, 2 tasks, margin 0.05) are declared
@@ -542,6 +579,83 @@ def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_
     )
     assert own.returncode == 0, own.stderr[-3000:]
     assert "declared after the runs" in own.stdout and "IQM at K 0.500 / 0.500" not in own.stdout
+    _continued_in_a_new_store(tmp_path, path, client, parent.info.run_id)
+
+
+def _continued_in_a_new_store(tmp_path, sweep_file, old_client, old_parent):
+    """The study's store is lost; its export (``--save-data`` writes the plan's record beside the
+    data) continues it in a new one: the look's cells count as finished, the new parent run carries
+    the declaration and the looks (not declared anew), the look is judged on the exported runs and
+    not recorded twice; a report of the store plus the data is a recorded reading of the same look,
+    and a report of the data file alone reads the plan from its record. A record of another plan is
+    one line."""
+    import json
+    import os
+    import subprocess
+
+    import mlflow
+
+    from helpers.runs import VACO
+    from vaco.report.planned import read_judgements
+
+    data = tmp_path / "looks.csv.gz"
+    saved = subprocess.run(
+        [VACO, "report", "--experiment", "looks", "--no-sensitivity", "--reps", "200", "--no-mlflow"]
+        + ["--save-data", str(data), "--out", str(tmp_path / "r3")],
+        capture_output=True,
+        text=True,
+    )
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    record = tmp_path / "looks_record.json"
+    assert f"the plan's record -> {record}" in saved.stdout
+    old_tags = old_client.get_run(old_parent).data.tags
+    new_uri = f"sqlite:///{tmp_path / 'new.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": new_uri}
+    command = [VACO, "sweep", "--config", str(sweep_file), "--out", str(tmp_path / "out2"), "--until-decided"]
+    out = subprocess.run([*command, "--finished-in", str(data)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
+    assert "28 of them finished in" in out.stdout and f"the plan's record comes from {record}" in out.stdout
+    assert f"declared {old_tags['vaco.plan.declared']}" in out.stdout and "**equivalent**" in out.stdout
+    assert "was judged at" in out.stdout and "not recorded again" in out.stdout and "look 2 of 2" not in out.stdout
+    client = mlflow.MlflowClient(new_uri)
+    experiment = client.get_experiment_by_name("looks").experiment_id
+    (parent,) = client.search_runs([experiment])  # the parent only: no cell ran again
+    tags = parent.data.tags
+    for key in ("vaco.plan", "vaco.plan.digest", "vaco.plan.declared"):
+        assert tags[key] == old_tags[key], key
+    assert tags["vaco.plan.carried_from"] == str(record)
+    assert [j.by for j in read_judgements(tags)] == ["until-decided", "report"]
+    both = subprocess.run(
+        [VACO, "report", "--experiment", "looks", "--data", str(data), "--no-sensitivity", "--reps", "200"]
+        + ["--out", str(tmp_path / "r4")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert both.returncode == 0, both.stderr[-3000:]
+    assert (
+        "group-sequential Holm at look 1 of 2 (7 seeds)" in both.stdout
+        and "recorded on the sweep's parent" in both.stdout
+    )
+    assert len(read_judgements(client.get_run(parent.info.run_id).data.tags)) == 3
+    alone = subprocess.run(
+        [VACO, "report", "--data", str(data), "--no-sensitivity", "--reps", "200", "--out", str(tmp_path / "r5")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert f"declared {old_tags['vaco.plan.declared']}" in alone.stdout and "**equivalent**" in alone.stdout
+    assert f"the plan's record is {record}" in alone.stdout
+    other = json.loads(record.read_text())
+    other["parent_run_tags"]["vaco.plan.digest"] = "0123456789ab"
+    record.write_text(json.dumps(other))
+    refused = subprocess.run(
+        [*command, "--finished-in", str(data), "--dry-run"], capture_output=True, text=True, env=env
+    )
+    err = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(err) == 1, refused.stderr
+    assert err[0].startswith(f"vaco sweep: `--finished-in {data}`: its plan record") and "0123456789ab" in err[0]
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ import datetime
 import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from vaco.report.plan import Comparison, StudyPlan, holm_levels, schedule, sequential_holm
 from vaco.report.robustness import difference_of_drops
@@ -42,9 +43,14 @@ __all__ = [
     "PlannedVerdict",
     "declared_plan",
     "judge_plan",
+    "plan_from_tags",
     "plan_lines",
+    "plan_tags",
     "read_judgements",
+    "read_record",
     "record_judgement",
+    "record_path",
+    "write_record",
 ]
 
 DECIDED = ("differs", "equivalent")
@@ -113,6 +119,12 @@ class PlanJudgement:
         """Whether more seeds can change nothing the plan asks: every comparison decided or at the floor."""
         return not self.missing and all(v.word in (*DECIDED, FLOOR_WORD) for v in self.verdicts)
 
+    @property
+    def open(self) -> list[Comparison]:
+        """The comparisons more seeds can still decide: undecided, not yet at a look, or not in the data."""
+        shut = {v.comparison for v in self.verdicts if v.word in (*DECIDED, FLOOR_WORD)}
+        return [c for c in self.plan.family if c not in shut]
+
     def record(self, by: str) -> Judgement:
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return Judgement(self.seeds, now, by, {v.comparison.label(): v.word for v in self.verdicts})
@@ -144,7 +156,7 @@ def judge_plan(
             missing.append(comparison.label())
         else:
             found[comparison] = interaction
-    seeds = min((i.seeds for i in found.values()), default=0)
+    seeds = _look_seeds(plan, found, earlier)
     taken = [n for n in plan.looks if n < seeds] if earlier is None else [j.seeds for j in earlier]
     earlier = earlier or ()
     looks, look = schedule(plan.looks, taken, seeds)
@@ -217,6 +229,24 @@ def judge_plan(
     return PlanJudgement(
         plan, declared, seeds, look, tuple(looks), verdicts, missing, report.reps, commit, len(report.excluded)
     )
+
+
+def _look_seeds(plan: StudyPlan, found: Mapping[Comparison, object], earlier: Sequence[Judgement] | None) -> int:
+    """The seeds of this look: the fewest any comparison has that an earlier look left open. A
+    comparison decided at an earlier look needs no more seeds (``vaco sweep --until-decided`` runs
+    only the cells the open ones need), so its count does not hold the look back."""
+    if not found:
+        return 0
+    most = max(i.seeds for i in found.values())
+    closed = {
+        label
+        for j in earlier or ()
+        if plan.looks[0] <= j.seeds < most
+        for label, word in j.words.items()
+        if word in DECIDED
+    }
+    still_open = [i.seeds for c, i in found.items() if c.label() not in closed]
+    return min(still_open or [i.seeds for i in found.values()])
 
 
 def _step_levels(p: Sequence[float], rejected: Sequence[bool], levels, look: int | None) -> list[float]:
@@ -307,7 +337,6 @@ def record_judgement(uri: str, run_id: str, judged: PlanJudgement, by: str, line
     """Keep a judgement on the sweep's parent run: a tag ``vaco.plan.judgement.NNN`` (JSON) and its
     lines as the artifact ``plan/judgementNNN.md``."""
     import tempfile
-    from pathlib import Path
 
     import mlflow
 
@@ -325,12 +354,21 @@ def record_judgement(uri: str, run_id: str, judged: PlanJudgement, by: str, line
     return record
 
 
+def plan_from_tags(tags: Mapping[str, str]) -> StudyPlan:
+    """The plan a parent run's (or a record's) ``vaco.plan`` tag holds."""
+    from vaco.report.plan import load_plan
+    from vaco.tracking import PLAN_TAG
+
+    raw = json.loads(tags[PLAN_TAG])
+    algorithms = sorted({c[k] for c in raw["family"] for k in ("arm", "against")})
+    return load_plan(raw, algorithms, sorted({c["K"] for c in raw["family"]}), seeds=raw["looks"][-1])
+
+
 def declared_plan(experiment: str, uri: str):
     """The plan the experiment's sweep declared, read off its parent run: ``(plan, declared, commit,
     judgements, run_id)``; ``(None, None, None, [], None)`` without one."""
     import mlflow
 
-    from vaco.report.plan import load_plan
     from vaco.tracking import PARENT_TAG, PLAN_TAG
 
     client = mlflow.MlflowClient(uri)
@@ -341,13 +379,68 @@ def declared_plan(experiment: str, uri: str):
     tags = found[0].data.tags if found else {}
     if PLAN_TAG not in tags:
         return None, None, None, [], None
-    raw = json.loads(tags[PLAN_TAG])
-    algorithms = sorted({c[k] for c in raw["family"] for k in ("arm", "against")})
-    plan = load_plan(raw, algorithms, sorted({c["K"] for c in raw["family"]}), seeds=raw["looks"][-1])
     return (
-        plan,
+        plan_from_tags(tags),
         tags.get(f"{PLAN_TAG}.declared"),
         tags.get(f"{PLAN_TAG}.commit"),
         read_judgements(tags),
         found[0].info.run_id,
     )
+
+
+# ------------------------------------------------------------------------------ the record beside a data file
+RECORD_SUFFIX = "_record.json"
+
+
+def record_path(data_path) -> Path:
+    """Where the plan record of a data file lives: ``runs.csv.gz`` -> ``runs_record.json`` beside it."""
+    data_path = Path(data_path)
+    stem = data_path.name
+    for ending in (".csv.gz", ".csv"):
+        if stem.endswith(ending):
+            stem = stem[: -len(ending)]
+            break
+    return data_path.with_name(stem + RECORD_SUFFIX)
+
+
+def plan_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    """The tags of a parent run that are its plan's record: the plan, its digest, declaration, commit, judgements."""
+    from vaco.tracking import PLAN_TAG
+
+    return {k: v for k, v in tags.items() if k == PLAN_TAG or k.startswith(PLAN_TAG + ".")}
+
+
+def write_record(path, tags: Mapping[str, str], runs) -> Path:
+    """Keep a declared plan's record beside an exported data file (``vaco report --save-data``): the
+    parent run's plan tags, and when the exported runs started. A study continued in a new store
+    (``vaco sweep --finished-in``) carries it onto its new parent run."""
+    starts = sorted(r.start_time for r in runs if r.start_time)
+    when = (
+        datetime.datetime.fromtimestamp(starts[0] / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if starts
+        else None
+    )
+    record = {"parent_run_tags": plan_tags(tags), "finished_runs": sum(r.status == "FINISHED" for r in runs)}
+    if when:
+        record["first_run_start"] = when
+    path = Path(path)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def read_record(path) -> dict[str, str]:
+    """The plan tags a record file holds (JSON: nothing in it is executed); ValueError in one line naming the file."""
+    from vaco.tracking import PLAN_TAG
+
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a plan record `vaco report --save-data` writes: {err}") from None
+    tags = raw.get("parent_run_tags") if isinstance(raw, dict) else None
+    if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+        raise ValueError(f"{path}: `parent_run_tags` must map tag names to strings")
+    tags = plan_tags(tags)
+    for key in (PLAN_TAG, f"{PLAN_TAG}.digest", f"{PLAN_TAG}.declared"):
+        if key not in tags:
+            raise ValueError(f"{path}: the record has no `{key}` tag, so it cannot carry a declared plan")
+    return tags

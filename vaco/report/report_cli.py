@@ -103,18 +103,60 @@ def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
     return runs, notes
 
 
+def _with_store_runs(store: list, data: list, notes: list[str]) -> tuple[list, list[str]]:
+    """A store's runs and data files' runs together: a run in both (same id) once; one cell with a
+    run in each is refused, as two data files' are (:func:`read_data_files`)."""
+    ids = {r.run_id for r in store}
+    cells = {(r.algorithm, r.env, r.K, r.seed, tuple(sorted(r.axes.items()))): r.name for r in store}
+    clashes = [
+        f"{r.algorithm} {r.env} K={r.K} seed {r.seed}"
+        for r in data
+        if r.run_id not in ids and (r.algorithm, r.env, r.K, r.seed, tuple(sorted(r.axes.items()))) in cells
+    ]
+    if clashes:
+        raise ValueError(
+            f"`--data`: {len(clashes)} cells have a run in the store and another in the data files "
+            f"({'; '.join(clashes[:3])}{'; ...' if len(clashes) > 3 else ''}): a cell counts once; export one of them"
+        )
+    extra = [r for r in data if r.run_id not in ids]
+    return store + extra, [*notes, f"{len(store)} runs from the store and {len(extra)} from the data files"]
+
+
+def _record_plan(paths: list[str]):
+    """The declared plan of a data file's record (:func:`vaco.report.planned.record_path`), if one
+    is beside a file: ``(plan, declared, commit, judgements, None, note)``; the reading is judged
+    against the recorded looks and not recorded (there is no parent run to keep it)."""
+    from vaco.report.planned import plan_from_tags, read_judgements, read_record, record_path
+    from vaco.tracking import PLAN_TAG
+
+    for path in paths:
+        where = record_path(path)
+        if where.is_file():
+            tags = read_record(where)
+            note = f"the plan's record is {where} (its looks judged against; this reading is not recorded)"
+            return (
+                plan_from_tags(tags),
+                tags[f"{PLAN_TAG}.declared"],
+                tags.get(f"{PLAN_TAG}.commit"),
+                read_judgements(tags),
+                None,
+                note,
+            )
+    return None, None, None, None, None, None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaco report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--experiment", help="MLflow experiment name (a sweep's `experiment`)")
-    source.add_argument(
+    parser.add_argument("--experiment", help="MLflow experiment name (a sweep's `experiment`)")
+    parser.add_argument(
         "--data",
         nargs="+",
         metavar="FILE",
         help="data files written by --save-data (one or several: a study run in parts): report without the "
-        "MLflow store (no logging)",
+        "MLflow store (no logging); with --experiment, its runs besides the store's (a study continued in a new "
+        "store with `vaco sweep --finished-in`)",
     )
     parser.add_argument(
         "--save-data",
@@ -223,7 +265,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not (args.experiment or args.data):
+        parser.error("one of the arguments --experiment --data is required")
     experiment = args.experiment or args.name or Path(args.data[0]).name.split(".")[0]
     reference = {}
     for item in args.reference:
@@ -263,10 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     use_file_backend()
     uri = tracking_uri()
     try:
+        runs, notes = load_runs(args.experiment, uri, args.include_unfinished) if args.experiment else ([], [])
         if args.data:
-            runs, notes = read_data_files(args.data)
-        else:
-            runs, notes = load_runs(args.experiment, uri, args.include_unfinished)
+            found, more = read_data_files(args.data)
+            runs, notes = _with_store_runs(runs, found, notes + more) if args.experiment else (found, more)
         if args.tasks:
             unknown = sorted(set(args.tasks) - {r.env for r in runs})
             if unknown:
@@ -307,9 +352,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         from vaco.report.planned import declared_plan as read_declared
 
-        declared, declared_at, commit, earlier, parent_id = (
-            (None, None, None, None, None) if args.data else read_declared(args.experiment, uri)
-        )
+        record_note = None
+        if args.experiment:
+            declared, declared_at, commit, earlier, parent_id = read_declared(args.experiment, uri)
+        else:  # a data file's plan record (written beside it by --save-data): its looks, not recorded again
+            declared, declared_at, commit, earlier, parent_id, record_note = _record_plan(args.data)
         study_plan = _read_plan(args.plan, report) if args.plan else declared
         if study_plan is not None and (declared is None or study_plan.digest != declared.digest):
             declared_at, commit, earlier, parent_id = None, None, None, None  # written after the runs: exploratory
@@ -321,6 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.save_data:
         print(f"vaco report: {len(runs)} runs' metric histories -> {save_runs(runs, args.save_data)}")
+        if parent_id is not None:
+            import mlflow
+
+            from vaco.report.planned import record_path, write_record
+
+            tags = mlflow.MlflowClient(uri).get_run(parent_id).data.tags
+            print(f"vaco report: the plan's record -> {write_record(record_path(args.save_data), tags, runs)}")
     out = Path(args.out or Path("reports") / experiment)
     lag = robustness(report)
     two = two_by_two(report)
@@ -353,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         if parent_id is not None:  # a declared plan's every reading is one of its looks: kept on the parent run
             record_judgement(uri, parent_id, judged, "report", lines)
             print(f"  this reading is recorded on the sweep's parent run ({parent_id}) as a look of the plan")
+        elif record_note is not None and study_plan is declared:
+            print(f"  {record_note}")
     for m in step_size_matching(report):
         print(
             f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "

@@ -148,9 +148,13 @@ def check_output_dir(sweep: Sweep, tracking_uri: str) -> None:
     )
 
 
-def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
+def parent_run(
+    client, sweep: Sweep, cells: list[Cell], carried: dict[str, str] | None = None, carried_from: str | None = None
+) -> str:
     """The sweep's parent run (made once, found again on a rerun): its cells are MLflow child
-    runs of it, so the UI groups them, and `vaco report` logs its figures to it."""
+    runs of it, so the UI groups them, and `vaco report` logs its figures to it. A plan is declared
+    when the parent is first made, unless ``carried`` (a plan record of the same plan, from the
+    ``--finished-in`` file ``carried_from``) brings the declaration and the looks of an earlier store."""
     exp = client.get_experiment_by_name(sweep.experiment)
     found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
     grid = json.dumps(
@@ -168,7 +172,9 @@ def parent_run(client, sweep: Sweep, cells: list[Cell]) -> str:
     }
     if sweep.plan is not None:
         plan_tags = {f"{PLAN_TAG}.digest": sweep.plan.digest, PLAN_TAG: json.dumps(sweep.plan.as_dict())[:5000]}
-        if not found or found[0].data.tags.get(f"{PLAN_TAG}.digest") != sweep.plan.digest:
+        if not found and carried is not None and carried.get(f"{PLAN_TAG}.digest") == sweep.plan.digest:
+            plan_tags = {**carried, f"{PLAN_TAG}.carried_from": str(carried_from)}
+        elif not found or found[0].data.tags.get(f"{PLAN_TAG}.digest") != sweep.plan.digest:
             import datetime
 
             plan_tags[f"{PLAN_TAG}.declared"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

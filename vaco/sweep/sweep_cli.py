@@ -15,7 +15,7 @@ from vaco.sweep.schema import RESOURCE_FIELDS, SweepError, check_resources
 from vaco.sweep.state import check_output_dir, check_plan, lock, parent_run, plan, resolve_tracking_uri
 from vaco.tracking import redact_uri
 
-__all__ = ["main"]
+__all__ = ["look_needs", "main"]
 
 MAX_LISTED = 40  # --dry-run/--status list at most this many cells unless --all-cells
 
@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="DATA",
         help="a `vaco report --save-data` file: cells whose FINISHED runs it holds count as finished "
-        "(a study continued in a new MLflow store; repeatable)",
+        "(a study continued in a new MLflow store; repeatable); a declared plan's record beside it "
+        "(runs_record.json for runs.csv.gz) carries the plan's declaration and looks to the new store",
     )
     parser.add_argument(
         "--all-cells", action="store_true", help="--dry-run/--status: list every cell, even in a large sweep"
@@ -81,6 +82,8 @@ class _Plan:
     runner: Launcher | None  # built (and so checked) before anything runs; for --dry-run/--status only if it answers
     states: dict[str, str]
     from_data: dict[str, str] = dataclasses.field(default_factory=dict)  # cell id -> the --finished-in file
+    record: dict[str, str] | None = None  # a declared plan's tags from a --finished-in file's record
+    record_from: str | None = None  # that record's file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,11 +174,12 @@ def _plan(args) -> _Plan:
             )
     states = plan(sweep, cells, uri, with_running=args.status)
     from_data = _finished_in(args.finished_in, cells, states)
+    record, record_from = _carried_record(args.finished_in, sweep)
     if (args.status or args.dry_run) and runner is not None:  # a dry run refuses what the real run would
         for cell_id, state in runner.job_states().items():
             if states.get(cell_id) != "finished":
                 states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
-    return _Plan(sweep, launcher, resources, cells, uri, runner, states, from_data)
+    return _Plan(sweep, launcher, resources, cells, uri, runner, states, from_data, record, record_from)
 
 
 def _finished_in(paths: list[str], cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
@@ -205,6 +209,35 @@ def _finished_in(paths: list[str], cells: list[Cell], states: dict[str, str]) ->
             states[cell.id] = "finished"
             found[cell.id] = path
     return found
+
+
+def _carried_record(paths: list[str], sweep: Sweep) -> tuple[dict[str, str] | None, str | None]:
+    """The plan record beside the ``--finished-in`` files (``vaco report --save-data`` writes it): a
+    study continued in a new store keeps its declaration time, commit and looks. Of several, the one
+    with the most looks (a later export holds the earlier ones). Refused in one line where the record
+    is of another plan than the sweep file's."""
+    from vaco.report.planned import read_judgements, read_record, record_path
+    from vaco.tracking import PLAN_TAG
+
+    best: tuple[dict[str, str], str] | None = None
+    for path in paths:
+        where = record_path(path)
+        if not where.is_file():
+            continue
+        try:
+            tags = read_record(where)
+        except ValueError as err:
+            raise SweepError(f"`--finished-in {path}`: {err}") from None
+        ours = sweep.plan.digest if sweep.plan is not None else None
+        if tags[f"{PLAN_TAG}.digest"] != ours:
+            raise SweepError(
+                f"`--finished-in {path}`: its plan record {where} is of plan {tags[f'{PLAN_TAG}.digest']}, declared "
+                f"{tags[f'{PLAN_TAG}.declared']}; this sweep file's plan is {ours or 'none'}: a study continues under the "
+                "plan its runs were made under"
+            )
+        if best is None or len(read_judgements(tags)) > len(read_judgements(best[0])):
+            best = (tags, str(where))
+    return best if best is not None else (None, None)
 
 
 def shown_states(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
@@ -269,6 +302,14 @@ def _say_plan(p: _Plan, args) -> None:
     for path in dict.fromkeys(p.from_data.values()):
         n = sum(1 for v in p.from_data.values() if v == path)
         say(f"{n} of them finished in {path} (--finished-in; not in this store: report with --data {path} too)")
+    if p.record is not None:
+        from vaco.report.planned import read_judgements
+        from vaco.tracking import PLAN_TAG
+
+        say(
+            f"the plan's record comes from {p.record_from}: declared {p.record[f'{PLAN_TAG}.declared']}, "
+            f"{len(read_judgements(p.record))} looks recorded (a new parent run in this store carries it)"
+        )
     if launcher in ("slurm", "ray") and uri.startswith("sqlite:"):
         print(
             f"vaco sweep: warning: a {launcher} sweep with a SQLite store ({redact_uri(uri)}): cells on other hosts cannot "
@@ -334,16 +375,9 @@ def _run(p: _Plan, args) -> int:
         return 2
     import mlflow
 
-    from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location
-
     client = mlflow.MlflowClient(uri)
-    if client.get_experiment_by_name(sweep.experiment) is None:  # once, before cells race to create it
-        client.create_experiment(
-            sweep.experiment,
-            artifact_location=artifact_location(uri, sweep.experiment),
-            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
-        )
-    sweep.parent_run_id = parent_run(client, sweep, cells)
+    _experiment(client, sweep, uri)  # once, before cells race to create it
+    sweep.parent_run_id = parent_run(client, sweep, cells, p.record, p.record_from)
     status = "FAILED"
     try:
         rc = runner.launch(todo)
@@ -359,6 +393,18 @@ def _run(p: _Plan, args) -> int:
         lock_file.close()
 
 
+def _experiment(client, sweep: Sweep, uri: str) -> None:
+    """The sweep's MLflow experiment, created if the store has none."""
+    from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location
+
+    if client.get_experiment_by_name(sweep.experiment) is None:
+        client.create_experiment(
+            sweep.experiment,
+            artifact_location=artifact_location(uri, sweep.experiment),
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+        )
+
+
 def _seed_ranks(cells: list[Cell]) -> dict[str, int]:
     """Each cell's rank among the cells that differ from it only by seed (the sweep's seed order)."""
     ranks, seen = {}, {}
@@ -370,16 +416,27 @@ def _seed_ranks(cells: list[Cell]) -> dict[str, int]:
 
 
 def _run_looks(p: _Plan, args) -> int:
-    """``--until-decided``: the plan's looks in turn, each the first n seeds of every cell, judged
-    after it has run; stops at the first look where every primary comparison is decided."""
-    from vaco.report.planned import plan_lines, record_judgement
+    """``--until-decided``: the plan's looks in turn, each the first n seeds of the cells, judged
+    after it has run; stops at the first look where every primary comparison is decided. A look
+    after the first runs only the cells its open comparisons need (their arms at K and at the
+    reference K): a comparison decided at an earlier look keeps its verdict and its alpha passes to
+    the others (Maurer and Bretz 2013), so more seeds of its arms would change nothing the plan
+    judges. A look already judged (a resumed study) is judged again for its open comparisons but not
+    recorded twice."""
+    from vaco.report.planned import plan_lines, read_judgements, record_judgement
 
     study = p.sweep.plan
     ranks = _seed_ranks(p.cells)
+    k_ref = min(c.K for c in p.cells)
+    so_far: set[str] = set()  # the cells of the looks taken: each look is judged on all of them
+    needed = None  # the comparisons the next look runs cells for (None: all)
     for k, seeds in enumerate(study.looks):
-        cells = [c for c in p.cells if ranks[c.id] < seeds]
-        say(f"look {k + 1} of {len(study.looks)}: the first {seeds} seeds of every cell ({len(cells)} cells)")
-        look = dataclasses.replace(p, cells=cells, states=plan(p.sweep, cells, p.uri))
+        cells = [c for c in p.cells if ranks[c.id] < seeds and (needed is None or look_needs(c, needed, k_ref))]
+        narrowed = "" if needed is None else f", the arms of {'; '.join(c.label() for c in needed)}"
+        say(f"look {k + 1} of {len(study.looks)}: the first {seeds} seeds of the cells ({len(cells)} cells{narrowed})")
+        states = plan(p.sweep, cells, p.uri)
+        states.update({c: "finished" for c in p.from_data if c in states})
+        look = dataclasses.replace(p, cells=cells, states=states)
         if k > 0:  # the launcher of the previous look is spent: a fresh one for this look
             p.runner.close()
             p.runner = look.runner = launcher_class(p.launcher).from_args(p.sweep, p.uri, p.resources, args)
@@ -388,15 +445,33 @@ def _run_looks(p: _Plan, args) -> int:
             return rc
         if p.sweep.parent_run_id is None:  # nothing ran (every cell of the look had finished): find it
             p.sweep.parent_run_id = _parent_run_id(p)
-        judged = _judge_look(p, {c.id for c in cells})
+        so_far |= {c.id for c in cells}
+        judged = _judge_look(p, so_far)
         lines = plan_lines(judged)
         print("\n".join(lines), flush=True)
-        record_judgement(p.uri, p.sweep.parent_run_id, judged, "until-decided", lines)
+        tags = _parent_tags(p)
+        before = [j for j in read_judgements(tags) if j.by == "until-decided" and j.seeds == judged.seeds]
+        if before and all(states[c.id] == "finished" for c in cells):
+            say(f"look {k + 1} ({judged.seeds} seeds) was judged at {before[0].at}: not recorded again")
+        else:
+            record_judgement(p.uri, p.sweep.parent_run_id, judged, "until-decided", lines)
         if judged.settled:
             say(f"every primary comparison is decided at look {k + 1} ({seeds} seeds): stopping before the next look")
             return 0
+        needed = judged.open
     say(f"the last look ({study.looks[-1]} seeds) is reached; what is undecided stays undecided")
     return 0
+
+
+def look_needs(cell: Cell, comparisons, k_ref: int) -> bool:
+    """Whether a cell is one of the comparisons' arms (``arm`` or ``against``) at their K or at ``k_ref``."""
+    return any(cell.algorithm in (c.arm, c.against) and cell.K in (k_ref, c.K) for c in comparisons)
+
+
+def _parent_tags(p: _Plan) -> dict[str, str]:
+    import mlflow
+
+    return mlflow.MlflowClient(p.uri).get_run(p.sweep.parent_run_id).data.tags
 
 
 def _parent_run_id(p: _Plan) -> str:
@@ -405,14 +480,16 @@ def _parent_run_id(p: _Plan) -> str:
     from vaco.tracking import PARENT_TAG
 
     client = mlflow.MlflowClient(p.uri)
+    _experiment(client, p.sweep, p.uri)  # a study whose every run so far is in --finished-in files
     exp = client.get_experiment_by_name(p.sweep.experiment)
     found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
-    return found[0].info.run_id if found else parent_run(client, p.sweep, p.cells)
+    return found[0].info.run_id if found else parent_run(client, p.sweep, p.cells, p.record, p.record_from)
 
 
 def _judge_look(p: _Plan, cell_ids: set[str]):
-    """The plan judged on the runs of this look's cells (none of a later look's seeds), normalised by
-    the plan's fixed references where it has them, against the looks taken so far."""
+    """The plan judged on the runs of the looks' cells so far (none of a later look's seeds; those
+    of ``--finished-in`` files included), normalised by the plan's fixed references where it has
+    them, against the looks taken so far."""
     import mlflow
 
     from vaco.report.planned import judge_plan, read_judgements
@@ -423,6 +500,13 @@ def _judge_look(p: _Plan, cell_ids: set[str]):
     study = p.sweep.plan
     runs, notes = load_runs(p.sweep.experiment, p.uri)
     runs = [r for r in runs if r.name in cell_ids]
+    carried = {c for c in p.from_data if c in cell_ids} - {r.name for r in runs}
+    if carried:  # the runs of this look that finished in an earlier store (--finished-in)
+        from vaco.report.report_cli import read_data_files
+
+        found, more = read_data_files(sorted({p.from_data[c] for c in carried}))
+        runs += [r for r in found if r.name in carried and r.status == "FINISHED"]
+        notes += more
     fixed = {task: (low, high) for task, low, high in study.references} or None
     report = build_report(p.sweep.experiment, runs, notes, score=study.score, margin=study.margin, fixed_bounds=fixed)
     tags = mlflow.MlflowClient(p.uri).get_run(p.sweep.parent_run_id).data.tags
