@@ -1,4 +1,4 @@
-"""Issue 29's boldest lever, measured before building it: S seeds' updates as one batched update.
+"""The boldest lever of the population work, measured before building it: S seeds' updates as one batched update.
 
 A study cell runs many seeds of one config. Its update (10 epochs x 32 minibatches of 128 on
 16 x 256 samples, 64-64 tanh actor and critic, Adam with gradient clipping at 0.5) is bound by

@@ -1,4 +1,4 @@
-"""Issue 29's learning-unchanged check for the envpool backend: are final returns on envpool
+"""The learning-unchanged check for the envpool backend: are final returns on envpool
 equivalent to gymnasium's within a margin declared here, before the data?
 
     python benchmarks/envpool_equivalence.py [--new docs/data/envpool_equivalence.csv.gz] [--margin 0.1]

@@ -75,7 +75,7 @@ check_update() {
   echo "rc=$?" | tee -a "$OUT/profile_update.log"
 }
 check_llm() {
-  # Issue 48's GPU figure: vaco's decoding loop against transformers' paged continuous batching and a
+  # The LLM track's GPU figure: vaco's decoding loop against transformers' paged continuous batching and a
   # StaticCache step under torch.compile(mode="reduce-overhead") (CUDA graphs), on Qwen2.5-0.5B's
   # architecture with random weights (no model files on the machine; the timing does not depend on them)
   step "LLM decoding on cuda (Qwen2.5-0.5B architecture, random weights, bf16)"
@@ -84,7 +84,7 @@ check_llm() {
   echo "rc=$?" | tee -a "$OUT/llm_decoding.log"
 }
 check_population() {
-  # Issue 45's GPU check. (1) env steps/s of one Warp env of 500, 2,000 and 8,000 Hopper worlds: the
+  # The populations' GPU check. (1) env steps/s of one Warp env of 500, 2,000 and 8,000 Hopper worlds: the
   # simulator of populations of 1, 4 and 16 x 500 worlds (a population's members step as blocks of
   # one model, vaco.data.lockstep). (1b) the collection of 1, 4 and 16 members x 500 worlds in turn
   # against lockstep, side by side in one process (batches compared; on cuda equality is reported,

@@ -1,4 +1,4 @@
-"""Issue 29's study cell, side by side: a sweep of 4 seeds (Hopper-v5, VACO, K = 4, 16 envs x 256
+"""The study cell, side by side: a sweep of 4 seeds (Hopper-v5, VACO, K = 4, 16 envs x 256
 steps x 20 iterations, 10-episode evaluations every 10, two cells at a time) run by a baseline
 commit and by this tree, alternating, on this machine, in one run.
 

@@ -1,4 +1,4 @@
-"""Issue 28, item 3: which clip range holds PPO-clip's step size at the TV filter's, per K?
+"""Which clip range holds PPO-clip's step size at the TV filter's, per K?
 
     python scripts/calibrate_clip_per_k.py [--pair large] [--data docs/data/calibrate_clip_per_k.csv.gz]
     python scripts/calibrate_clip_per_k.py --pair small [--data docs/data/calibrate_small_pair.csv.gz]

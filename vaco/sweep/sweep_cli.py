@@ -306,9 +306,11 @@ def _say_plan(p: _Plan, args) -> None:
         from vaco.report.planned import read_judgements
         from vaco.tracking import PLAN_TAG
 
+        readings = read_judgements(p.record)
         say(
             f"the plan's record comes from {p.record_from}: declared {p.record[f'{PLAN_TAG}.declared']}, "
-            f"{len(read_judgements(p.record))} looks recorded (a new parent run in this store carries it)"
+            f"{len(readings)} readings at {len({j.seeds for j in readings})} looks recorded (a new parent run in "
+            "this store carries it)"
         )
     if launcher in ("slurm", "ray") and uri.startswith("sqlite:"):
         print(
