@@ -294,8 +294,8 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
         tests = (
             f"p {v.p_differs:.3g} (Holm step level {v.level_differs:.3g}), TOST p {v.p_equivalent:.3g} "
             f"(level {v.level_equivalent:.3g})"
-            if judgement.look is not None
-            else f"p {v.p_differs:.3g}, TOST p {v.p_equivalent:.3g}"
+            if judgement.look is not None and not v.decided_at
+            else f"p {v.p_differs:.3g}, TOST p {v.p_equivalent:.3g}"  # before the first look, or decided earlier
         )
         lines.append(
             f"  {v.comparison.label()}: drop({v.comparison.against}) - drop({v.comparison.arm}) {v.estimate:+.3f}{interval}"
