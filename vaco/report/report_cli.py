@@ -86,7 +86,7 @@ def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
             ) from None
         new = [r for r in found if r.run_id not in seen]
         for r in new:
-            cell = (r.algorithm, r.env, r.K, r.seed, tuple(sorted(r.axes.items())))
+            cell = _cell(r)
             if cell in cells and cells[cell][0] != r.run_id:
                 clashes.append(f"{r.algorithm} {r.env} K={r.K} seed {r.seed} ({cells[cell][1]} and {path})")
             cells.setdefault(cell, (r.run_id, str(path)))
@@ -103,15 +103,18 @@ def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
     return runs, notes
 
 
+def _cell(run) -> tuple:
+    """A run's cell: algorithm, task, K, seed and sweep axes."""
+    return (run.algorithm, run.env, run.K, run.seed, tuple(sorted(run.axes.items())))
+
+
 def _with_store_runs(store: list, data: list, notes: list[str]) -> tuple[list, list[str]]:
     """A store's runs and data files' runs together: a run in both (same id) once; one cell with a
     run in each is refused, as two data files' are (:func:`read_data_files`)."""
     ids = {r.run_id for r in store}
-    cells = {(r.algorithm, r.env, r.K, r.seed, tuple(sorted(r.axes.items()))): r.name for r in store}
+    cells = {_cell(r) for r in store}
     clashes = [
-        f"{r.algorithm} {r.env} K={r.K} seed {r.seed}"
-        for r in data
-        if r.run_id not in ids and (r.algorithm, r.env, r.K, r.seed, tuple(sorted(r.axes.items()))) in cells
+        f"{r.algorithm} {r.env} K={r.K} seed {r.seed}" for r in data if r.run_id not in ids and _cell(r) in cells
     ]
     if clashes:
         raise ValueError(
