@@ -67,6 +67,32 @@ def _runs(seed: int = 0) -> list[R.Run]:
     return runs
 
 
+def test_the_main_comparison_is_at_the_main_algorithms_delta_not_a_variants_with_more_seeds():
+    """A study whose later looks ran only a delta-0.1 variant arm has more runs at 0.1 than at
+    VACO's 0.2: the main comparison stays at 0.2 (the variant is scored, not the reference); with
+    only a variant carrying the axis, its value is the reference."""
+    runs = [r for r in _runs() if r.algorithm != "ppo_clip_tv_matched"]
+    more = [
+        make_run(
+            "vaco_delta01",
+            env,
+            K,
+            s,
+            {"eval/return": (np.array([1000.0]), np.array([1.0]))},
+            axes={"delta": 0.1},
+            variant_of="vaco",
+        )
+        for env, _ in TASKS
+        for K in (1, 4, 16)
+        for s in range(1, 4 * len(SEEDS))
+    ]
+    rep = R.build_report("axes", runs + more, reps=10)
+    assert rep.reference["delta"] == 0.2
+    assert {r.algorithm for r in rep.main_runs()} == {"vaco", "ppo_clip"}
+    alone = R.build_report("axes", [r for r in runs if r.algorithm == "ppo_clip"] + more, reps=10)
+    assert alone.reference["delta"] == 0.1
+
+
 def _normalised_by_hand(runs):
     """Per task min/max over the main algorithms' runs (vaco, ppo_clip), then every run on it."""
     out = {}
@@ -414,3 +440,42 @@ def test_an_llm_report_asks_the_papers_question_on_accuracy_as_accuracy():
     )
     assert lag.interactions[("vaco_grpo", 16)].difference == pytest.approx(by_hand, abs=1e-12)
     assert abs(by_hand) < 0.02
+
+
+@pytest.mark.slow
+def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_record(tmp_path, capsys):
+    """docs/data/confirm_k4.csv.gz holds only finished cells of configs/sweeps/confirm_lag.yaml (each
+    once, evaluated 6 times to 245,760 steps); its record (confirm_k4_record.json) declares the plan
+    before the first run started; and every family verdict `vaco report` derives from the data and
+    record alone is the one the table of results.md states, with the look its seeds make it."""
+    import json
+    import re
+    from datetime import datetime
+
+    from vaco import sweep as S
+
+    repo = Path(__file__).resolve().parents[1]
+    sweep = S.load_sweep(repo / "configs/sweeps/confirm_lag.yaml")
+    cells = {c.id: c for c in S.expand(sweep)}
+    data = repo / "docs/data/confirm_k4.csv.gz"
+    _assert_finished_runs_of(R.read_runs(data), cells, [40_960 * i for i in range(1, 7)])
+
+    record = json.loads((repo / "docs/data/confirm_k4_record.json").read_text())
+    tags = record["parent_run_tags"]
+    utc = "%Y-%m-%d %H:%M:%S UTC"
+    declared = datetime.strptime(tags["vaco.plan.declared"], utc)
+    committed = datetime.strptime(tags["vaco.plan.commit"].split(" ", 1)[1], utc)
+    assert committed <= declared < datetime.strptime(record["first_run_start"], utc)
+    looks = json.loads(tags["vaco.plan"])["looks"]
+
+    assert R.main(["--data", str(data), "--no-sensitivity", "--out", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    line = re.compile(
+        r"^  (\S+ vs ppo_clip at K=4): .*? ([+-]\d\.\d{3}) (\[[^\]]+\]).*?; (\d+) seeds, .*?-> \*\*([^*]+)\*\*", re.M
+    )
+    verdicts = line.findall(out)
+    assert len(verdicts) == 3, out
+    table = (repo / "docs/results.md").read_text().split("# Exploratory evidence")[0]
+    for name, estimate, interval, seeds, word in verdicts:
+        stated = f"**{word}** (look {looks.index(int(seeds)) + 1}, {seeds} seeds): {estimate} {interval}"
+        assert stated in table, (name, stated)

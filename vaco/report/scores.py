@@ -356,13 +356,18 @@ def _most_common(values: list[float], paper: float | None) -> float | None:
 
 
 def _reference_values(runs: list[Run], given: Mapping[str, float]) -> dict[str, float | None]:
-    """Each axis's value in the main comparison: the given one, else the most used (the paper's
-    delta 0.2 and rho_bar 1 win a tie)."""
+    """Each axis's value in the main comparison: the given one, else the one the main algorithms'
+    runs use most (the paper's delta 0.2 and rho_bar 1 win a tie): an ablation variant run at another
+    value with more seeds (a study whose later looks ran only that arm) does not move it."""
     axes = list(dict.fromkeys([*PAPER_AXES, *(a for r in runs for a in r.axes)]))
+    main = [r for r in runs if not is_variant(r.algorithm, r.variant_of)]
+
+    def values(axis: str) -> list[float]:
+        of = [r.axes[axis] for r in main if r.axes.get(axis) is not None]
+        return of or [r.axes[axis] for r in runs if r.axes.get(axis) is not None]
+
     return {
-        axis: given[axis]
-        if given.get(axis) is not None
-        else _most_common([r.axes[axis] for r in runs if r.axes.get(axis) is not None], _PAPER_REFERENCE.get(axis))
+        axis: given[axis] if given.get(axis) is not None else _most_common(values(axis), _PAPER_REFERENCE.get(axis))
         for axis in axes
     }
 
