@@ -3,10 +3,19 @@ generation equal the learner's re-scored log-probs, padding changes nothing, mas
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from vaco.llm.policy import check_model_dir, completion_log_probs, encode_prompts, generate, tiny_causal_lm
+from vaco.llm.policy import (
+    check_model_dir,
+    completion_log_probs,
+    encode_prompts,
+    generate,
+    sample_inverse_cdf,
+    tiny_causal_lm,
+)
 from vaco.llm.synthetic import generate_problems
 from vaco.llm.tokenizer import train_tokenizer
 
@@ -295,3 +304,41 @@ def test_the_stop_check_on_a_rows_last_tokens_finds_what_the_whole_prefix_decode
             assert last == whole, (stops, row, whole, last)
             compared += whole is not None
     assert compared >= 40  # most rows do meet a stop string
+
+
+def _inverse_cdf_by_hand(row: list[float], u: float) -> int:
+    """The first index whose running float64 sum exceeds u * the row's total."""
+    total = math.fsum(row)
+    running = 0.0
+    for k, p in enumerate(row):
+        running += p
+        if running > u * total:
+            return k
+    return len(row) - 1
+
+
+def test_the_batched_sampler_is_the_inverse_cdf_of_each_row_and_draws_its_distribution():
+    """sample_inverse_cdf equals a float64 loop on unnormalised rows with zeros (a zero-probability
+    token never drawn, u = 0 included), and its draws match the probabilities (a chi-square test at
+    200k draws: an off-by-one search or a cdf not scaled by the row's total fails it)."""
+    from scipy.stats import chisquare
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(64, 11, generator=g, dtype=torch.float64) * 3
+    probs[probs < 0.6] = 0.0
+    probs[:, 0] = 0.0
+    probs[0] = 0.0
+    probs[0, 5] = 2.0
+    u = torch.rand(64, generator=g, dtype=torch.float64)
+    u[1] = 0.0
+    got = sample_inverse_cdf(probs.float(), u).tolist()
+    for r in range(64):
+        assert got[r] == _inverse_cdf_by_hand(probs[r].float().double().tolist(), float(u[r])), r
+        assert probs[r, got[r]] > 0, r
+    p = torch.tensor([0.5, 0.0, 0.2, 0.25, 0.05])
+    n = 200_000
+    draws = sample_inverse_cdf(p.expand(n, -1), torch.rand(n, generator=g))
+    counts = torch.bincount(draws, minlength=5).double()
+    assert counts[1] == 0
+    keep = p > 0
+    assert chisquare(counts[keep].numpy(), (p[keep].double() * n).numpy()).pvalue > 1e-3

@@ -27,6 +27,7 @@ __all__ = [
     "completion_log_probs",
     "cut_at_stop_strings",
     "resolve_compute_dtype",
+    "sample_inverse_cdf",
 ]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -160,7 +161,9 @@ def generate(
     times its longest row per chunk of rows.
 
     **Samples do not depend on the batching.** Row ``i`` samples with its own random stream, seeded
-    from one draw of ``generator`` per call (``B`` seeds), so its tokens are the same whatever
+    from one draw of ``generator`` per call (``B`` seeds): its ``k``-th token is drawn by
+    :func:`sample_inverse_cdf` with the stream's ``k``-th uniform, all running rows in one batched
+    search. So its tokens are the same whatever
     ``slots`` is and whichever rows share its steps (tested; ``row_seeds`` gives the seeds instead,
     to generate some rows of a batch apart); its log-probs agree to float32
     rounding (a matrix product over other rows may round differently). Caches other than
@@ -183,7 +186,6 @@ def generate(
         raise ValueError(f"generate: `max_new_tokens` must be >= 1, got {max_new_tokens}")
     B, device = prompt_ids.shape[0], prompt_ids.device
     slots = B if slots is None else max(1, min(int(slots), B))
-    streams: list[torch.Generator] | None = None
     if temperature > 0:
         if row_seeds is None:
             seed_device = generator.device if generator is not None else torch.device("cpu")
@@ -192,7 +194,18 @@ def generate(
             raise ValueError(f"generate: {len(row_seeds)} `row_seeds` for {B} rows")
         else:
             seeds = list(row_seeds)
-        streams = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+        # row i's uniforms, one per token it may draw, from its own stream: a [B, max_new_tokens] table
+        uniforms = torch.stack(
+            [
+                torch.rand(
+                    max_new_tokens,
+                    generator=torch.Generator(device=device).manual_seed(int(seed)),
+                    device=device,
+                    dtype=torch.float64,
+                )
+                for seed in seeds
+            ]
+        )
     tokens: list[list[int]] = [[] for _ in range(B)]
     drawn: list[tuple[list[int], list[int], torch.Tensor]] = []  # per step: rows, token indices, log-probs
     truncated = [False] * B
@@ -210,10 +223,9 @@ def generate(
             raise GenerationStopped("generation abandoned: a stop was requested")
         if temperature > 0:
             dist = (batch.logits / temperature).log_softmax(-1)
-            probs = dist.exp()
-            token = torch.cat(
-                [torch.multinomial(probs[j], 1, generator=streams[row]) for j, row in enumerate(batch.rows)]
-            )
+            rows = torch.tensor(batch.rows, device=device)
+            at = torch.tensor([len(tokens[row]) for row in batch.rows], device=device)
+            token = sample_inverse_cdf(dist.exp(), uniforms[rows, at])
         else:
             dist = batch.logits.log_softmax(-1)
             token = dist.argmax(-1)
@@ -253,6 +265,18 @@ def generate(
         "completion_mask": completion_mask,
         "truncated": torch.tensor(truncated, dtype=torch.bool, device=device),
     }
+
+
+def sample_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs`` ``[R, V]`` by inverse-CDF sampling with ``uniforms`` ``[R]`` in
+    [0, 1): the first token whose float64 cumulative probability exceeds ``u`` times the row's total
+    (so an unnormalised row and float rounding cannot pick past its last token, and a token of
+    probability 0 is never drawn). One batched cumsum and search for all rows, where
+    ``torch.multinomial`` with a row's own generator is one call per row."""
+    cdf = probs.to(torch.float64).cumsum(-1)
+    target = (uniforms.to(torch.float64) * cdf[:, -1])[:, None]
+    token = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return token.clamp_(max=probs.shape[-1] - 1)
 
 
 class _Rows:
