@@ -306,7 +306,7 @@ def test_an_axis_an_objective_declares_gets_its_own_ablation(tmp_path):
     assert sorted(ablation.groups()) == [f"clipped_is truncation={t} K=4" for t in ("1.5", "2", "4")]
     summary = R.write_report(rep, tmp_path).read_text()
     assert "\n## Ablation: truncation\n" in summary and "(ablation_truncation.png)" in summary
-    assert "Not in this experiment: it needs runs of an algorithm that takes delta" in summary
+    assert "## Ablation: delta" not in summary  # no run carries delta: no section for it (an LLM report's rho_bar)
 
 
 # ---------------------------------------------------------------------------------------- the tiny sweep

@@ -479,3 +479,29 @@ def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_recor
     for name, estimate, interval, seeds, word in verdicts:
         stated = f"**{word}** (look {looks.index(int(seeds)) + 1}, {seeds} seeds): {estimate} {interval}"
         assert stated in table, (name, stated)
+
+
+def test_the_llm_cpu_grids_accuracies_in_llm_md_come_from_its_committed_data():
+    """docs/data/llm_cpu.csv.gz holds the 45 cells of configs/sweeps/llm_cpu.yaml, finished; the
+    accuracy table of docs/llm.md's results is each arm's mean final eval/accuracy over its seeds."""
+    from vaco import sweep as S
+
+    repo = Path(__file__).resolve().parents[1]
+    cells = {c.id: c for c in S.expand(S.load_sweep(repo / "configs/sweeps/llm_cpu.yaml"))}
+    runs = R.read_runs(repo / "docs/data/llm_cpu.csv.gz")
+    assert sorted(r.name for r in runs) == sorted(cells) and {r.status for r in runs} == {"FINISHED"}
+    rows = {
+        "grpo": "| 1e-4 | GRPO |",
+        "vaco_grpo": "| 1e-4 | VACO-GRPO |",
+        "vaco_grpo_seq": "| 1e-4 | VACO-GRPO, per-completion filter |",
+        "grpo[lr=0.0003]": "| 3e-4 (stress) | GRPO |",
+        "vaco_grpo[lr=0.0003]": "| 3e-4 (stress) | VACO-GRPO |",
+    }
+    text = (repo / "docs/llm.md").read_text()
+    for algo, row in rows.items():
+        means = []
+        for K in (1, 4, 16):
+            finals = [float(r.histories["eval/accuracy"][1][-1]) for r in runs if (r.algorithm, r.K) == (algo, K)]
+            assert len(finals) == 3, (algo, K)
+            means.append(f"{math.fsum(finals) / 3:.3f}")
+        assert f"{row} {' | '.join(means)} |" in text, (algo, means)

@@ -218,7 +218,7 @@ def ablations(report: Report) -> dict[str, Ablation]:
             f"needs runs of an algorithm that takes {axis} with at least two values of it",
         )
 
-    out = {axis: varied(axis) for axis in report.reference}
+    out = {axis: varied(axis) for axis, value in report.reference.items() if value is not None}  # no run has it: none
     by_obj = groups_of(report.main_runs(), lambda r: r.objective)
     runs = [r for rs in by_obj.values() if len({r.realign for r in rs}) > 1 for r in rs]
     out["realign"] = Ablation(

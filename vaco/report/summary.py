@@ -158,7 +158,7 @@ def _runs_section(report: Report, save: _Figures) -> list[str]:
     s.append(
         f"{len(report.runs)} finished runs on {len(report.tasks)} task(s) ({', '.join(report.tasks)}); "
         f"algorithms {', '.join(report.algorithms)}; K in {report.ks}. Main comparison: {len(main)} runs at "
-        + " and ".join(f"{axis} = {value}" for axis, value in report.reference.items())
+        + " and ".join(f"{axis} = {value}" for axis, value in report.reference.items() if value is not None)
         + " (where they apply)."
     )
     counts = Counter((r.algorithm, r.K, r.env) for r in main)
@@ -588,7 +588,9 @@ def _method_section(report: Report, save: _Figures) -> list[str]:
         "`plot_utils.plot_interval_estimates`, `plot_sample_efficiency_curve`, `plot_performance_profiles`. "
         f"Intervals need at least {report.min_runs} runs per task. Curves are compared at the env steps all "
         f"runs of a figure evaluated at (at most {MAX_CURVE_POINTS}), else interpolated onto a shared range. "
-        "Reference values: " + ", ".join(f"{axis} = {value}" for axis, value in report.reference.items()) + ".",
+        "Reference values: "
+        + ", ".join(f"{axis} = {value}" for axis, value in report.reference.items() if value is not None)
+        + ".",
         "",
         _resample_sentence(report),
         "",
