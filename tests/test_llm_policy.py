@@ -342,3 +342,67 @@ def test_the_batched_sampler_is_the_inverse_cdf_of_each_row_and_draws_its_distri
     assert counts[1] == 0
     keep = p > 0
     assert chisquare(counts[keep].numpy(), (p[keep].double() * n).numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_the_transformers_decoder_gives_vaco_loops_samples_whatever_the_checkpoints_generation_config(
+    model, tokenizer, temperature
+):
+    """``decoder="transformers"`` runs ``model.generate`` on padded chunks with vaco's per-row draw
+    and stop check around it: the same tokens, masks and truncation as vaco's loop at every number
+    of slots, log-probs to float32 rounding, with stop strings that end rows at different steps. A
+    checkpoint's own generation config (a repetition penalty, sampling settings) does not reach the
+    draw, and it is put back after the call. ``should_stop`` abandons either decoder before a token."""
+    from transformers import GenerationConfig
+
+    from vaco.llm.policy import GenerationStopped
+
+    prompts = [p for p in PROMPTS for _ in range(4)]  # 12 rows
+    ids, mask, _ = encode_prompts(tokenizer, prompts, 64)
+
+    def run(decoder, slots, stops, should_stop=None):
+        return generate(
+            model,
+            ids,
+            mask,
+            max_new_tokens=30,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            temperature=temperature,
+            generator=torch.Generator().manual_seed(4),
+            tokenizer=tokenizer,
+            stop_strings=stops,
+            slots=slots,
+            decoder=decoder,
+            should_stop=should_stop,
+        )
+
+    free = run("vaco", None, ())
+    texts = [tokenizer.decode(r, skip_special_tokens=False) for r in free["completion_ids"].tolist()]
+    stops = (texts[0][2:4], texts[5][6:8], texts[9][12:14])
+    ref = run("vaco", None, stops)
+    if temperature > 0:
+        assert len(set(ref["completion_mask"].sum(-1).tolist())) > 2  # rows did end at different steps
+    own = model.generation_config
+    model.generation_config = GenerationConfig(repetition_penalty=3.0, do_sample=True, top_k=2, temperature=0.3)
+    try:
+        for slots in (None, 5, 1):
+            out = run("transformers", slots, stops)
+            for key in ("completion_ids", "completion_mask", "truncated"):
+                assert torch.equal(out[key], ref[key]), (slots, key)
+            assert torch.allclose(out["behavior_log_prob"], ref["behavior_log_prob"], rtol=0, atol=1e-5), slots
+        assert model.generation_config.repetition_penalty == 3.0  # the checkpoint's config is back
+    finally:
+        model.generation_config = own
+    for decoder in ("vaco", "transformers"):
+        asked: list[int] = []
+
+        def should_stop(asked=asked):
+            asked.append(1)
+            return len(asked) > 3
+
+        with pytest.raises(GenerationStopped):
+            run(decoder, 5, stops, should_stop=should_stop)
+        assert len(asked) == 4, decoder  # asked before every token, and the fourth answer stopped it
+    with pytest.raises(ValueError, match="`decoder` must be one of"):
+        run("vllm", None, ())

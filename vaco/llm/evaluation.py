@@ -40,6 +40,7 @@ def answer(
     max_new_tokens: int,
     stop_strings,
     batch_size: int,
+    decoder: str = "vaco",
     device: torch.device | str = "cpu",
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     temperature: float = 0.0,
@@ -69,6 +70,7 @@ def answer(
                 stop_strings=stop_strings,
                 slots=batch_size,  # continuous batching: a finished answer's slot takes the next prompt
                 should_stop=should_stop,
+                decoder=decoder,
             )
         cut, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], stop_strings)
         completion_ids = out["completion_ids"].masked_fill(~cut, tokenizer.pad_token_id)

@@ -14,9 +14,20 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 __all__ = [
+    "DECODERS",
     "GenerationStopped",
     "check_model_dir",
     "load_tokenizer",
@@ -126,6 +137,10 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+#: the decoders :func:`generate` runs (``model.decoder``)
+DECODERS = ("vaco", "transformers")
+
+
 class GenerationStopped(Exception):
     """:func:`generate` was asked to stop (``should_stop``) before its rows ended."""
 
@@ -146,6 +161,7 @@ def generate(
     should_stop: Callable[[], bool] | None = None,
     slots: int | None = None,
     row_seeds: Sequence[int] | None = None,
+    decoder: str = "vaco",
 ) -> dict[str, torch.Tensor]:
     """Sample completions (``temperature`` 0: greedy) and record each token's log-prob when it was drawn.
 
@@ -173,6 +189,14 @@ def generate(
     (:class:`GenerationStopped`; a stop signal arrived, and a preemption warning does not wait for
     a whole rollout).
 
+    **Two decoders, the same samples.** ``decoder="vaco"`` is the loop above. ``decoder="transformers"``
+    runs ``model.generate`` (its KV cache and loop, greedy over forced logits) on padded chunks of
+    ``slots`` rows, with what training needs around it: a logits processor that draws each row's token
+    by the same per-row stream and records its log-prob, a stopping criterion that ends a row at its
+    stop string, and ``should_stop`` asked before every token. A chunk lasts as long as its longest
+    row (no refill). Both give the same tokens, masks and truncation, log-probs to float32 rounding
+    (tested); ``benchmarks/llm_decoding.py`` times them side by side.
+
     Returns:
         ``completion_ids`` and ``behavior_log_prob`` ``[B, T]`` (T: the longest completion),
         ``completion_mask`` ``[B, T]`` (bool, EOS included), ``truncated`` ``[B]`` (neither EOS nor
@@ -184,6 +208,8 @@ def generate(
         raise ValueError("generate: stop strings need the tokenizer that decodes the completions")
     if max_new_tokens < 1:
         raise ValueError(f"generate: `max_new_tokens` must be >= 1, got {max_new_tokens}")
+    if decoder not in DECODERS:
+        raise ValueError(f"generate: `decoder` must be one of {list(DECODERS)}, got {decoder!r}")
     B, device = prompt_ids.shape[0], prompt_ids.device
     slots = B if slots is None else max(1, min(int(slots), B))
     if temperature > 0:
@@ -209,46 +235,31 @@ def generate(
     tokens: list[list[int]] = [[] for _ in range(B)]
     drawn: list[tuple[list[int], list[int], torch.Tensor]] = []  # per step: rows, token indices, log-probs
     truncated = [False] * B
-    waiting = list(range(B))
-    batch: _Rows | None = None
-    refill = True  # until a prompt pass shows a cache that cannot be merged
-    while waiting or batch is not None:
-        if waiting and (batch is None or (refill and len(batch.rows) < slots)):
-            room = slots - (0 if batch is None else len(batch.rows))
-            joining, waiting = waiting[:room], waiting[room:]
-            new = _Rows.prompt(model, prompt_ids, prompt_mask, joining)
-            refill = refill and new.mergeable()
-            batch = new if batch is None else batch.merge(new)
-        if should_stop is not None and should_stop():
-            raise GenerationStopped("generation abandoned: a stop was requested")
+
+    def draw(logits: torch.Tensor, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token of ``rows`` (their logits ``[R, V]``) and its log-prob: row i's k-th uniform."""
         if temperature > 0:
-            dist = (batch.logits / temperature).log_softmax(-1)
-            rows = torch.tensor(batch.rows, device=device)
-            at = torch.tensor([len(tokens[row]) for row in batch.rows], device=device)
-            token = sample_inverse_cdf(dist.exp(), uniforms[rows, at])
+            dist = (logits / temperature).log_softmax(-1)
+            at = torch.tensor([len(tokens[row]) for row in rows], device=device)
+            token = sample_inverse_cdf(dist.exp(), uniforms[torch.tensor(rows, device=device), at])
         else:
-            dist = batch.logits.log_softmax(-1)
+            dist = logits.log_softmax(-1)
             token = dist.argmax(-1)
-        log_prob = dist.gather(-1, token[:, None]).squeeze(-1)
-        token_list = token.tolist()
-        drawn.append((batch.rows, [len(tokens[row]) for row in batch.rows], log_prob))
-        running = []
-        for j, row in enumerate(batch.rows):
-            tokens[row].append(token_list[j])
-            if token_list[j] == eos_token_id:
-                continue
-            if stops and _holds_a_stop(tokenizer, tokens[row][-stop_window:], stops):
-                continue
-            if len(tokens[row]) >= max_new_tokens:
-                truncated[row] = True
-                continue
-            running.append(j)
-        if not running:
-            batch = None
-            continue
-        if len(running) < len(batch.rows):
-            batch.select(torch.tensor(running, device=device))
-        batch.step(model, token[running] if len(running) < len(token) else token)
+        return token, dist.gather(-1, token[:, None]).squeeze(-1)
+
+    def ends(row: int) -> bool:
+        """Whether ``row``'s newest token ends it (EOS, a stop string, or the length; the last sets ``truncated``)."""
+        if tokens[row][-1] == eos_token_id:
+            return True
+        if stops and _holds_a_stop(tokenizer, tokens[row][-stop_window:], stops):
+            return True
+        if len(tokens[row]) >= max_new_tokens:
+            truncated[row] = True
+            return True
+        return False
+
+    run = _decode_vaco if decoder == "vaco" else _decode_transformers
+    run(model, prompt_ids, prompt_mask, slots, draw, ends, tokens, drawn, should_stop, max_new_tokens, pad_token_id)
     T = max(len(t) for t in tokens)
     completion_ids = torch.full((B, T), pad_token_id, dtype=torch.long, device=device)
     behavior_log_prob = torch.zeros(B, T, dtype=torch.float32, device=device)
@@ -265,6 +276,108 @@ def generate(
         "completion_mask": completion_mask,
         "truncated": torch.tensor(truncated, dtype=torch.bool, device=device),
     }
+
+
+def _decode_vaco(model, prompt_ids, prompt_mask, slots, draw, ends, tokens, drawn, should_stop, max_new_tokens, pad):
+    """vaco's loop: continuous batching over ``slots`` (see :func:`generate`)."""
+    B = prompt_ids.shape[0]
+    waiting = list(range(B))
+    batch: _Rows | None = None
+    refill = True  # until a prompt pass shows a cache that cannot be merged
+    while waiting or batch is not None:
+        if waiting and (batch is None or (refill and len(batch.rows) < slots)):
+            room = slots - (0 if batch is None else len(batch.rows))
+            joining, waiting = waiting[:room], waiting[room:]
+            new = _Rows.prompt(model, prompt_ids, prompt_mask, joining)
+            refill = refill and new.mergeable()
+            batch = new if batch is None else batch.merge(new)
+        if should_stop is not None and should_stop():
+            raise GenerationStopped("generation abandoned: a stop was requested")
+        token, log_prob = draw(batch.logits, batch.rows)
+        token_list = token.tolist()
+        drawn.append((batch.rows, [len(tokens[row]) for row in batch.rows], log_prob))
+        running = []
+        for j, row in enumerate(batch.rows):
+            tokens[row].append(token_list[j])
+            if not ends(row):
+                running.append(j)
+        if not running:
+            batch = None
+            continue
+        if len(running) < len(batch.rows):
+            batch.select(torch.tensor(running, device=prompt_ids.device))
+        batch.step(model, token[running] if len(running) < len(token) else token)
+
+
+def _decode_transformers(
+    model, prompt_ids, prompt_mask, slots, draw, ends, tokens, drawn, should_stop, max_new_tokens, pad
+):
+    """``model.generate`` on padded chunks of ``slots`` rows, driven by vaco's draw and end checks (see
+    :func:`generate`). The model's own generation config is set aside for the call (a fresh
+    ``GenerationConfig``), so no repetition penalty or other processor of the checkpoint's touches the
+    logits before the draw; the draw's token is forced (every other logit ``-inf``) and generate's
+    greedy step takes it."""
+    B = prompt_ids.shape[0]
+    for first in range(0, B, slots):
+        chunk = _Chunk(list(range(first, min(first + slots, B))), draw, ends, tokens, drawn, should_stop, pad)
+        mask = prompt_mask[first : first + len(chunk.rows)]
+        lead = int(mask.any(0).long().argmax())  # columns that are padding in every row of the chunk
+        own, model.generation_config = model.generation_config, GenerationConfig()
+        try:
+            model.generate(
+                input_ids=prompt_ids[first : first + len(chunk.rows), lead:],
+                attention_mask=mask[:, lead:].long(),
+                generation_config=GenerationConfig(
+                    max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, pad_token_id=pad, eos_token_id=None
+                ),
+                logits_processor=LogitsProcessorList([chunk.processor]),
+                stopping_criteria=StoppingCriteriaList([chunk.criterion]),
+            )
+        finally:
+            model.generation_config = own
+
+
+class _Chunk:
+    """One padded chunk of rows under ``model.generate``: its logits processor draws the running rows'
+    tokens (vaco's draw, recorded) and forces them; its stopping criterion ends rows by vaco's checks."""
+
+    def __init__(self, rows, draw, ends, tokens, drawn, should_stop, pad) -> None:
+        self.rows, self.running = rows, [True] * len(rows)
+        self._draw, self._ends, self._tokens, self._drawn = draw, ends, tokens, drawn
+        self._should_stop, self._pad = should_stop, pad
+        chunk = self
+
+        class Draw(LogitsProcessor):
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                return chunk.draw(scores)
+
+        class End(StoppingCriteria):
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.BoolTensor:
+                return chunk.end(input_ids.device)
+
+        self.processor, self.criterion = Draw(), End()
+
+    def draw(self, scores: torch.Tensor) -> torch.Tensor:
+        if self._should_stop is not None and self._should_stop():
+            raise GenerationStopped("generation abandoned: a stop was requested")
+        live = [j for j, on in enumerate(self.running) if on]
+        rows = [self.rows[j] for j in live]
+        index = torch.tensor(live, device=scores.device)
+        token, log_prob = self._draw(scores[index].float(), rows)
+        self._drawn.append((rows, [len(self._tokens[row]) for row in rows], log_prob))
+        for row, t in zip(rows, token.tolist()):
+            self._tokens[row].append(t)
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, self._pad] = 0.0  # ended rows: generate writes the pad token there anyway
+        forced[index] = float("-inf")
+        forced[index, token] = 0.0
+        return forced
+
+    def end(self, device) -> torch.Tensor:
+        for j, row in enumerate(self.rows):
+            if self.running[j] and self._ends(row):
+                self.running[j] = False
+        return torch.tensor([not on for on in self.running], device=device)
 
 
 def sample_inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from vaco.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.lightning_private import reopen_finished_epoch, uncount_current_batch
 from vaco.llm.advantage import GroupRelative
 from vaco.llm.policy import (
+    DECODERS,
     GenerationStopped,
     check_model_dir,
     completion_log_probs,
@@ -89,6 +90,10 @@ class RLVRModule(Learner):
             sequence that ends leaves at once and a waiting prompt takes its slot (continuous batching);
             the samples do not depend on it (each sequence has its own random stream).
         eval_batch_size: prompts decoded at once during evaluation.
+        decoder: ``vaco`` (its own loop: continuous batching, a finished row's slot refilled) or
+            ``transformers`` (``model.generate`` on padded chunks, vaco's per-row draw and stop check
+            around it). The same samples either way (:func:`vaco.llm.policy.generate`); which is faster
+            depends on the machine and how long rows run (docs/llm.md, ``benchmarks/llm_decoding.py``).
         dtype: the compute dtype (``float32``; ``bfloat16`` on GPUs, as the paper trains). The weights
             and AdamW's state stay float32 (master weights) and the forward passes run under
             ``torch.autocast`` in this dtype: Lightning's ``bf16-mixed``, owned by the module so that
@@ -126,6 +131,7 @@ class RLVRModule(Learner):
         "eval_max_completion_length",
         "micro_batch_size",
         "gradient_checkpointing",
+        "decoder",  # the same samples with either
     )
 
     def __init__(
@@ -145,6 +151,7 @@ class RLVRModule(Learner):
         micro_batch_size: int | None = None,
         generation_batch_size: int | None = None,
         eval_batch_size: int = 256,
+        decoder: str = "vaco",
         dtype: str = "float32",
         gradient_checkpointing: bool = False,
         rescore_behavior: bool = True,
@@ -181,6 +188,8 @@ class RLVRModule(Learner):
             raise ValueError(
                 f"`model.temperature` must be > 0 (the behaviour policy must be stochastic), got {temperature!r}"
             )
+        if decoder not in DECODERS:
+            raise ValueError(f"`model.decoder` must be one of {', '.join(DECODERS)}, got {decoder!r}")
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(
                 f"`model.dtype` must be float32 or bfloat16 (float16 would need loss scaling), got {dtype!r}"
@@ -438,6 +447,7 @@ class RLVRModule(Learner):
                 stop_strings=self.stop_strings,
                 should_stop=should_stop,
                 slots=self.hparams.generation_batch_size,
+                decoder=self.hparams.decoder,
             )
         out = self._cut(generated)
         texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
@@ -588,6 +598,7 @@ class RLVRModule(Learner):
             max_new_tokens=self.hparams.eval_max_completion_length or self.hparams.max_completion_length,
             stop_strings=self.stop_strings,
             batch_size=self.hparams.eval_batch_size,
+            decoder=self.hparams.decoder,
             device=self.device,
             autocast=self.autocast,
             should_stop=should_stop,
