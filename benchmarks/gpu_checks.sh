@@ -75,12 +75,13 @@ check_update() {
   echo "rc=$?" | tee -a "$OUT/profile_update.log"
 }
 check_llm() {
-  # The LLM track's GPU figure: vaco's decoding loop against transformers' paged continuous batching and a
+  # The LLM track's GPU figures: the two decoders training can use (vaco's loop, model.generate with vaco's
+  # draw; sampled, alternating pairs, the declared 5% rule), then transformers' paged continuous batching and a
   # StaticCache step under torch.compile(mode="reduce-overhead") (CUDA graphs), on Qwen2.5-0.5B's
   # architecture with random weights (no model files on the machine; the timing does not depend on them)
   step "LLM decoding on cuda (Qwen2.5-0.5B architecture, random weights, bf16)"
   run_for "$T_LLM" python3 benchmarks/llm_decoding.py --architecture qwen2.5-0.5b --device cuda --dtype bfloat16 \
-    --rows 64 --slots 32 --max-new-tokens 256 --steps 64 --out "$OUT/llm_decoding.json" 2>&1 | tee "$OUT/llm_decoding.log"
+    --rows 64 --slots 32 --max-new-tokens 256 --repeats 3 --extras --steps 64 --out "$OUT/llm_decoding.json" 2>&1 | tee "$OUT/llm_decoding.log"
   echo "rc=$?" | tee -a "$OUT/llm_decoding.log"
 }
 check_population() {

@@ -1,33 +1,33 @@
-"""Which decoding path: vaco's own loop against what transformers provides, side by side.
+"""Which decoding path: vaco's own loop against transformers' ``model.generate``, side by side.
 
-Three measurements on the same prompts, in one process, one after another:
+1. **The two decoders training can use** (``model.decoder``), sampled as training samples
+   (``--temperature`` 1.0, the same row seeds, the trainer's stop strings where there is a
+   tokenizer): ``vaco`` (its loop: continuous batching over ``--slots``, a finished row's slot
+   refilled) and ``transformers`` (``model.generate`` on padded chunks of ``--slots`` rows, vaco's
+   per-row draw and stop check as its logits processor and stopping criterion). They give the same
+   tokens (checked row by row here, tested in ``tests/test_llm_policy.py``), so only time differs.
+   One untimed run of each, then ``--repeats`` pairs, alternating which runs first. Reported: each
+   decoder's median seconds and tokens/s, and its **host share** (the time outside the model's
+   forward passes: sampling, stop checks, cache bookkeeping, Python), from forward hooks.
 
-1. **End to end, greedy** (temperature 0, so every path must produce the same tokens, and does: checked
-   row by row): ``vaco.llm.policy.generate`` (its eager loop with a dynamic KV cache and continuous
-   batching over ``--slots``) against transformers' own continuous batching with a paged KV cache
-   (``model.generate_batch``: its scheduler, ``paged|sdpa`` attention), and against plain
-   ``model.generate`` (padded batches of ``--slots`` rows, the dynamic cache: a batch decodes until
-   its last row ends). Kept tokens per second; the tokens compared row by row.
-2. **One decoding step** at ``--slots`` rows, a fixed number of steps after the prompt pass: the
-   dynamic cache (vaco's loop), transformers' ``StaticCache`` eager, and the ``StaticCache`` step
-   under ``torch.compile`` (fixed shapes, what a compiled decode loop would run; its compile time is
-   reported apart). Milliseconds per step.
+   **The rule** (declared with the benchmark, before its runs): a decoder *wins* a regime when its
+   median time is at least 5% below the other's (:data:`MARGIN`) and it is faster in every pair;
+   otherwise the regime is *undecided*.
+2. ``--extras``: transformers' paged continuous batching (``model.generate_batch``) against vaco's
+   loop, greedy (its sampling has no per-row streams, so it is no candidate for training); and one
+   decoding step at ``--slots`` rows with the dynamic cache, transformers' ``StaticCache`` eager, and
+   the ``StaticCache`` step under ``torch.compile`` (``--skip-compile`` leaves it out).
 
-vaco's loop keeps what the training needs and the others do not give as they are: each row samples
-from its own random stream (samples do not depend on the batching), each drawn token's log-prob is
-recorded as it is drawn, and a stop string ends a row. So a faster path would have to win by enough to
-be worth rebuilding those; this measures whether it does on the machine at hand.
-
-    python benchmarks/llm_decoding.py --model models/SmolLM2-135M-Instruct [--rows 16] [--slots 8] [--max-new-tokens 64] [--steps 48]
+    python benchmarks/llm_decoding.py --model runs/llm/cpu/model --rows 512 --slots 64 --max-new-tokens 128
 
 On a GPU, with no model files there: ``--architecture qwen2.5-0.5b`` builds the paper's model's
 architecture (Qwen2.5-0.5B's published dimensions) with random weights and random prompt tokens: the
 timing does not depend on the weights, and random weights rarely emit EOS, so every row decodes to
 ``--max-new-tokens`` (the worst case of a base model that runs on). On cuda the compiled step uses
 ``torch.compile(mode="reduce-overhead")`` (CUDA graphs). ``--layers N`` shrinks the architecture (a
-CPU smoke test of the GPU command).
+CPU run of the GPU command).
 
-    python benchmarks/llm_decoding.py --architecture qwen2.5-0.5b --device cuda --dtype bfloat16 --rows 64 --slots 32 --max-new-tokens 256
+    python benchmarks/llm_decoding.py --architecture qwen2.5-0.5b --device cuda --dtype bfloat16 --rows 64 --slots 32 --max-new-tokens 256 --extras
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -43,7 +44,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from vaco.llm.policy import encode_prompts, generate, load_causal_lm, load_tokenizer  # noqa: E402
+from vaco.llm.policy import DECODERS, encode_prompts, generate, load_causal_lm, load_tokenizer  # noqa: E402
+from vaco.llm.reward import STOP_STRINGS  # noqa: E402
+
+#: a decoder wins a regime when its median time is at least this fraction below the other's (and it is
+#: faster in every alternating pair)
+MARGIN = 0.05
 
 #: Qwen2.5-0.5B's published configuration (the paper's LLM), for random-weight timing
 QWEN25_05B = dict(
@@ -88,9 +94,15 @@ def random_prompts(rows: int, length: int, vocab: int, eos: int, seed: int) -> t
     return ids, mask
 
 
-def _until_eos(tokens: list[int], eos: int) -> list[int]:
-    """A completion's tokens up to and with its first EOS (as vaco's loop keeps them)."""
-    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+def decide(ratio: float, pairs: list[tuple[float, float]]) -> str:
+    """The declared rule on ``ratio`` (transformers' median time over vaco's) and the ``(vaco,
+    transformers)`` seconds of each alternating pair."""
+    edge = 1 - MARGIN + 1e-9  # at the margin counts, whatever the rounding of the ratio
+    if ratio <= edge and all(theirs < mine for mine, theirs in pairs):
+        return "transformers wins"
+    if 1 / ratio <= edge and all(mine < theirs for mine, theirs in pairs):
+        return "vaco wins"
+    return "undecided"
 
 
 def main() -> None:
@@ -99,7 +111,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=48, help="decoding steps timed per variant (after 4 untimed)")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating timed pairs of the two decoders")
+    parser.add_argument("--temperature", type=float, default=1.0, help="the decoders' sampling (0: greedy)")
+    parser.add_argument("--extras", action="store_true", help="also transformers' paged batching and step timings")
+    parser.add_argument("--steps", type=int, default=48, help="with --extras: decoding steps timed (after 4 untimed)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--threads", type=int, default=1)
@@ -122,6 +137,7 @@ def main() -> None:
         model, config = random_model(args.architecture, args.layers, args.dtype, device, args.seed)
         eos = pad = config["eos_token_id"]
         ids, mask = random_prompts(args.rows, args.prompt_tokens, config["vocab_size"], eos, args.seed)
+        tokenizer = None
     else:
         from vaco.llm.data import DEFAULT_PROMPT_TEMPLATE, format_prompt
         from vaco.llm.synthetic import generate_problems
@@ -140,82 +156,152 @@ def main() -> None:
             torch.cuda.synchronize()
 
     result: dict = {}
-    # -------------------------------------------------------------- 1. end to end, greedy
-    sync()
-    start = time.perf_counter()
-    with torch.no_grad():
-        mine = generate(
+    stops = tuple(STOP_STRINGS) if tokenizer is not None else ()
+
+    # -------------------------------------------------------------- 1. the two decoders, sampled, alternating
+    forward_seconds = [0.0]
+
+    def before(*_):
+        sync()
+        forward_seconds.append(-time.perf_counter())
+
+    def after(*_):
+        sync()
+        forward_seconds[-1] += time.perf_counter()
+
+    def decode(decoder: str) -> tuple[dict, float, float]:
+        """One generation of every row (the same row seeds each time): output, seconds, seconds in forward."""
+        del forward_seconds[:]
+        sync()
+        start = time.perf_counter()
+        out = generate(
             model,
             ids,
             mask,
             max_new_tokens=args.max_new_tokens,
             eos_token_id=eos,
             pad_token_id=pad,
-            temperature=0.0,
+            temperature=args.temperature,
+            generator=torch.Generator().manual_seed(args.seed),
+            tokenizer=tokenizer,
+            stop_strings=stops,
             slots=args.slots,
+            decoder=decoder,
         )
-    sync()
-    vaco_s = time.perf_counter() - start
-    vaco_rows = [mine["completion_ids"][i][mine["completion_mask"][i]].tolist() for i in range(args.rows)]
-    inputs = [ids[i][mask[i].bool()].tolist() for i in range(args.rows)]
-    config = GenerationConfig(
-        max_new_tokens=args.max_new_tokens,
-        do_sample=False,
-        eos_token_id=eos,
-        pad_token_id=pad,
-    )
-    sync()
-    start = time.perf_counter()
-    theirs = model.generate_batch(inputs, generation_config=config, warmup=False)
-    sync()
-    hf_s = time.perf_counter() - start
-    by_index = sorted(theirs.values(), key=lambda out: int(str(out.request_id).rsplit("_", 1)[-1]))
-    hf_rows = [list(out.generated_tokens) for out in by_index]
-    # plain `model.generate`: padded batches of `--slots` rows, the dynamic cache, every row of a
-    # batch decoding until the batch's last one ends (what a trainer calling transformers gets)
-    sync()
-    start = time.perf_counter()
-    plain_rows = []
+        sync()
+        return out, time.perf_counter() - start, sum(forward_seconds)
+
+    hooks = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in DECODERS}
+    outputs = {}
     with torch.no_grad():
-        for first in range(0, args.rows, args.slots):
-            part_ids, part_mask = ids[first : first + args.slots], mask[first : first + args.slots]
-            width = int(part_mask.sum(-1).max())  # the batch's own left padding
-            out = model.generate(
-                input_ids=part_ids[:, -width:],
-                attention_mask=part_mask[:, -width:].long(),
-                generation_config=config,
-            )
-            plain_rows += [_until_eos(row[width:].tolist(), eos) for row in out]
-    sync()
-    plain_s = time.perf_counter() - start
-    tokens = sum(len(r) for r in vaco_rows)
-    same = sum(a == b for a, b in zip(vaco_rows, hf_rows))
-    same_plain = sum(a == b for a, b in zip(vaco_rows, plain_rows))
-    full = sum(len(r) >= args.max_new_tokens for r in vaco_rows)
-    result["end_to_end"] = {
-        "vaco_seconds": vaco_s,
-        "vaco_tokens_per_second": tokens / vaco_s,
-        "transformers_generate_batch_seconds": hf_s,
-        "transformers_generate_batch_tokens_per_second": sum(len(r) for r in hf_rows) / hf_s,
-        "transformers_generate_seconds": plain_s,
-        "transformers_generate_tokens_per_second": sum(len(r) for r in plain_rows) / plain_s,
-        "tokens": tokens,
-        "rows_to_max_new_tokens": full,
-        "rows_with_identical_tokens": same,
-        "rows_with_identical_tokens_generate": same_plain,
+        for name in DECODERS:  # one untimed run each: first-call costs (allocator, kernels) out of the pairs
+            outputs[name] = decode(name)[0]
+        for pair in range(args.repeats):
+            order = DECODERS if pair % 2 == 0 else DECODERS[::-1]  # alternating which goes first
+            for name in order:
+                _, seconds, in_forward = decode(name)
+                runs[name].append((seconds, in_forward))
+    for hook in hooks:
+        hook.remove()
+    mine, theirs = outputs["vaco"], outputs["transformers"]
+    same = sum(
+        torch.equal(
+            mine["completion_ids"][i][mine["completion_mask"][i]],
+            theirs["completion_ids"][i][theirs["completion_mask"][i]],
+        )
+        for i in range(args.rows)
+    )
+    lengths = mine["completion_mask"].sum(-1)
+    tokens = int(lengths.sum())
+    decoders = {}
+    for name, timed in runs.items():
+        seconds = [t for t, _ in timed]
+        decoders[name] = {
+            "seconds": seconds,
+            "median_seconds": statistics.median(seconds),
+            "tokens_per_second": tokens / statistics.median(seconds),
+            "host_share": [1 - f / t for t, f in timed],  # time outside the model's forward passes
+            "median_host_share": statistics.median(1 - f / t for t, f in timed),
+        }
+    ratio = decoders["transformers"]["median_seconds"] / decoders["vaco"]["median_seconds"]
+    pairs = list(zip(decoders["vaco"]["seconds"], decoders["transformers"]["seconds"]))
+    verdict = decide(ratio, pairs)
+    result["decoders"] = {
+        "temperature": args.temperature,
         "rows": args.rows,
+        "slots": args.slots,
+        "tokens": tokens,
+        "mean_completion_length": tokens / args.rows,
+        "rows_to_max_new_tokens": int((lengths >= args.max_new_tokens).sum()),
+        "stop_strings": list(stops),
+        "repeats": args.repeats,
+        "rows_with_identical_tokens": same,
+        "transformers_over_vaco_median_seconds": ratio,
+        "pairs_vaco_faster": sum(v < t for v, t in pairs),
+        "verdict": verdict,
+        **decoders,
     }
     print(
-        f"end to end, greedy, {args.rows} rows ({full} to the maximum), {args.slots} slots, <= {args.max_new_tokens} "
-        f"new tokens: vaco {vaco_s:.1f} s ({tokens / vaco_s:.1f} tokens/s); transformers generate {plain_s:.1f} s "
-        f"({sum(len(r) for r in plain_rows) / plain_s:.1f} tokens/s: their time / vaco's {plain_s / vaco_s:.2f}); "
-        f"generate_batch {hf_s:.1f} s "
-        f"({sum(len(r) for r in hf_rows) / hf_s:.1f} tokens/s); rows with identical tokens: {same_plain} (generate), "
-        f"{same} (generate_batch) of {args.rows}",
+        f"decoders, temperature {args.temperature}, {args.rows} rows in {args.slots} slots, <= {args.max_new_tokens} "
+        f"new tokens ({tokens / args.rows:.1f} a row, {result['decoders']['rows_to_max_new_tokens']} to the maximum), "
+        f"{args.repeats} alternating pairs: vaco {decoders['vaco']['median_seconds']:.2f} s "
+        f"({decoders['vaco']['tokens_per_second']:.1f} tokens/s, host {decoders['vaco']['median_host_share']:.0%}), "
+        f"transformers {decoders['transformers']['median_seconds']:.2f} s "
+        f"({decoders['transformers']['tokens_per_second']:.1f} tokens/s, host "
+        f"{decoders['transformers']['median_host_share']:.0%}); transformers / vaco {ratio:.2f}, vaco faster in "
+        f"{result['decoders']['pairs_vaco_faster']} of {len(pairs)} pairs: {verdict}; identical tokens in {same} of "
+        f"{args.rows} rows",
         flush=True,
     )
 
-    # -------------------------------------------------------------- 2. one decoding step
+    if args.extras:
+        # ---------------------------------------------------------- 2. greedy: transformers' paged continuous batching
+        sync()
+        start = time.perf_counter()
+        with torch.no_grad():
+            greedy = generate(
+                model,
+                ids,
+                mask,
+                max_new_tokens=args.max_new_tokens,
+                eos_token_id=eos,
+                pad_token_id=pad,
+                temperature=0.0,
+                slots=args.slots,
+            )
+        sync()
+        vaco_s = time.perf_counter() - start
+        vaco_rows = [greedy["completion_ids"][i][greedy["completion_mask"][i]].tolist() for i in range(args.rows)]
+        inputs = [ids[i][mask[i].bool()].tolist() for i in range(args.rows)]
+        config = GenerationConfig(
+            max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=pad
+        )
+        sync()
+        start = time.perf_counter()
+        paged = model.generate_batch(inputs, generation_config=config, warmup=False)
+        sync()
+        hf_s = time.perf_counter() - start
+        by_index = sorted(paged.values(), key=lambda out: int(str(out.request_id).rsplit("_", 1)[-1]))
+        hf_rows = [list(out.generated_tokens) for out in by_index]
+        greedy_tokens = sum(len(r) for r in vaco_rows)
+        result["paged_greedy"] = {
+            "vaco_seconds": vaco_s,
+            "vaco_tokens_per_second": greedy_tokens / vaco_s,
+            "transformers_generate_batch_seconds": hf_s,
+            "transformers_generate_batch_tokens_per_second": sum(len(r) for r in hf_rows) / hf_s,
+            "rows_with_identical_tokens": sum(a == b for a, b in zip(vaco_rows, hf_rows)),
+        }
+        print(
+            f"greedy, no stop strings: vaco {vaco_s:.1f} s ({greedy_tokens / vaco_s:.1f} tokens/s); generate_batch "
+            f"(paged) {hf_s:.1f} s ({sum(len(r) for r in hf_rows) / hf_s:.1f} tokens/s); identical tokens in "
+            f"{result['paged_greedy']['rows_with_identical_tokens']} of {args.rows} rows",
+            flush=True,
+        )
+    if not args.extras:
+        write(result, args, device)
+        return
+        # ---------------------------------------------------------- 3. one decoding step
     B = args.slots
     step_ids, step_mask = ids[:B], mask[:B].long()
     L, N = step_ids.shape[1], args.steps + 4
@@ -290,6 +376,10 @@ def main() -> None:
         ),
         flush=True,
     )
+    write(result, args, device)
+
+
+def write(result: dict, args, device: torch.device) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or platform.machine())
     result["meta"] = {
         "machine": f"{name}, {os.cpu_count()} cores, {args.threads} torch thread(s)",

@@ -9,8 +9,8 @@ measured on the machine in question, each given with its source:
 ``figures.json`` holds one entry per figure, ``{"value": <number>, "source": "<command, machine, date>"}``:
 
 - ``decode_tokens_per_second``: kept completion tokens per second while generating a generation
-  batch (``benchmarks/llm_decoding.py``'s end to end ``vaco_tokens_per_second`` at the run's
-  ``--slots``);
+  batch (``benchmarks/llm_decoding.py``'s ``decoders.<decoder>.tokens_per_second`` for the run's
+  ``model.decoder``, at its ``--slots``);
 - ``completion_tokens``: the mean completion length in tokens (a run's ``train/completion_length``);
 - ``update_seconds_per_step``: one optimiser step on a minibatch, re-scoring and the filter's pass
   included (a run's ``perf/update_seconds`` over its steps);

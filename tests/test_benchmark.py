@@ -109,3 +109,25 @@ def test_the_update_alone_collects_once_and_trains_on_that_batch(tmp_path):
         for key in ("observation", "action", "behavior_log_prob", ("next", "reward")):
             assert torch.equal(batch[key], first[key]), key
     assert module.global_step == 4 * 2 * 2  # the update ran on every served batch
+
+
+def test_the_decoding_benchmarks_rule_names_a_winner_only_past_the_margin_and_in_every_pair():
+    """``benchmarks/llm_decoding.py``'s declared rule: a decoder wins a regime when its median time is
+    at least 5% below the other's and it is faster in every alternating pair; else undecided. The
+    pairs are ``(vaco seconds, transformers seconds)``; the ratio is transformers' median over vaco's."""
+    import statistics
+
+    import llm_decoding
+
+    def judge(pairs):
+        mine, theirs = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+        return llm_decoding.decide(theirs / mine, pairs)
+
+    assert llm_decoding.MARGIN == 0.05
+    assert judge([(1.0, 1.4), (1.1, 1.5), (0.9, 1.3)]) == "vaco wins"
+    assert judge([(1.4, 1.0), (1.5, 1.1), (1.3, 0.9)]) == "transformers wins"
+    assert judge([(1.0, 1.4), (1.6, 1.5), (0.9, 1.3)]) == "undecided"  # one pair the other way
+    assert judge([(1.0, 1.04), (1.0, 1.04), (1.0, 1.04)]) == "undecided"  # 4% faster: inside the margin
+    # at the margin's edge, each side: transformers 5% below vaco wins; vaco 5% below transformers wins
+    assert judge([(1.0, 0.95)] * 3) == "transformers wins" and judge([(1.0, 0.951)] * 3) == "undecided"
+    assert judge([(0.95, 1.0)] * 3) == "vaco wins" and judge([(0.951, 1.0)] * 3) == "undecided"
