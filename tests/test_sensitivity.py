@@ -108,6 +108,50 @@ def test_the_declared_scoring_reproduces_the_headline_and_auc_can_be_declared():
         assert math.isclose(headline.difference, expected, abs_tol=1e-12)
 
 
+@pytest.mark.parametrize("fixed", ["references", "accuracy"])
+def test_fixed_bounds_scale_every_scoring_so_the_declared_row_is_the_headline(fixed):
+    """Where the report's bounds are fixed numbers (a study plan's references, or an accuracy scored
+    as it is), every score of the sensitivity table is scaled by them, not by the runs' own min and
+    max: the declared row and the two-way model reproduce the headline, and a last-3 score is the
+    fixed scale's mean of the last three evaluations (a float64 loop here)."""
+    if fixed == "references":
+        runs = _runs(collapse=0.3)
+        bounds = {env: (-0.1 * scale, 1.2 * scale) for env, scale in TASKS}
+        rep = R.build_report("s", runs, reps=200, fixed_bounds=bounds)
+        metric = "eval/return"
+    else:
+        rng = np.random.default_rng(5)
+        runs, metric, bounds = [], "eval/accuracy", {"gsm8k": (0.0, 1.0)}
+        for algo, loss in (("grpo", 0.010), ("vaco_grpo", 0.003)):
+            for K in (1, 16):
+                for s in SEEDS:
+                    curve = np.clip(0.9 - loss * (K > 1) + rng.normal(0, 0.004, STEPS.size), 0, 1)
+                    runs.append(make_run(algo, "gsm8k", K, s, {metric: (STEPS, curve)}, score_metric=metric))
+        rep = R.build_report("llm", runs, reps=200)
+    assert rep.scale == ("fixed" if fixed == "references" else "as is")
+    lag = R.robustness(rep)
+    found = sensitivity(rep, lag)
+    (key,) = lag.interactions
+    headline = lag.interactions[key]
+    (row,) = [r for r in found.rows if r.declared]
+    assert row.difference == headline.difference and row.interval == tuple(headline.difference_interval)
+    (model,) = found.models
+    by = {}
+    for r in rep.runs:
+        by.setdefault((r.algorithm, r.K), []).append(rep.normalized[r.run_id])
+    mean = {k: float(np.mean(v)) for k, v in by.items()}
+    algo, K = key
+    base = headline.baseline
+    expected = (mean[(base, 1)] - mean[(base, K)]) - (mean[(algo, 1)] - mean[(algo, K)])
+    assert math.isclose(model.estimate, expected, abs_tol=1e-9)
+    got, _ = run_scores(rep, "last-n", "min-max", last_n=3)
+    for r in rep.runs:
+        low, high = bounds[r.env]
+        values = r.histories[metric][1]
+        expected = (sum(float(v) for v in values[-3:]) / 3 - low) / (high - low)
+        assert math.isclose(got[r.run_id], expected, rel_tol=1e-12, abs_tol=1e-12)
+
+
 @pytest.mark.slow
 def test_a_verdict_that_changes_with_the_scoring_is_flagged_scale_dependent(tmp_path, capsys):
     """vaco's K = 4 runs collapse at their last evaluation only: the final score says vaco loses

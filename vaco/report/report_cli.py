@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = write_report(report, out, lag=lag, scoring=scoring, design=two)
     print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     if lag.drops:
-        print(f"robustness to lag ({report.score} score), decided at margin {report.margin:g} (normalised units):")
+        print(f"robustness to lag ({report.score} score), decided at margin {report.margin:g} ({report.units} units):")
         print("\n".join(verdict_lines(lag)))
     if scoring is not None and scoring.rows:
         flagged = scoring_lines(scoring)

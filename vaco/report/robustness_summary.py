@@ -20,7 +20,8 @@ SCORE_WORDS = {
 
 
 def score_words(report: Report) -> str:
-    return SCORE_WORDS[report.score].format(n=report.last_evals)
+    words = SCORE_WORDS[report.score].format(n=report.last_evals)
+    return words.replace("normalised ", "") + f" of {report.score_metric}" if report.scale == "as is" else words
 
 
 def robustness_section(
@@ -48,7 +49,7 @@ def robustness_section(
     s += [
         f"- Runs are paired by seed; 95% intervals from a paired stratified bootstrap ({report.reps} resamples, "
         f"seed {report.seed}): per resample and task, one draw of seeds for every cell compared.",
-        f"- **verdict**, by a rule fixed before the data, at the declared margin M = {report.margin:g} (normalised "
+        f"- **verdict**, by a rule fixed before the data, at the declared margin M = {report.margin:g} ({report.units} "
         "units, `--margin`): **differs** when the 95% interval excludes 0; **equivalent (+-M)** when the 90% "
         "interval lies inside (-M, M) (two one-sided tests); otherwise **undecided**, with the seeds per task that "
         "would decide it at 80% power if the true difference were the observed one (normal approximation from the "
@@ -91,8 +92,18 @@ def _scoring_section(report: Report, data: Sensitivity) -> list[str]:
         "",
         "Each difference of drops above, recomputed with each score (final: the last evaluation; "
         f"last-{data.last_n}: the mean of the last {data.last_n}; AUC: the normalised curve's mean over training), "
-        "aggregate (IQM, mean) and per-task scale (min-max: (x - min) / (max - min), the paper's; floor-free: "
-        "x / max, the same top without the floor that collapsed runs set), decided by the same rule on the same "
+        "aggregate (IQM, mean) and per-task scale ("
+        + {
+            "runs": "min-max: (x - min) / (max - min), the paper's",
+            "fixed": "min-max: (x - min) / (max - min) with the plan's fixed references",
+            "as is": "min-max and floor-free: the accuracy as it is; its floor is 0 and its top 1, so the two coincide",
+        }[report.scale]
+        + (
+            ""
+            if report.scale == "as is"
+            else "; floor-free: x / max, the same top without the floor that collapsed runs set"
+        )
+        + "), decided by the same rule on the same "
         "bootstrap draws (`*`: this report's declared scoring, the headline). A comparison whose verdict word "
         "changes across scorings is **scale-dependent**: read its headline as one scoring's answer.",
         "",
@@ -105,7 +116,7 @@ def _scoring_section(report: Report, data: Sensitivity) -> list[str]:
     s += [holm_sentence(data, report.reps), ""]
     if data.models:
         s += [
-            "Two-way model (statsmodels OLS on the declared score, min-max scale): score ~ algorithm x lagged + "
+            "Two-way model (statsmodels OLS on the declared score and scale): score ~ algorithm x lagged + "
             "(task, seed) unit, per comparison; the interaction term is the difference of the mean drops "
             "(above 0: the algorithm loses less), with its 95% confidence interval and t-test. A cross-check that "
             "does not trim or resample.",

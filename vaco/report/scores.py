@@ -265,7 +265,16 @@ class Report:
     step_pairs: dict[str, str] = dataclasses.field(default_factory=dict)
     # runs left out because their scored metric holds a NaN or an infinity (run name -> why)
     excluded: dict[str, str] = dataclasses.field(default_factory=dict)
+    # how ``bounds`` were set: "runs" (min and max over the runs, the paper's), "fixed" (a study
+    # plan's references) or "as is" (an accuracy, already in [0, 1]); every scoring of the
+    # sensitivity table scales by fixed bounds where they are fixed
+    scale: str = "runs"
     _arms: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def units(self) -> str:
+        """What a score difference is measured in (the margin's units)."""
+        return "accuracy" if self.scale == "as is" else "normalised"
 
     def study_scores(self) -> dict[str, float]:
         """run_id -> the declared score, normalised: what the robustness verdicts decide on."""
@@ -414,7 +423,7 @@ def build_report(
     runs are added) replace that rule for the tasks they name; the report notes each.
     """
     if not (isinstance(margin, (int, float)) and 0 < margin and math.isfinite(margin)):
-        raise ValueError(f"`--margin` must be a positive number (normalised units), got {margin!r}")
+        raise ValueError(f"`--margin` must be a positive number (in the scores' units), got {margin!r}")
     score = score or ("last-n" if last_evals > 1 else "final")
     if score not in SCORES:
         raise ValueError(f"`--score` must be one of {', '.join(SCORES)}, got {score!r}")
@@ -458,11 +467,13 @@ def build_report(
             notes.append(f"{task}: runs end at different env steps {sorted(steps)}; their scores are not comparable")
     chosen = _reference_values(usable, dict(reference or {}))
     bounds = normalization_bounds(_normalizing_scores(usable, final, chosen, normalization, notes))
+    scale = "fixed" if fixed_bounds else "runs"
     if scored_by == [ACCURACY] and not fixed_bounds:  # already a score in [0, 1]: no min-max stretch
         fixed_bounds = {task: (0.0, 1.0) for task in bounds}
+        scale = "as is"
         notes.append(f"{ACCURACY} is scored as it is (an accuracy in [0, 1]): no min-max normalisation")
     for task, (low, high) in (fixed_bounds or {}).items():
-        if task in bounds and scored_by == [ACCURACY] and (low, high) == (0.0, 1.0):
+        if task in bounds and scale == "as is":
             bounds[task] = (0.0, 1.0)
         elif task in bounds:
             notes.append(
@@ -494,6 +505,7 @@ def build_report(
         margin=margin,
         step_pairs=dict(step_pairs or {}),
         excluded=excluded,
+        scale=scale,
     )
     for r in usable:
         report.normalized[r.run_id] = float(normalize(final[r.run_id], bounds[r.env]))

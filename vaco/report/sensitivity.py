@@ -8,7 +8,7 @@ difference, with its verdict, under each combination of
   ``auc`` (the normalised curve's mean over training);
 * **aggregate**: ``IQM`` (the paper's) and ``mean``;
 * **scale**: ``min-max`` (the paper's ``(x - min) / (max - min)`` per task, min and max over the
-  main algorithms' runs) and ``floor-free`` (``x / max`` per task: the same top, no floor, so runs
+  main algorithms' runs, or the report's fixed bounds where it has them) and ``floor-free`` (``x / max`` per task: the same top, no floor, so runs
   that collapse do not define zero),
 
 and flags a comparison whose verdict word changes across them as **scale-dependent**. With the
@@ -89,7 +89,7 @@ class SensitivityRow:
 
 @dataclasses.dataclass
 class ModelFit:
-    """The two-way model's interaction term for one comparison (declared score, min-max scale)."""
+    """The two-way model's interaction term for one comparison (declared score and scale)."""
 
     algorithm: str
     baseline: str
@@ -186,7 +186,9 @@ def run_scores(report: Report, score: str, scale: str, last_n: int) -> tuple[dic
 
     ``final`` and ``last-n`` are scaled by their own per-task min and max (over the runs the report
     normalises by: the main algorithms at the reference axis values, or every run with
-    ``--normalize-over all``); ``auc`` by the final score's, as the report's curves are.
+    ``--normalize-over all``); ``auc`` by the final score's, as the report's curves are. Where the
+    report's bounds are fixed numbers (``report.scale``: a plan's references, or an accuracy scored
+    as it is) every score is scaled by them, so the declared scoring's row is the headline's.
     """
     notes: list[str] = []
     if score not in SCORES or scale not in SCALES:
@@ -200,6 +202,8 @@ def run_scores(report: Report, score: str, scale: str, last_n: int) -> tuple[dic
         if r.env not in by_task:
             by_task[r.env] = [raw_end[q.run_id] for q in report.runs if q.env == r.env]
     bounds = normalization_bounds(by_task)
+    if report.scale != "runs":  # fixed numbers (a plan's references, an accuracy's [0, 1]): the same for every score
+        bounds = {task: report.bounds.get(task, b) for task, b in bounds.items()}
     if scale == "floor-free":
         bad = sorted(t for t, (_, high) in bounds.items() if not high > 0)
         if bad:

@@ -182,6 +182,35 @@ def _runs_section(report: Report, save: _Figures) -> list[str]:
 def _normalisation_section(report: Report, save: _Figures) -> list[str]:
     """Normalisation."""
     s: list[str] = []
+    if report.scale == "as is":
+        return [
+            "",
+            "## Normalisation",
+            "",
+            f"Final score = mean of the last {report.last_evals} {report.score_metric} value(s) of a run, scored as "
+            "it is: an accuracy is already in [0, 1], so no min-max stretch (differences and the margin are in "
+            "accuracy units).",
+        ]
+    if report.scale == "fixed":
+        s += [
+            "",
+            "## Normalisation",
+            "",
+            f"Final score = mean of the last {report.last_evals} {report.score_metric} value(s) of a run; normalised "
+            "= (return - min) / (max - min) per task, min and max the study plan's fixed references (numbers that "
+            "do not move as runs arrive):",
+            "",
+        ]
+        s.append(
+            markdown_table(
+                ["task", "min", "max"],
+                [
+                    (t, f"{lo:.{_decimals(report)}f}", f"{hi:.{_decimals(report)}f}")
+                    for t, (lo, hi) in sorted(report.bounds.items())
+                ],
+            )
+        )
+        return s
     s += [
         "",
         "## Normalisation",
