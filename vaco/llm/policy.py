@@ -189,13 +189,15 @@ def generate(
     (:class:`GenerationStopped`; a stop signal arrived, and a preemption warning does not wait for
     a whole rollout).
 
-    **Two decoders, the same samples.** ``decoder="vaco"`` is the loop above. ``decoder="transformers"``
+    **Two decoders, the same draws.** ``decoder="vaco"`` is the loop above. ``decoder="transformers"``
     runs ``model.generate`` (its KV cache and loop, greedy over forced logits) on padded chunks of
     ``slots`` rows, with what training needs around it: a logits processor that draws each row's token
     by the same per-row stream and records its log-prob, a stopping criterion that ends a row at its
     stop string, and ``should_stop`` asked before every token. A chunk lasts as long as its longest
     row (no refill). Both give the same tokens, masks and truncation, log-probs to float32 rounding
-    (tested); ``benchmarks/llm_decoding.py`` times them side by side.
+    (tested), except where a logit that rounds differently in the two batch layouts moves a uniform
+    across a boundary of the cumulative distribution (rare: 2 of 2,280 benchmarked rows; the row
+    differs from there on); ``benchmarks/llm_decoding.py`` times them side by side.
 
     Returns:
         ``completion_ids`` and ``behavior_log_prob`` ``[B, T]`` (T: the longest completion),

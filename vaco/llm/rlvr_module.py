@@ -88,11 +88,13 @@ class RLVRModule(Learner):
             makes that exact).
         generation_batch_size: sequences decoding at once (default: the whole generation batch). A
             sequence that ends leaves at once and a waiting prompt takes its slot (continuous batching);
-            the samples do not depend on it (each sequence has its own random stream).
+            the samples do not depend on it (each sequence has its own random stream; up to float32
+            rounding of the logits).
         eval_batch_size: prompts decoded at once during evaluation.
         decoder: ``vaco`` (its own loop: continuous batching, a finished row's slot refilled) or
             ``transformers`` (``model.generate`` on padded chunks, vaco's per-row draw and stop check
-            around it). The same samples either way (:func:`vaco.llm.policy.generate`); which is faster
+            around it). The same per-row draws either way, so the same samples up to float32 rounding
+            of the logits (:func:`vaco.llm.policy.generate`); which is faster
             depends on the machine and how long rows run (docs/llm.md, ``benchmarks/llm_decoding.py``).
         dtype: the compute dtype (``float32``; ``bfloat16`` on GPUs, as the paper trains). The weights
             and AdamW's state stay float32 (master weights) and the forward passes run under
@@ -131,7 +133,7 @@ class RLVRModule(Learner):
         "eval_max_completion_length",
         "micro_batch_size",
         "gradient_checkpointing",
-        "decoder",  # the same samples with either
+        "decoder",  # the same draws with either (a resume that changes it is correct, not bit-exact)
     )
 
     def __init__(
