@@ -4,11 +4,13 @@
    (``--temperature`` 1.0, the same row seeds, the trainer's stop strings where there is a
    tokenizer): ``vaco`` (its loop: continuous batching over ``--slots``, a finished row's slot
    refilled) and ``transformers`` (``model.generate`` on padded chunks of ``--slots`` rows, vaco's
-   per-row draw and stop check as its logits processor and stopping criterion). They give the same
-   tokens (checked row by row here, tested in ``tests/test_llm_policy.py``), so only time differs.
+   per-row draw and stop check as its logits processor and stopping criterion). They draw the same
+   tokens up to float32 rounding of the logits (counted row by row here, tested in
+   ``tests/test_llm_policy.py``), so only time differs.
    One untimed run of each, then ``--repeats`` pairs, alternating which runs first. Reported: each
-   decoder's median seconds and tokens/s, and its **host share** (the time outside the model's
-   forward passes: sampling, stop checks, cache bookkeeping, Python), from forward hooks.
+   decoder's median seconds and tokens/s, its **host share** (the time outside the model's
+   forward passes: sampling, stop checks, cache bookkeeping, Python), and its forward time split into
+   prompt passes and decoding steps (calls, median seconds), from forward hooks.
 
    **The rule** (declared with the benchmark, before its runs): a decoder *wins* a regime when its
    median time is at least 5% below the other's (:data:`MARGIN`) and it is faster in every pair;
@@ -160,9 +162,12 @@ def main() -> None:
 
     # -------------------------------------------------------------- 1. the two decoders, sampled, alternating
     forward_seconds = [0.0]
+    prompt_pass = []  # per forward call: whether it was a prompt pass (more than one new token a row)
 
-    def before(*_):
+    def before(_module, args, kwargs):
         sync()
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        prompt_pass.append(ids is not None and ids.shape[-1] > 1)
         forward_seconds.append(-time.perf_counter())
 
     def after(*_):
@@ -170,8 +175,9 @@ def main() -> None:
         forward_seconds[-1] += time.perf_counter()
 
     def decode(decoder: str) -> tuple[dict, float, float]:
-        """One generation of every row (the same row seeds each time): output, seconds, seconds in forward."""
-        del forward_seconds[:]
+        """One generation of every row (the same row seeds each time): output, seconds, seconds in forward
+        (:data:`last_forwards` then holds the call's prompt passes and decoding steps: count, seconds)."""
+        del forward_seconds[:], prompt_pass[:]
         sync()
         start = time.perf_counter()
         out = generate(
@@ -189,9 +195,14 @@ def main() -> None:
             decoder=decoder,
         )
         sync()
+        for kind, is_prompt in (("prompt_passes", True), ("steps", False)):
+            times = [t for t, p in zip(forward_seconds, prompt_pass) if p == is_prompt]
+            last_forwards[kind] = (len(times), sum(times))
         return out, time.perf_counter() - start, sum(forward_seconds)
 
-    hooks = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    last_forwards: dict[str, tuple[int, float]] = {}
+    hooks = [model.register_forward_pre_hook(before, with_kwargs=True), model.register_forward_hook(after)]
+    forwards: dict[str, list[dict[str, tuple[int, float]]]] = {name: [] for name in DECODERS}
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in DECODERS}
     outputs = {}
     with torch.no_grad():
@@ -202,6 +213,7 @@ def main() -> None:
             for name in order:
                 _, seconds, in_forward = decode(name)
                 runs[name].append((seconds, in_forward))
+                forwards[name].append(dict(last_forwards))
     for hook in hooks:
         hook.remove()
     mine, theirs = outputs["vaco"], outputs["transformers"]
@@ -223,6 +235,12 @@ def main() -> None:
             "tokens_per_second": tokens / statistics.median(seconds),
             "host_share": [1 - f / t for t, f in timed],  # time outside the model's forward passes
             "median_host_share": statistics.median(1 - f / t for t, f in timed),
+            # where the forward time goes: prompt passes (a chunk's, or a refill's joining rows') and
+            # decoding steps, each as (calls, median seconds over the timed runs)
+            **{
+                kind: (forwards[name][0][kind][0], statistics.median(f[kind][1] for f in forwards[name]))
+                for kind in ("prompt_passes", "steps")
+            },
         }
     ratio = decoders["transformers"]["median_seconds"] / decoders["vaco"]["median_seconds"]
     pairs = list(zip(decoders["vaco"]["seconds"], decoders["transformers"]["seconds"]))
@@ -254,6 +272,11 @@ def main() -> None:
         f"{args.rows} rows",
         flush=True,
     )
+    for name, d in decoders.items():
+        (n_prompt, s_prompt), (n_step, s_step) = d["prompt_passes"], d["steps"]
+        print(
+            f"  {name}: {n_prompt} prompt passes {s_prompt:.2f} s, {n_step} decoding steps {s_step:.2f} s", flush=True
+        )
 
     if args.extras:
         # ---------------------------------------------------------- 2. greedy: transformers' paged continuous batching

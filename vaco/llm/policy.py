@@ -196,8 +196,8 @@ def generate(
     stop string, and ``should_stop`` asked before every token. A chunk lasts as long as its longest
     row (no refill). Both give the same tokens, masks and truncation, log-probs to float32 rounding
     (tested), except where a logit that rounds differently in the two batch layouts moves a uniform
-    across a boundary of the cumulative distribution (rare: 2 of 2,280 benchmarked rows; the row
-    differs from there on); ``benchmarks/llm_decoding.py`` times them side by side.
+    across a boundary of the cumulative distribution (rare: 2 of 32 rows in the longest benchmarked
+    regime, none in the others; the row differs from there on); ``benchmarks/llm_decoding.py`` times them side by side.
 
     Returns:
         ``completion_ids`` and ``behavior_log_prob`` ``[B, T]`` (T: the longest completion),
