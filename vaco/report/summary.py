@@ -192,43 +192,22 @@ def _normalisation_section(report: Report, save: _Figures) -> list[str]:
             "accuracy units).",
         ]
     if report.scale == "fixed":
-        s += [
-            "",
-            "## Normalisation",
-            "",
-            f"Final score = mean of the last {report.last_evals} {report.score_metric} value(s) of a run; normalised "
-            "= (return - min) / (max - min) per task, min and max the study plan's fixed references (numbers that "
-            "do not move as runs arrive):",
-            "",
-        ]
-        s.append(
-            markdown_table(
-                ["task", "min", "max"],
-                [
-                    (t, f"{lo:.{_decimals(report)}f}", f"{hi:.{_decimals(report)}f}")
-                    for t, (lo, hi) in sorted(report.bounds.items())
-                ],
-            )
+        where = "min and max the study plan's fixed references (numbers that do not move as runs arrive):"
+    elif report.normalization == "main":
+        variants = sorted({r.algorithm for r in report.runs if is_variant(r.algorithm, r.variant_of)})
+        where = (
+            "min and max over the runs of the main algorithms at the main comparison's axis values, as the paper "
+            f"defines it: ablation and control variants ({', '.join(variants) or 'none here'}) and runs at other "
+            "axis values are scored on that scale but do not set it (`--normalize-over all` takes every run)."
         )
-        return s
+    else:
+        where = "min and max over every run of the task in this report (`--normalize-over all`)."
     s += [
         "",
         "## Normalisation",
         "",
-        "Final score = mean of the last "
-        f"{report.last_evals} {report.score_metric} value(s) of a run; normalised = (return - min) / (max - min) per task, "
-        + (
-            "min and max over the runs of the main algorithms at the main comparison's axis values, as the paper "
-            "defines it: ablation and control variants ("
-            + (
-                ", ".join(sorted({r.algorithm for r in report.runs if is_variant(r.algorithm, r.variant_of)}))
-                or "none here"
-            )
-            + ") and runs at other axis values are scored on that scale but do not set it "
-            "(`--normalize-over all` takes every run)."
-            if report.normalization == "main"
-            else "min and max over every run of the task in this report (`--normalize-over all`)."
-        ),
+        f"Final score = mean of the last {report.last_evals} {report.score_metric} value(s) of a run; normalised = "
+        f"(return - min) / (max - min) per task, {where}",
         "",
     ]
     s.append(
