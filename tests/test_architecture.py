@@ -29,7 +29,7 @@ LAYERS = {
         "vaco.checkpoint",
         "vaco.lightning_private",
     ),
-    2: ("vaco.objectives", "vaco.advantages", "vaco.networks"),
+    2: ("vaco.objectives", "vaco.advantages", "vaco.networks", "vaco.proximal"),
     3: (
         "vaco.data",
         "vaco.llm.data",

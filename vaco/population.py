@@ -49,6 +49,8 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from vaco.networks import gaussian_log_prob
+from vaco.proximal import ewma_weights
 from vaco.update import UpdateLayout, minibatch_epochs, policy_quantities, summed_losses
 
 __all__ = ["BatchedMLP", "PopulationUpdate", "check_vmappable", "stack_parameters"]
@@ -153,6 +155,7 @@ def check_vmappable(objective: nn.Module, field: str = "model.objective") -> Non
         "loc": draw(act, grad=True),
         "scale": draw(act, positive=True, grad=True),
         "log_prob": draw(grad=True),
+        "proximal_log_prob": draw(),
         "entropy": draw(positive=True, grad=True),
         "value": draw(grad=True),
     }
@@ -192,6 +195,10 @@ class PopulationUpdate(UpdateLayout):
         host_sync: find the members whose loss is not finite on the host, each minibatch (cheap on a
             CPU); False: undo their steps on the device with no sync (a GPU's queue keeps running).
             Bit for bit the same result. None (default): True on a CPU, False on a GPU.
+        proximals: each member's EWMA of its actor's weights (:class:`vaco.proximal.EWMAPolicy`)
+            where the objective's proximal policy is one: stacked here, evaluated on each minibatch
+            and stepped after each optimiser step as the solo run's (elementwise, so bit for bit);
+            :meth:`write_back` gives each member its own. None: no EWMA.
     """
 
     def __init__(
@@ -208,6 +215,7 @@ class PopulationUpdate(UpdateLayout):
         adam_eps: float,
         exact: bool | None = None,
         host_sync: bool | None = None,
+        proximals: Sequence[nn.Module] | None = None,
     ) -> None:
         if not (len(actors) == len(critics) == len(objectives) == len(generators) >= 1):
             raise ValueError(
@@ -242,6 +250,12 @@ class PopulationUpdate(UpdateLayout):
         }
         tensors = [t for leaf in self.leaves.values() for t in (leaf if isinstance(leaf, list) else [leaf])]
         self.optimizer = torch.optim.Adam(tensors, lr=lr, eps=adam_eps, fused=True)
+        self.proximal: dict[str, torch.Tensor] | None = None
+        if proximals is not None:
+            if len(proximals) != self.size or len({p.total_weight for p in proximals}) != 1:
+                raise ValueError("a population's EWMA proximal policies must be one per member, at the same step")
+            self.proximal = {f"actor.{n}": p for n, p in stack_parameters([p.average for p in proximals]).items()}
+            self.proximal_decay, self.proximal_total = proximals[0].decay, proximals[0].total_weight
         #: how a step is taken: the optimizer's own, or (vaco.population_module) Lightning's wrapper of
         #: it, which also counts the step (the trainer's global_step, which checkpoints are keyed by)
         self.step_optimizer: Callable[[], object] = self.optimizer.step
@@ -314,6 +328,11 @@ class PopulationUpdate(UpdateLayout):
         scale = params["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
         minibatch.update(policy_quantities(minibatch["action"], loc, scale))
         minibatch["value"] = self.critic_net(params, obs).squeeze(-1)
+        if self.proximal is not None:
+            with torch.no_grad():
+                loc = self.actor_net(self.proximal, obs)
+                scale = self.proximal["actor.log_std"].exp().unsqueeze(1).expand_as(loc)
+                minibatch["proximal_log_prob"] = gaussian_log_prob(minibatch["action"], loc, scale)
 
     def losses(self, minibatch):
         """Each member's summed ``loss_*`` ``[S]`` and its outputs ``{key: [S]}``: the objective,
@@ -326,7 +345,19 @@ class PopulationUpdate(UpdateLayout):
         if self.max_grad_norm is not None:
             self._clip(self.max_grad_norm)
         self._step(~finite)
+        if self.proximal is not None:
+            self._step_proximal()
         return True
+
+    @torch.no_grad()
+    def _step_proximal(self) -> None:
+        """Every member's EWMA one step towards its weights: the solo update's arithmetic
+        (:meth:`vaco.proximal.EWMAPolicy.update`), elementwise on the stacked tensors."""
+        keep, _, new_total = ewma_weights(self.proximal_total, self.proximal_decay)
+        params = self.params
+        for name, average in self.proximal.items():
+            average.mul_(keep).add_(params[name].detach() / new_total)
+        self.proximal_total = new_total
 
     @torch.no_grad()
     def _clip(self, max_norm: float) -> None:
@@ -384,10 +415,18 @@ class PopulationUpdate(UpdateLayout):
             group["lr"] = lr
 
     @torch.no_grad()
-    def write_back(self, actors: Sequence[nn.Module], critics: Sequence[nn.Module]) -> None:
-        """Copy the members' updated weights into their own modules (for collection, evaluation, checkpoints)."""
+    def write_back(
+        self, actors: Sequence[nn.Module], critics: Sequence[nn.Module], proximals: Sequence[nn.Module] | None = None
+    ) -> None:
+        """Copy the members' updated weights (and EWMA proximal policies) into their own modules
+        (for collection, evaluation, checkpoints)."""
         for m, (actor, critic) in enumerate(zip(actors, critics)):
             for prefix, module in (("actor.", actor), ("critic.", critic)):
                 for name, p in module.named_parameters():
                     leaf = self.leaves[prefix + name]
                     p.copy_(leaf[m])
+        if self.proximal is not None and proximals is not None:
+            for m, proximal in enumerate(proximals):
+                for name, p in proximal.average.named_parameters():
+                    p.copy_(self.proximal[f"actor.{name}"][m])
+                proximal.total_weight = self.proximal_total

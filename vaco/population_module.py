@@ -57,7 +57,7 @@ from vaco.data.normalization import apply_normalizer
 from vaco.learner import Learner, NonFiniteLossError, short_count
 from vaco.lightning_private import reopen_finished_epoch, set_logged_hparam
 from vaco.population import PopulationUpdate
-from vaco.update import TRAIN_KEYS
+from vaco.update import train_keys
 from vaco.vaco_module import VacoModule
 
 __all__ = ["PopulationModule", "PopulationDataModule", "population_seeds", "POPULATION_TAG", "MEMBER_TAG"]
@@ -306,6 +306,7 @@ class PopulationModule(Learner):
             [m.objective for m in self.members],
             [m.generator for m in self.members],
             exact=self._update_exact,
+            proximals=self._proximals(),
             **{name: hp[name] for name in ("update_epochs", "num_minibatches", "max_grad_norm", "lr", "adam_eps")},
         )
         iterations = self.data.num_iterations()
@@ -356,7 +357,7 @@ class PopulationModule(Learner):
         stand_in = next(step for step in steps if step is not None).flat
         train = {
             key: torch.stack([(step.flat if step is not None else stand_in)[key] for step in steps])
-            for key in TRAIN_KEYS
+            for key in train_keys(members[0].objective)
         }
         normalize = self._normalizer(members)
         # through Lightning's wrapper: it counts the optimiser steps (global_step), as the solo run's do
@@ -365,7 +366,7 @@ class PopulationModule(Learner):
         if members[0].objective.reestimate_advantage:  # IMPALA: V-trace again before every step
             reestimate = functools.partial(self._reestimate, members, steps, active, train)
         means, finite = self.updater.update(train, normalize, active, reestimate)
-        self.updater.write_back([m.actor for m in members], [m.critic for m in members])
+        self.updater.write_back([m.actor for m in members], [m.critic for m in members], self._proximals())
         self.lr_schedulers().step()
         going = [m for m in range(len(members)) if active[m] and finite[m]]
         shared = (time.perf_counter() - start) / max(1, len(going))
@@ -387,7 +388,7 @@ class PopulationModule(Learner):
         (``vaco.update.MinibatchUpdate._reestimate``): the members' current weights into their own modules,
         then each active member's learner pass and V-trace on its own batch. A stopped member's rows
         stay as they were."""
-        self.updater.write_back([m.actor for m in members], [m.critic for m in members])
+        self.updater.write_back([m.actor for m in members], [m.critic for m in members], self._proximals())
         rows: dict[str, list[torch.Tensor]] = {"advantage": [], "value_target": [], "state_value": []}
         for m, (member, step) in enumerate(zip(members, steps)):
             if step is None or not active[m]:
@@ -400,6 +401,11 @@ class PopulationModule(Learner):
             rows["value_target"].append(step.batch["value_target"].reshape(-1))
             rows["state_value"].append(step.flat["state_value"])
         return {key: torch.stack(values) for key, values in rows.items()}
+
+    def _proximals(self) -> list[nn.Module] | None:
+        """Each member's EWMA proximal policy, where the objective reads one (vaco.proximal)."""
+        proximals = [m.proximal_actor for m in self.members]
+        return None if proximals[0] is None else proximals
 
     def _all_stopped(self) -> str:
         return (

@@ -32,6 +32,7 @@ __all__ = [
     "policy_quantities",
     "skip_step_on_device",
     "summed_losses",
+    "train_keys",
 ]
 
 #: the per-sample quantities an update trains on (``[N, ...]`` per run; ``[S, N, ...]`` in a population)
@@ -45,6 +46,12 @@ TRAIN_KEYS = (
     "value_target",
     "state_value",
 )
+
+
+def train_keys(objective: Objective) -> tuple[str, ...]:
+    """The keys an update of ``objective`` trains on: :data:`TRAIN_KEYS`, and the iteration-start
+    ``proximal_log_prob`` where the objective's proximal policy is recomputed (decoupled PPO)."""
+    return TRAIN_KEYS + (("proximal_log_prob",) if objective.proximal == "recompute" else ())
 
 
 class UpdateLayout:
@@ -183,6 +190,9 @@ class MinibatchUpdate(UpdateLayout):
         normalize: raw observations -> the networks' inputs (the iteration's frozen statistics).
         learner_pass: ``(batch, flat)``: writes the critic's values and pi_T's ``log_prob`` into the
             batch (IMPALA's re-estimation).
+        proximal: the EWMA of the actor's weights (:class:`vaco.proximal.EWMAPolicy`) for an
+            objective whose proximal policy it is: evaluated on each minibatch, stepped after each
+            optimiser step; None otherwise.
         generator: the CPU generator the minibatch permutations are drawn from (the same run on
             any device).
         optimizer: the learner's optimiser as Lightning hands it (``step`` also counts the trainer's
@@ -213,8 +223,10 @@ class MinibatchUpdate(UpdateLayout):
         device: torch.device,
         iteration: int,
         checkpoint: str = "",
+        proximal: torch.nn.Module | None = None,
     ) -> None:
         self.objective, self.advantage, self.actor, self.critic = objective, advantage, actor, critic
+        self.proximal = proximal
         self.normalize, self.learner_pass, self.generator = normalize, learner_pass, generator
         self.optimizer, self.backward, self.clip = optimizer, backward, clip
         self.update_epochs, self.num_minibatches, self.device = update_epochs, num_minibatches, device
@@ -226,7 +238,7 @@ class MinibatchUpdate(UpdateLayout):
     def run(self, batch: TensorDictBase, flat: TensorDictBase) -> dict[str, float]:
         """Epochs x minibatches on one batch; returns the objective's outputs averaged over the
         optimiser steps. A non-finite loss stops the run (see :meth:`_diagnose`)."""
-        train = {key: flat[key] for key in TRAIN_KEYS}
+        train = {key: flat[key] for key in train_keys(self.objective)}
         reestimate = None
         if self.objective.reestimate_advantage:
             reestimate = lambda: self._reestimate(batch, flat)  # noqa: E731
@@ -255,6 +267,8 @@ class MinibatchUpdate(UpdateLayout):
         obs = self.normalize(minibatch["observation"])
         minibatch.update(policy_quantities(minibatch["action"], *self.actor(obs)))
         minibatch["value"] = self.critic(obs)
+        if self.proximal is not None:
+            minibatch["proximal_log_prob"] = gaussian_log_prob(minibatch["action"], *self.proximal(obs))
 
     def losses(self, minibatch):
         out = self.objective(minibatch, check_finite=False)
@@ -271,6 +285,8 @@ class MinibatchUpdate(UpdateLayout):
         elif not bool(finite):
             return False  # run() names the input that went bad
         optimizer.step()
+        if self.proximal is not None:
+            self.proximal.update(self.actor.parameters())
         return True
 
     def finish(self) -> None:

@@ -35,7 +35,8 @@ from vaco.data.normalization import RunningMeanStd, apply_normalizer, batch_mome
 from vaco.learner import Learner, NonFiniteLossError, plain_fields, short_count, startup_seconds
 from vaco.lightning_private import reopen_finished_epoch
 from vaco.networks import Critic, GaussianActor, gaussian_log_prob
-from vaco.objectives import Objective
+from vaco.objectives import Objective, metric_name
+from vaco.proximal import EWMAPolicy
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, REALIGNED_PARAM, SCORE_PARAM, declared_axes
 from vaco.update import MinibatchUpdate
 
@@ -129,12 +130,9 @@ class VacoModule(Learner):
             raise ValueError(f"`model.lr` must be > 0, got {lr!r}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"`model.max_grad_norm` must be > 0 or null, got {max_grad_norm!r}")
-        if getattr(objective, "level", "minibatch") == "sequence":
-            raise ValueError(
-                f"`model.objective`: {type(objective).__name__} tests each completion of the LLM track's "
-                "[completions, tokens] batches (level 'sequence'); a MuJoCo minibatch has no sequences: use "
-                "vaco.objectives.TVFilter with its default level"
-            )
+        problem = objective.unsupported("mujoco")
+        if problem is not None:
+            raise ValueError(f"`model.objective`: {problem}")
         if objective.reestimate_advantage and not advantage.realigns:
             raise ValueError(
                 f"`model.advantage`: {type(objective).__name__} re-estimates the realigned advantage every step "
@@ -151,6 +149,8 @@ class VacoModule(Learner):
         self.actor: GaussianActor | None = None
         self.critic: Critic | None = None
         self.obs_rms: RunningMeanStd | None = None
+        #: the EWMA of the actor's weights, for an objective whose proximal policy it is (vaco.proximal)
+        self.proximal_actor: EWMAPolicy | None = None
         self.generator = torch.Generator()
         self._saved_budget: int | None = None
         self.last_eval_return = float("nan")
@@ -164,6 +164,8 @@ class VacoModule(Learner):
         self.actor = GaussianActor(spec["obs_dim"], spec["act_dim"], hidden)
         self.critic = Critic(spec["obs_dim"], hidden)
         self.obs_rms = RunningMeanStd(spec["obs_dim"])
+        if self.objective.proximal == "ewma":
+            self.proximal_actor = EWMAPolicy(self.actor, self.objective.ewma_decay)
 
     def build(self, data) -> None:
         """The networks for the data module's task (before :meth:`~vaco.data.RolloutDataModule.bind`
@@ -318,6 +320,7 @@ class VacoModule(Learner):
             device=self.device,
             iteration=int(self.version) + 1,
             checkpoint=_last_checkpoint(self.trainer),
+            proximal=self.proximal_actor,
         ).run(batch, flat)
         scheduler = self.lr_schedulers()
         if scheduler is not None:  # a subclass's own optimiser may come without one
@@ -340,6 +343,8 @@ class VacoModule(Learner):
         self.advantage(batch)
         flat.set("advantage", batch["advantage"].reshape(-1))
         flat.set("value_target", batch["value_target"].reshape(-1))
+        if self.objective.proximal == "recompute":  # decoupled PPO's proximal policy: pi_T, from the pass above
+            flat.set("proximal_log_prob", flat["log_prob"])
         explained_var = _explained_variance(flat["state_value"], flat["value_target"])
         return IterationData(batch, flat, backward_tv, explained_var, collect_seconds, time.perf_counter() - start)
 
@@ -379,7 +384,7 @@ class VacoModule(Learner):
         rows = flat.numel()  # N x T of this rank
         env_steps = int(self.version) * rows * world
         done = flat["next", "done"]
-        metrics = {f"train/{k}": v for k, v in means.items()}
+        metrics = {metric_name(k): v for k, v in means.items()}
         metrics.update(
             {
                 "train/explained_variance": lag["train/explained_variance"],

@@ -42,7 +42,7 @@ from vaco.llm.policy import (
     resolve_compute_dtype,
 )
 from vaco.llm.reward import STOP_STRINGS, gsm8k_reward
-from vaco.objectives import Objective
+from vaco.objectives import Objective, metric_name
 from vaco.objectives.objective_math import total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
 
@@ -166,6 +166,9 @@ class RLVRModule(Learner):
             raise ValueError(
                 f"`model.objective`: {type(objective).__name__} re-estimates V-trace with a critic; RLVR has none"
             )
+        problem = objective.unsupported("llm")
+        if problem is not None:
+            raise ValueError(f"`model.objective`: {problem}")
         _positive_int("num_minibatches", num_minibatches)
         _positive_int("completions_per_prompt", completions_per_prompt, 2)
         _positive_int("max_prompt_length", max_prompt_length)
@@ -571,7 +574,7 @@ class RLVRModule(Learner):
             self.policy.parameters(), self.hparams.max_grad_norm if self.hparams.max_grad_norm is not None else math.inf
         )
         optimizer.step()
-        metrics = {f"train/{key}": float(value) for key, value in sums.items()}
+        metrics = {metric_name(key): float(value) for key, value in sums.items()}
         metrics["train/grad_norm"] = float(grad_norm)
         return metrics
 

@@ -18,12 +18,19 @@ key                  meaning
 ``value_target``     (with ``value``) regression target of the critic
 ``state_value``      (with ``value`` and value clipping) critic's prediction at collection
 ``mask``             (optional, bool) valid entries, e.g. non-padding tokens
+``proximal_log_prob`` (objectives whose :attr:`Objective.proximal` is set) ``log pi_prox(a|s)`` of
+                     the proximal policy the learner provides: ``"recompute"``, the learner at
+                     the start of the iteration; ``"ewma"``, an exponential moving average of
+                     the actor's weights (:class:`vaco.proximal.EWMAPolicy`)
 ==================== ======================================================================
 
 :meth:`Objective.forward` returns a TensorDict: entries named ``loss_*`` carry gradient and
 are summed by the trainer; every other entry is a detached scalar metric, identical across
 objectives: ``tv``, ``filter_fraction``, ``clip_fraction``, ``approx_kl``, ``ratio_mean``,
-``ratio_max``, ``entropy`` (and objective-specific extras such as ``kl``).
+``entropy``, and the lag diagnostics of the importance weights ``r``: ``ratio_max``, ``ratio_p99``
+and ``ess`` (their normalised effective sample size); and objective-specific extras such as ``kl``,
+``cap_fraction`` (a weight capped, its gradient kept) or ``mask_fraction`` (a sample's gradient
+removed by an importance-weight mask). :func:`metric_name` says under which name each is logged.
 """
 
 from __future__ import annotations
@@ -36,9 +43,17 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from vaco import _checks
-from vaco.objectives.objective_math import masked_mean, normalize
+from vaco.objectives.objective_math import effective_sample_size, masked_mean, masked_quantile, normalize
 
-__all__ = ["Objective"]
+__all__ = ["LAG_OUTPUTS", "Objective", "metric_name"]
+
+#: the outputs that describe the lag itself, whatever the objective (logged as ``lag/*``, not ``train/*``)
+LAG_OUTPUTS = ("ess", "ratio_p99", "ratio_max")
+
+
+def metric_name(output: str) -> str:
+    """The MLflow metric an objective's output is logged as: ``lag/ess``, ``train/clip_fraction``."""
+    return f"lag/{output}" if output in LAG_OUTPUTS else f"train/{output}"
 
 
 class Objective(nn.Module):
@@ -76,6 +91,9 @@ class Objective(nn.Module):
     #: the surrogate's test uses the whole minibatch's TV (the TV filter): a learner that splits a
     #: minibatch into micro-batches must compute that TV over the minibatch and pass it as ``minibatch_tv``
     needs_minibatch_tv: ClassVar[bool] = False
+    #: where the proximal policy comes from, for an objective whose surrogate reads
+    #: ``proximal_log_prob`` (decoupled PPO): ``"recompute"`` or ``"ewma"``; None: it needs none
+    proximal: str | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -132,9 +150,22 @@ class Objective(nn.Module):
             ``(loss, indicators)``: ``loss`` has the shape of ``ratio``. ``indicators`` maps
             names to per-sample tensors that are averaged into metrics: ``clipped`` and
             ``filtered`` (bool: the surrogate removed that sample's gradient) become
-            ``clip_fraction`` and ``filter_fraction``; any other name is reported as is.
+            ``clip_fraction`` and ``filter_fraction``, ``masked`` (an importance-weight mask
+            removed it) ``mask_fraction``, ``capped`` (its weight was capped, its gradient kept)
+            ``cap_fraction``; any other name is reported as is.
         """
         raise NotImplementedError
+
+    def unsupported(self, learner: str) -> str | None:
+        """Why this objective cannot train with ``learner`` (``"mujoco"``: a Gaussian policy on
+        ``[B]`` minibatches; ``"llm"``: token-level ``[B, L]`` minibatches with no critic and no
+        proximal policy), as the line a user is refused with before any work starts; None: it can."""
+        if learner == "llm" and self.proximal is not None:
+            return (
+                f"{type(self).__name__} reads a proximal policy ({self.proximal!r}), which the LLM track does not "
+                "provide (a second forward pass or copy of the model's weights); use a behaviour-ratio objective"
+            )
+        return None
 
     def update_coefficients(self, metrics: Mapping[str, float]) -> None:
         """Hook called by the trainer once per iteration with that iteration's mean metrics.
@@ -213,7 +244,12 @@ class Objective(nn.Module):
     def _diagnostics(self, ratio, log_ratio, mask, entropy, indicators) -> dict[str, torch.Tensor]:
         # one stacked reduction instead of a dozen tiny ones: this runs on every minibatch
         ratio, log_ratio = ratio.detach(), log_ratio.detach()
-        renames = {"clipped": "clip_fraction", "filtered": "filter_fraction"}
+        renames = {
+            "clipped": "clip_fraction",
+            "filtered": "filter_fraction",
+            "capped": "cap_fraction",
+            "masked": "mask_fraction",
+        }
         rows = {
             "tv": 0.5 * (ratio - 1).abs(),
             "approx_kl": (ratio - 1) - log_ratio,  # Schulman's k3 estimator
@@ -237,4 +273,6 @@ class Objective(nn.Module):
         metrics.setdefault("clip_fraction", zero)
         metrics.setdefault("filter_fraction", zero)
         metrics["ratio_max"] = ratio_max
+        metrics["ratio_p99"] = masked_quantile(ratio, 0.99, mask)
+        metrics["ess"] = effective_sample_size(ratio, mask)
         return metrics

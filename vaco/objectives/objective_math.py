@@ -11,7 +11,17 @@ import torch
 
 from vaco import _checks
 
-__all__ = ["masked_mean", "normalize", "total_variation", "tv_filter_mask", "sequence_tv_filter_mask", "gaussian_kl"]
+__all__ = [
+    "effective_sample_size",
+    "gaussian_kl",
+    "masked_mean",
+    "masked_quantile",
+    "normalize",
+    "sequence_log_ratio",
+    "sequence_tv_filter_mask",
+    "total_variation",
+    "tv_filter_mask",
+]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -31,6 +41,51 @@ def normalize(x: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e
         n = mask.sum().clamp(min=2)
         std = (masked_mean((x - mean) ** 2, mask) * n / (n - 1)).sqrt()
     return (x - mean) / (std + eps)
+
+
+def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The normalised effective sample size of importance weights: ``(sum w)^2 / (N sum w^2)``.
+
+    1 when every weight is equal (on-policy data), ``1/N`` when one sample carries all the weight
+    (Kong 1992; the ``rollout_is_eff_sample_size`` verl logs, there as ``1 / mean((w / mean w)^2)``,
+    the same number). Over the valid entries where ``mask`` is given.
+    """
+    if mask is not None:
+        weights = weights * mask.to(weights.dtype)
+        n = mask.sum().to(weights.dtype).clamp(min=1.0)
+    else:
+        n = weights.numel()
+    return weights.sum() ** 2 / (n * (weights**2).sum()).clamp(min=torch.finfo(weights.dtype).tiny)
+
+
+def masked_quantile(x: torch.Tensor, q: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``q``-quantile of ``x`` over its valid entries, interpolated linearly between order
+    statistics as ``torch.quantile`` does by default; written with a sort and a gather so that it
+    runs under ``torch.func.vmap`` (a population) and with a data-dependent count of valid entries."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"`q` must be in [0, 1], got {q!r}")
+    flat = x.flatten()
+    if mask is None:
+        ordered = flat.sort().values
+        position = torch.tensor(q * (flat.numel() - 1), dtype=x.dtype, device=x.device)
+    else:
+        valid = mask.flatten().bool()
+        ordered = torch.where(valid, flat, torch.full_like(flat, float("inf"))).sort().values
+        position = q * (valid.sum().to(x.dtype) - 1).clamp(min=0.0)
+    low = position.floor()
+    below = ordered.gather(0, low.long().reshape(1)).squeeze(0)
+    above = ordered.gather(0, position.ceil().long().reshape(1)).squeeze(0)
+    return below + (position - low) * (above - below)
+
+
+def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor | None = None, *, mean: bool) -> torch.Tensor:
+    """Each ``[B, L]`` row's log importance ratio, ``[B, 1]``: the sum of its valid tokens' log
+    ratios (the sequence's ratio ``prod_t r_t``) or, with ``mean``, their mean (GSPO's geometric mean)."""
+    if log_ratio.dim() != 2:
+        raise ValueError(f"a sequence-level ratio needs [sequences, tokens] inputs, got {tuple(log_ratio.shape)}")
+    valid = torch.ones_like(log_ratio) if mask is None else mask.to(log_ratio.dtype)
+    total = (log_ratio * valid).sum(1, keepdim=True)
+    return total / valid.sum(1, keepdim=True).clamp(min=1.0) if mean else total
 
 
 def total_variation(log_ratio: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -65,6 +65,15 @@ class TVFilter(Objective):
         # a completion's test needs only its own tokens: a micro-batched minibatch needs no minibatch-wide TV
         self.needs_minibatch_tv = level == "minibatch"
 
+    def unsupported(self, learner: str) -> str | None:
+        if learner == "mujoco" and self.level == "sequence":
+            return (
+                f"{type(self).__name__} tests each completion of the LLM track's [completions, tokens] batches "
+                "(level 'sequence'); a MuJoCo minibatch has no sequences: use vaco.objectives.TVFilter with its "
+                "default level"
+            )
+        return super().unsupported(learner)
+
     def surrogate(self, *, ratio, log_ratio, advantage, batch):
         log_prob = batch.get("log_prob")
         c_h = self.entropy_coef
