@@ -159,7 +159,10 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):
     "configs, expected",
     [
         (("algo/vaco.yaml",), "no task given: add --config configs/env/<task>.yaml (ant, halfcheetah, hopper,"),
-        (("env/hopper.yaml",), "no algorithm given: add --config configs/algo/<algorithm>.yaml (appo, cispo, decoupled_ppo,"),
+        (
+            ("env/hopper.yaml",),
+            "no algorithm given: add --config configs/algo/<algorithm>.yaml (appo, cispo, decoupled_ppo,",
+        ),
     ],
     ids=["no-task", "no-algorithm"],
 )

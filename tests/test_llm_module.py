@@ -96,6 +96,36 @@ def test_cpu_configs_instantiate(setting, tmp_path, mlflow_env, objective):
     assert objective_module.normalize_advantage is False
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["tis", "tis_seq", "mis", "mis_seq", "cispo", "dppo_tv", "gspo"])
+def test_every_llm_correction_fits_and_logs_the_lag_diagnostics(setting, tmp_path, mlflow_env, objective):
+    """The corrections the LLM grid can run as arms: each config's short fit, its algorithm name,
+    the ESS and the ratio's tail among its metrics."""
+    assert main(fit_args(setting, tmp_path, "--data.init_args.num_steps", "2", objective=f"{objective}.yaml")) == 0
+    client = mlflow.MlflowClient(mlflow_env)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FINISHED" and run.data.params["algorithm"] == objective
+    assert {"lag/ess", "lag/ratio_p99", "lag/ratio_max", run.data.params["fraction_metric"]} <= set(run.data.metrics)
+
+
+@pytest.mark.parametrize("objective", ["decoupled_ppo", "ppo_ewma"])
+def test_an_objective_that_needs_a_proximal_policy_is_refused_in_one_line(
+    setting, tmp_path, mlflow_env, objective, capsys
+):
+    name = "DecoupledPPO" if objective == "decoupled_ppo" else "PPOEWMA"
+    # from a config whose settings the class takes (grpo.yaml's clip_epsilon_high is refused by name first)
+    args = [
+        *fit_args(setting, tmp_path, objective="tis.yaml"),
+        "--model.init_args.objective",
+        f"vaco.objectives.{name}",
+    ]
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("vaco fit: error:")]
+    assert f"`model.objective`: {name} reads a proximal policy" in line
+
+
 def test_paper_config_prints_and_names_the_missing_model(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     with pytest.raises(SystemExit) as exit_info:

@@ -13,7 +13,24 @@ from torch import nn
 from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
-from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
+from vaco.objectives import (
+    APPO,
+    CISPO,
+    DPPOTV,
+    GSPO,
+    IMPALA,
+    MIS,
+    PPOEWMA,
+    PPOKL,
+    SPO,
+    TIS,
+    DecoupledPPO,
+    Objective,
+    PPOClip,
+    SequenceMIS,
+    SequenceTIS,
+    TVFilter,
+)
 from vaco.objectives.objective_math import gaussian_kl, tv_filter_mask
 
 pytestmark = pytest.mark.usefixtures("float64")  # reference math in float64 (conftest)
@@ -338,8 +355,20 @@ def test_user_defined_objective_gets_the_shared_contract():
 
 
 # ---------------------------------------------------------------- the contract, for every objective
-METRICS = ["tv", "filter_fraction", "clip_fraction", "approx_kl", "ratio_mean", "ratio_max", "entropy"]
-ALL = [PPOClip, PPOKL, SPO, IMPALA, TVFilter, ClippedIS]
+METRICS = [
+    "tv",
+    "filter_fraction",
+    "clip_fraction",
+    "approx_kl",
+    "ratio_mean",
+    "ratio_max",
+    "ratio_p99",
+    "ess",
+    "entropy",
+]
+CORRECTIONS = [DecoupledPPO, PPOEWMA, TIS, MIS, CISPO, DPPOTV, APPO]
+ALL = [PPOClip, PPOKL, SPO, IMPALA, TVFilter, ClippedIS, *CORRECTIONS]
+SEQUENCE_LEVEL = [GSPO, SequenceTIS, SequenceMIS]
 
 
 def full_minibatch(B=32, A=3, seed=0, shape=None):
@@ -350,6 +379,7 @@ def full_minibatch(B=32, A=3, seed=0, shape=None):
         {
             "log_prob": (torch.randn(*shape, generator=g) * 0.3).requires_grad_(),
             "behavior_log_prob": torch.randn(*shape, generator=g) * 0.3,
+            "proximal_log_prob": torch.randn(*shape, generator=g) * 0.3,
             "advantage": torch.randn(*shape, generator=g),
             "entropy": torch.rand(*shape, generator=g).requires_grad_(),
             "value": torch.randn(*shape, generator=g).requires_grad_(),
@@ -385,7 +415,7 @@ def test_contract_every_objective(cls, normalize):
     assert float(out["ratio_max"]) == pytest.approx(float(ratio.max()))
 
 
-@pytest.mark.parametrize("cls", ALL)
+@pytest.mark.parametrize("cls", ALL + SEQUENCE_LEVEL)
 def test_contract_token_level_with_mask(cls):
     """[B, L] token tensors with padding: padded entries change nothing."""
     td = full_minibatch(shape=(4, 6))

@@ -290,6 +290,9 @@ def test_cli_fit_logs_to_mlflow_and_evaluate_reads_the_checkpoint(tmp_path, mlfl
         "perf/eval_seconds",
         "perf/startup_seconds",
         "train/clip_fraction",
+        "lag/ess",
+        "lag/ratio_p99",
+        "lag/ratio_max",
     ):
         assert key in run.data.metrics
     # the process's start-up (imports, config, envs, run, model) was read: positive, and shorter than the run

@@ -93,7 +93,7 @@ class MIS(_ImportanceWeighted):
         self.low, self.high = float(low), float(high)
 
     def weight(self, ratio):
-        kept = (ratio >= self.low) & (ratio <= self.high)
+        kept = ~((ratio < self.low) | (ratio > self.high))  # a NaN is kept: the loss then says so
         return torch.where(kept, ratio, torch.zeros_like(ratio)), {"masked": ~kept}
 
     def extra_repr(self) -> str:

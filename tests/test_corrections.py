@@ -1,0 +1,507 @@
+"""The corrections asynchronous RL systems ship, each against a float64 transcription of its source's
+formula written here, on minibatches captured from a real stale run (Hopper, K = 4 policy versions,
+a high learning rate so that ratios and the EWMA proximal policy move): loss, gradient with respect
+to the learner's log-probabilities, and the samples each mask or cap touches. Each test also asserts
+that its branch was exercised (a cap that never bound would check nothing).
+
+The transcriptions keep each source's own order of operations and names:
+
+* AReaL ``areal/utils/functional/functional.py::ppo_actor_loss_fn`` (decoupled PPO);
+* openai/ppo-ewma ``ppo_ewma/ppo.py::compute_losses`` and ``ppo_ewma/ppg.py::EwmaModel.update``;
+* verl ``verl/trainer/ppo/rollout_corr_helper.py::compute_rollout_correction_weights`` (TIS and
+  IcePop's MIS, token and sequence) with the bypass ``reinforce`` loss ``-w * A * log pi``;
+* verl ``verl/trainer/ppo/core_algos.py::compute_policy_loss_cispo``;
+* prime-rl ``src/prime_rl/trainer/rl/loss.py::default_loss_fn`` (DPPO-TV + (log r)^2);
+* sample-factory ``sample_factory/algo/learning/learner.py::_calculate_losses`` (APPO's clip, the
+  rho-weighted advantage);
+* verl ``compute_policy_loss_gspo`` (GSPO's sequence ratio in token form).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from helpers.runs import CONFIGS, build_run
+from vaco.advantages import GAE
+from vaco.objectives import APPO, CISPO, DPPOTV, GSPO, MIS, PPOEWMA, TIS, DecoupledPPO, SequenceMIS, SequenceTIS
+from vaco.objectives.objective_math import effective_sample_size, masked_quantile
+from vaco.proximal import EWMAPolicy
+
+KEYS = ("log_prob", "behavior_log_prob", "proximal_log_prob", "advantage")
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    """Every minibatch the objective saw in the last two iterations of a real PPO-EWMA run: Hopper-v5,
+    K = 4, lr 3e-3, 4 epochs x 4 minibatches; float32 as trained, cast to float64 by the tests."""
+    tmp = tmp_path_factory.mktemp("corrections")
+    module, data, trainer = build_run(
+        tmp,
+        f"sqlite:///{tmp / 'mlflow.db'}",
+        objective=PPOEWMA(ewma_decay=0.9),
+        advantage=GAE(gamma=0.99, lmbda=0.95),
+        data_kwargs={"env_id": "Hopper-v5", "total_steps": 2 * 64 * 5, "policy_buffer_size": 4, "eval_every": 0},
+        model_kwargs={"update_epochs": 4, "num_minibatches": 4, "lr": 3e-3},
+    )
+    seen: list[dict[str, torch.Tensor]] = []
+    forward = module.objective.forward
+
+    def recording(batch, check_finite=True):
+        seen.append({key: batch[key].detach().clone() for key in KEYS})
+        return forward(batch, check_finite)
+
+    module.objective.forward = recording
+    trainer.fit(module, datamodule=data)
+    return seen[-32:]
+
+
+def _float64(mb):
+    out = {key: value.double() for key, value in mb.items()}
+    out["log_prob"] = out["log_prob"].clone().requires_grad_()
+    return out
+
+
+def _vaco(objective, mb):
+    """vaco's policy loss and its gradient with respect to log pi, and its outputs."""
+    td = TensorDict(mb, batch_size=mb["advantage"].shape)
+    out = objective(td)
+    (grad,) = torch.autograd.grad(out["loss_policy"], mb["log_prob"])
+    return out["loss_policy"].detach(), grad, out
+
+
+def _reference(loss, mb):
+    (grad,) = torch.autograd.grad(loss, mb["log_prob"])
+    return loss.detach(), grad
+
+
+def _close(ours, theirs):
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-10, atol=1e-12)
+
+
+def test_the_captured_minibatches_are_off_policy_and_off_proximal(captured):
+    """The data the other tests run on: stale (ratio far from 1) and with an EWMA unlike the learner."""
+    ratio = torch.cat([(mb["log_prob"] - mb["behavior_log_prob"]).exp() for mb in captured])
+    gap = torch.cat([(mb["log_prob"] - mb["proximal_log_prob"]).abs() for mb in captured])
+    assert float(ratio.max()) > 2.0 and float(ratio.min()) < 0.5
+    assert float(gap.mean()) > 1e-3
+
+
+# ---------------------------------------------------------------- AReaL's decoupled PPO
+def areal_ppo_actor_loss(logprobs, proximal_logprobs, old_logprobs, advantages, eps_clip, behav_imp_weight_cap):
+    loss_mask = torch.ones_like(logprobs, dtype=torch.bool)
+    loss_mask_count = loss_mask.count_nonzero()
+    ratio = torch.where(loss_mask, torch.exp(logprobs - proximal_logprobs), 0)
+    clipped_ratio = torch.clamp(ratio, 1.0 - eps_clip, 1.0 + eps_clip)
+    pg_loss1 = -advantages * ratio
+    pg_loss2 = -advantages * clipped_ratio
+    clip_mask = pg_loss1.detach() < pg_loss2.detach()
+    pg_loss = torch.max(pg_loss1, pg_loss2)
+    behav_kl = proximal_logprobs - old_logprobs
+    behav_imp_weight = behav_kl.exp()
+    behav_mask = (
+        (behav_imp_weight <= behav_imp_weight_cap).logical_and(loss_mask)
+        if behav_imp_weight_cap is not None
+        else loss_mask
+    )
+    behav_imp_weight = torch.where(behav_mask, behav_imp_weight, 0.0)
+    pg_loss = pg_loss * behav_imp_weight
+    pg_loss = torch.where(loss_mask, pg_loss, 0).sum() / loss_mask_count
+    return pg_loss, clip_mask, ~behav_mask
+
+
+@pytest.mark.parametrize("cap", [None, 5.0, 1.2])
+def test_decoupled_ppo_is_areals_loss(captured, float64, cap):
+    clipped = capped = 0
+    for raw in captured:
+        mb = _float64(raw)
+        ours = _vaco(DecoupledPPO(clip_epsilon=0.2, behavior_weight_cap=cap, normalize_advantage=False), mb)
+        loss, clip_mask, cap_mask = areal_ppo_actor_loss(
+            mb["log_prob"], mb["proximal_log_prob"], mb["behavior_log_prob"], mb["advantage"], 0.2, cap
+        )
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["clip_fraction"]) == pytest.approx(float(clip_mask.double().mean()))
+        if cap is not None:
+            assert float(ours[2]["mask_fraction"]) == pytest.approx(float(cap_mask.double().mean()))
+        clipped += int(clip_mask.sum())
+        capped += int(cap_mask.sum())
+    assert clipped > 0
+    assert (capped > 0) == (cap == 1.2)
+
+
+# ---------------------------------------------------------------- PPO-EWMA (Hilton et al.)
+def ppo_ewma_pg_loss(newlogp, rec_logp, logp, adv, clip_param, imp_samp_max):
+    logratio = newlogp - rec_logp
+    logp_adj = logp
+    if imp_samp_max > 0:
+        logp_adj = torch.max(logp, newlogp.detach() - math.log(imp_samp_max))
+    pg_losses = -adv * torch.exp(newlogp - logp_adj)
+    if clip_param > 0:
+        clipped_logratio = torch.clamp(logratio, math.log(1.0 - clip_param), math.log(1.0 + clip_param))
+        pg_losses2 = -adv * torch.exp(clipped_logratio + rec_logp - logp_adj)
+        pg_losses = torch.max(pg_losses, pg_losses2)
+    imp_samp_clipfrac = (newlogp - logp > math.log(imp_samp_max)).double().mean()
+    return pg_losses.mean(), imp_samp_clipfrac
+
+
+@pytest.mark.parametrize("imp_samp_max", [100.0, 1.5])
+def test_ppo_ewma_is_hilton_et_als_loss(captured, float64, imp_samp_max):
+    capped = 0.0
+    for raw in captured:
+        mb = _float64(raw)
+        ours = _vaco(PPOEWMA(clip_epsilon=0.2, imp_samp_max=imp_samp_max, normalize_advantage=False), mb)
+        loss, fraction = ppo_ewma_pg_loss(
+            mb["log_prob"], mb["proximal_log_prob"], mb["behavior_log_prob"], mb["advantage"], 0.2, imp_samp_max
+        )
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["cap_fraction"]) == pytest.approx(float(fraction))
+        capped += float(fraction)
+    assert (capped > 0) == (imp_samp_max == 1.5)
+
+
+def test_the_ewma_is_ppo_ewmas_debiased_average_and_its_closed_form(float64):
+    """EwmaModel.update transcribed (W' = decay W + 1; p_ewma = p_ewma * decay W / W' + p / W'),
+    and the closed form it computes: the decay^k-weighted mean of every weight seen, the first included."""
+    torch.manual_seed(0)
+    actor = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    decay = 0.8
+    ewma = EWMAPolicy(actor, decay)
+    reference = [p.detach().clone() for p in actor.parameters()]
+    total = 1.0
+    history = [[p.detach().clone() for p in actor.parameters()]]
+    for _ in range(25):
+        with torch.no_grad():
+            for p in actor.parameters():
+                p.add_(torch.randn_like(p))
+        history.append([p.detach().clone() for p in actor.parameters()])
+        ewma.update(actor.parameters())
+        new_total = decay * total + 1
+        ratio = decay * total / new_total
+        for p_ewma, p in zip(reference, actor.parameters()):
+            p_ewma.mul_(ratio).add_(p.data / new_total)
+        total = new_total
+    n = len(history) - 1
+    weights = [decay ** (n - k) for k in range(n + 1)]
+    for i, (ours, theirs) in enumerate(zip(ewma.average.parameters(), reference)):
+        assert torch.equal(ours, theirs)
+        closed = sum(w * h[i] for w, h in zip(weights, history)) / sum(weights)
+        torch.testing.assert_close(ours, closed, rtol=1e-12, atol=1e-12)
+    assert ewma.total_weight == pytest.approx(sum(weights))
+
+
+# ---------------------------------------------------------------- verl's TIS and MIS (bypass reinforce)
+def verl_is_weights(log_ratio, response_mask, rollout_is, upper, lower=None):
+    if rollout_is == "token":
+        raw = torch.exp(torch.clamp(log_ratio, min=-20.0, max=20.0))
+    else:
+        log_ratio_sum = (log_ratio * response_mask).sum(dim=-1).unsqueeze(-1)
+        raw = torch.exp(torch.clamp(log_ratio_sum, min=-20.0, max=20.0)).expand_as(log_ratio)
+    raw = raw * response_mask
+    if lower is None:
+        weights = raw.clamp(max=upper)
+    else:
+        kept = (raw >= lower) & (raw <= upper)
+        weights = torch.where(kept, raw, torch.zeros_like(raw))
+    return weights.detach(), raw
+
+
+def bypass_reinforce(log_prob, weights, advantages, response_mask):
+    pg_losses = -advantages * log_prob * weights
+    return (pg_losses * response_mask).sum() / response_mask.sum()
+
+
+@pytest.mark.parametrize(("upper", "lower"), [(2.0, None), (1.1, None), (5.0, 0.5), (1.3, 0.8)])
+def test_token_tis_and_mis_are_verls_weights_on_the_reinforce_loss(captured, float64, upper, lower):
+    touched = 0
+    for raw_mb in captured:
+        mb = _float64(raw_mb)
+        mask = torch.ones_like(mb["advantage"])
+        objective = TIS(truncation=upper) if lower is None else MIS(low=lower, high=upper)
+        objective.normalize_advantage = False
+        ours = _vaco(objective, mb)
+        log_ratio = (mb["log_prob"] - mb["behavior_log_prob"]).detach()
+        weights, raw = verl_is_weights(log_ratio, mask, "token", upper, lower)
+        _close(ours[:2], _reference(bypass_reinforce(mb["log_prob"], weights, mb["advantage"], mask), mb))
+        if lower is None:
+            outside = raw > upper
+            assert float(ours[2]["cap_fraction"]) == pytest.approx(float(outside.double().mean()))
+        else:
+            outside = (raw < lower) | (raw > upper)
+            assert float(ours[2]["mask_fraction"]) == pytest.approx(float(outside.double().mean()))
+        touched += int(outside.sum())
+    assert touched > 0
+
+
+def test_cispo_is_verls_clipped_weight_under_a_stop_gradient(captured, float64):
+    clipped = 0
+    for low, high in ((1.0, 5.0), (0.2, 0.2)):
+        for raw_mb in captured:
+            mb = _float64(raw_mb)
+            ours = _vaco(CISPO(clip_epsilon_low=low, clip_epsilon_high=high, normalize_advantage=False), mb)
+            ratio = torch.exp(torch.clamp(mb["log_prob"] - mb["behavior_log_prob"], min=-20.0, max=20.0))
+            clamped_ratio = torch.clamp(ratio, 1 - low, 1 + high)
+            loss = (-mb["advantage"] * clamped_ratio.detach() * mb["log_prob"]).mean()
+            _close(ours[:2], _reference(loss, mb))
+            is_clipped = (ratio < 1 - low) | (ratio > 1 + high)
+            assert float(ours[2]["cap_fraction"]) == pytest.approx(float(is_clipped.double().mean()))
+            clipped += int(is_clipped.sum())
+    assert clipped > 0
+
+
+# ---------------------------------------------------------------- prime-rl's DPPO-TV
+def prime_rl_default_loss(trainer_logprobs, inference_logprobs, advantages, loss_mask, difference, cfg):
+    log_importance_ratio = trainer_logprobs - inference_logprobs
+    importance_ratio = torch.exp(log_importance_ratio)
+    if difference == "probability":
+        probs_diff = torch.exp(trainer_logprobs) - torch.exp(inference_logprobs)
+    else:  # vaco's continuous-action reading: the sample's term of the TV estimate
+        probs_diff = importance_ratio - 1
+    dppo_invalid_mask_high = probs_diff > cfg["dppo_mask_high"]
+    dppo_invalid_mask_low = probs_diff < -cfg["dppo_mask_low"]
+    positive_advantages = advantages > 0
+    is_masked = torch.where(positive_advantages, dppo_invalid_mask_high, dppo_invalid_mask_low)
+    keep_mask = loss_mask & ~is_masked
+    advantages = cfg["adv_tau"] * advantages
+    pg_loss = keep_mask * advantages * importance_ratio
+    kl_loss = loss_mask * log_importance_ratio**2
+    per_token_loss = -pg_loss + cfg["kl_tau"] * kl_loss
+    return per_token_loss.sum() / loss_mask.sum(), (is_masked & loss_mask).sum() / loss_mask.sum()
+
+
+def test_dppo_tv_is_prime_rls_default_loss_on_ratios(captured, float64):
+    cfg = {"dppo_mask_low": 0.2, "dppo_mask_high": 0.2, "adv_tau": 1.0, "kl_tau": 1e-3}
+    masked = 0.0
+    for raw_mb in captured:
+        mb = _float64(raw_mb)
+        ours = _vaco(DPPOTV(difference="ratio", normalize_advantage=False), mb)
+        mask = torch.ones_like(mb["advantage"], dtype=torch.bool)
+        loss, fraction = prime_rl_default_loss(
+            mb["log_prob"], mb["behavior_log_prob"], mb["advantage"], mask, "ratio", cfg
+        )
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["mask_fraction"]) == pytest.approx(float(fraction))
+        masked += float(fraction)
+    assert masked > 0
+
+
+# ---------------------------------------------------------------- sample-factory's APPO
+def sample_factory_appo(log_prob, behavior_log_prob, vtrace_adv, ppo_clip_ratio, vtrace_rho):
+    ratio = torch.exp(log_prob - behavior_log_prob)
+    ratio = torch.clamp(ratio, 0.05, 20.0)
+    clip_ratio_high = 1.0 + ppo_clip_ratio
+    clip_ratio_low = 1.0 / clip_ratio_high
+    adv = torch.min(torch.tensor(vtrace_rho), ratio.detach()) * vtrace_adv
+    policy_loss_1 = ratio * adv
+    policy_loss_2 = torch.clamp(ratio, clip_ratio_low, clip_ratio_high) * adv
+    return -torch.min(policy_loss_1, policy_loss_2).mean(), (policy_loss_2 < policy_loss_1).double().mean()
+
+
+def test_appo_is_sample_factorys_clip_on_the_rho_weighted_advantage(captured, float64):
+    """Also on a copy of a minibatch with two samples pushed past the source's ratio clamp [0.05, 20]."""
+    extreme = dict(captured[0])
+    extreme["behavior_log_prob"] = extreme["behavior_log_prob"].clone()
+    extreme["behavior_log_prob"][:2] += torch.tensor([-6.0, 6.0])
+    clipped = 0.0
+    for raw_mb in [*captured, extreme]:
+        mb = _float64(raw_mb)
+        ours = _vaco(APPO(clip_epsilon=0.1, rho_bar=1.0, normalize_advantage=False), mb)
+        loss, fraction = sample_factory_appo(mb["log_prob"], mb["behavior_log_prob"], mb["advantage"], 0.1, 1.0)
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["clip_fraction"]) == pytest.approx(float(fraction))
+        clipped += float(fraction)
+    assert clipped > 0
+
+
+# ---------------------------------------------------------------- the lag diagnostics
+def test_ess_and_the_ratios_99th_percentile_are_their_definitions(captured, float64):
+    for raw_mb in captured:
+        ratio = (raw_mb["log_prob"].double() - raw_mb["behavior_log_prob"].double()).exp()
+        n = ratio.numel()
+        assert float(effective_sample_size(ratio)) == pytest.approx(float(ratio.sum() ** 2 / (n * (ratio**2).sum())))
+        # verl's form of the same number: 1 / mean((w / mean w)^2)
+        assert float(effective_sample_size(ratio)) == pytest.approx(float(1 / ((ratio / ratio.mean()) ** 2).mean()))
+        assert float(masked_quantile(ratio, 0.99)) == pytest.approx(float(torch.quantile(ratio, 0.99)))
+        mask = torch.rand(ratio.shape, generator=torch.Generator().manual_seed(n)) < 0.6
+        kept = ratio[mask]
+        assert float(masked_quantile(ratio, 0.99, mask)) == pytest.approx(float(torch.quantile(kept, 0.99)))
+        assert float(effective_sample_size(ratio, mask)) == pytest.approx(
+            float(kept.sum() ** 2 / (kept.numel() * (kept**2).sum()))
+        )
+
+
+# ---------------------------------------------------------------- token level: sequences of an LLM batch
+@pytest.fixture(scope="module")
+def token_batches(captured):
+    """Real log-probabilities laid out as [completions, tokens] with padding: each captured
+    minibatch's 32 samples as 4 rows of 8, the last tokens of some rows masked off; a row's
+    advantage is constant (GRPO's)."""
+    out = []
+    for raw in captured:
+        rows = {key: value.double().reshape(4, 8) for key, value in raw.items()}
+        mask = torch.ones(4, 8, dtype=torch.bool)
+        for i, length in enumerate((8, 6, 3, 7)):
+            mask[i, length:] = False
+        rows["advantage"] = rows["advantage"][:, :1].expand(4, 8).clone()
+        # probabilities of tokens (<= 1): log-probs shifted below 0, as a token's are
+        shift = torch.maximum(rows["log_prob"], rows["behavior_log_prob"]).max() + 0.05
+        rows["log_prob"], rows["behavior_log_prob"] = rows["log_prob"] - shift, rows["behavior_log_prob"] - shift
+        rows["mask"] = mask
+        out.append(rows)
+    return out
+
+
+def _token(rows):
+    mb = dict(rows)
+    mb["log_prob"] = mb["log_prob"].clone().requires_grad_()
+    return mb
+
+
+@pytest.mark.parametrize(("cls", "upper", "lower"), [(SequenceTIS, 2.0, None), (SequenceMIS, 5.0, 0.5)])
+def test_sequence_tis_and_mis_are_verls_sequence_weights(token_batches, float64, cls, upper, lower):
+    touched = 0
+    for rows in token_batches:
+        mb = _token(rows)
+        objective = cls(truncation=upper) if lower is None else cls(low=lower, high=upper)
+        objective.normalize_advantage = False
+        ours = _vaco(objective, mb)
+        mask = mb["mask"].double()
+        log_ratio = (mb["log_prob"] - mb["behavior_log_prob"]).detach()
+        weights, raw = verl_is_weights(log_ratio, mask, "sequence", upper, lower)
+        _close(ours[:2], _reference(bypass_reinforce(mb["log_prob"], weights, mb["advantage"], mask), mb))
+        outside = (raw > upper) if lower is None else ((raw < lower) | (raw > upper))
+        touched += int((outside & mb["mask"]).sum())
+    assert touched > 0
+
+
+def test_dppo_tv_is_prime_rls_default_loss_on_token_probabilities(token_batches, float64):
+    cfg = {"dppo_mask_low": 0.2, "dppo_mask_high": 0.2, "adv_tau": 1.0, "kl_tau": 1e-3}
+    masked = 0.0
+    for rows in token_batches:
+        mb = _token(rows)
+        ours = _vaco(DPPOTV(normalize_advantage=False), mb)
+        loss, fraction = prime_rl_default_loss(
+            mb["log_prob"], mb["behavior_log_prob"], mb["advantage"], mb["mask"], "probability", cfg
+        )
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["mask_fraction"]) == pytest.approx(float(fraction))
+        masked += float(fraction)
+    assert masked > 0
+
+
+def verl_gspo(log_prob, old_log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high):
+    negative_approx_kl = log_prob - old_log_prob
+    seq_lengths = torch.sum(response_mask, dim=-1).clamp(min=1)
+    negative_approx_kl_seq = torch.sum(negative_approx_kl * response_mask, dim=-1) / seq_lengths
+    log_seq_importance_ratio = log_prob - log_prob.detach() + negative_approx_kl_seq.detach().unsqueeze(-1)
+    log_seq_importance_ratio = torch.clamp(log_seq_importance_ratio, max=10.0)
+    seq_importance_ratio = torch.exp(log_seq_importance_ratio)
+    pg_losses1 = -advantages * seq_importance_ratio
+    pg_losses2 = -advantages * torch.clamp(seq_importance_ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)
+    pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    loss = (pg_losses * response_mask).sum() / response_mask.sum()
+    return loss, ((pg_losses2 > pg_losses1) & response_mask.bool()).sum() / response_mask.sum()
+
+
+@pytest.mark.parametrize(("low", "high"), [(3e-4, 4e-4), (0.05, 0.05)])
+def test_gspo_is_verls_sequence_ratio_in_token_form(token_batches, float64, low, high):
+    clipped = 0.0
+    for rows in token_batches:
+        mb = _token(rows)
+        ours = _vaco(GSPO(clip_epsilon=low, clip_epsilon_high=high, normalize_advantage=False), mb)
+        loss, fraction = verl_gspo(
+            mb["log_prob"], mb["behavior_log_prob"], mb["advantage"], mb["mask"].double(), low, high
+        )
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["clip_fraction"]) == pytest.approx(float(fraction))
+        clipped += float(fraction)
+    assert clipped > 0
+
+
+# ---------------------------------------------------------------- every correction through `vaco fit`
+def _fit(root, algo: str, *args: str) -> None:
+    from vaco.fit import main
+
+    argv = [
+        "--config",
+        str(CONFIGS / "env" / "inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo" / f"{algo}.yaml"),
+        "--data.init_args.num_envs",
+        "2",
+        "--data.init_args.num_steps",
+        "64",
+        "--data.init_args.policy_buffer_size",
+        "3",
+        "--data.init_args.eval_every",
+        "0",
+        "--data.init_args.eval_episodes",
+        "2",
+        "--data.init_args.eval_envs",
+        "2",
+        "--model.init_args.update_epochs",
+        "2",
+        "--model.init_args.num_minibatches",
+        "4",
+        "--checkpoint.every_n_iterations",
+        "1",
+        "--trainer.default_root_dir",
+        str(root),
+        *args,
+    ]
+    assert main(argv) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["decoupled_ppo", "ppo_ewma", "tis", "mis", "cispo", "dppo_tv", "appo"])
+def test_every_correction_fits_in_a_population_and_logs_the_lag_diagnostics(tmp_path, mlflow_uri, algo):
+    """A population of 2 from the shipped config (its member == solo property is
+    tests/test_population_fit.py's for the two proximal sources); every member's run has the ESS
+    and the ratio's tail as lag/ metrics, and the objective's intervention fraction."""
+    import mlflow
+
+    _fit(tmp_path, algo, "--population", "2", "--data.init_args.total_steps", str(2 * 128))
+    client = mlflow.MlflowClient(mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
+    assert len(runs) == 2 and {r.data.params["algorithm"] for r in runs} == {algo}
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        metrics = run.data.metrics
+        assert {"lag/ess", "lag/ratio_p99", "lag/ratio_max", run.data.params["fraction_metric"]} <= set(metrics)
+        assert 0 < metrics["lag/ess"] <= 1 and metrics["lag/ratio_p99"] <= metrics["lag/ratio_max"]
+
+
+@pytest.mark.slow
+def test_an_ewma_run_resumed_equals_the_uninterrupted_run(tmp_path, mlflow_uri):
+    """PPO-EWMA's average (weights and total weight) is in the checkpoint: 2 iterations then a
+    resume to 3 equals 3 iterations straight, the EWMA and every metric but the timings included."""
+    from helpers.runs import metric_histories
+    from vaco.checkpoint import load_checkpoint
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    constant = ("--model.init_args.anneal_lr", "false")  # an extended budget re-plans an annealed schedule
+    _fit(straight, "ppo_ewma", *constant, "--data.init_args.total_steps", str(3 * 128))
+    _fit(resumed, "ppo_ewma", *constant, "--data.init_args.total_steps", str(2 * 128))
+    (first,) = list((resumed / "checkpoints").glob("*/last.ckpt"))
+    _fit(resumed, "ppo_ewma", *constant, "--data.init_args.total_steps", str(3 * 128), "--ckpt_path", str(first))
+    ours = load_checkpoint(str(first))
+    (theirs_path,) = list((straight / "checkpoints").glob("*/last.ckpt"))
+    theirs = load_checkpoint(str(theirs_path))
+    assert int(ours["state_dict"]["version"]) == 3
+    keys = [k for k in theirs["state_dict"] if k.split(".")[0] in ("actor", "critic", "proximal_actor", "obs_rms")]
+    assert any(k.startswith("proximal_actor.average.") for k in keys) and "proximal_actor._extra_state" in keys
+    for key in keys:
+        a, b = ours["state_dict"][key], theirs["state_dict"][key]
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, key
+    assert ours["state_dict"]["proximal_actor._extra_state"]["total_weight"] > 1.0
+    run_ids = {p.parent.name: p for p in (first, theirs_path)}
+    assert len(run_ids) == 2
+    ours, theirs = (metric_histories(mlflow_uri, p.parent.name) for p in (first, theirs_path))
+    # the first budget's end evaluated and logged its budget: the only entries a straight run lacks
+    assert ours.pop("time/total_steps") == [(0, 256.0), (256, 384.0)] and theirs.pop("time/total_steps") == [(0, 384.0)]
+    for key in ("eval/return", "eval/return_std"):
+        assert ours.pop(key)[1:] == theirs.pop(key)
+    assert ours == theirs and {"train/cap_fraction", "lag/ess"} <= set(ours)
