@@ -69,11 +69,11 @@ def project(tmp_path_factory):
     files, commands = doc_blocks()
     assert {
         "my_objectives.py",
-        "clipped_is.yaml",
+        "ratio_cap.yaml",
         "my_advantages.py",
         "ppo_td0.yaml",
         "lr_sweep.yaml",
-        "trunc_sweep.yaml",
+        "cap_sweep.yaml",
     } <= set(files)
     for name, body in files.items():
         (root / name).write_text(body)
@@ -97,9 +97,9 @@ def test_the_doc_objective_and_advantage_train_from_the_users_directory(project)
     runs = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
     params = {r.data.params["algorithm"]: r.data.params for r in runs}
     # named by the class's own `names` (the doc's YAML sets no algorithm_name)
-    assert "algorithm_name" not in (root / "clipped_is.yaml").read_text()
-    assert params["clipped_is"]["objective"] == "ClippedIS" and params["clipped_is"]["objective.truncation"] == "2.0"
-    assert params["clipped_is"]["realigned"] == "False" and params["clipped_is"]["variant_of"] == "None"
+    assert "algorithm_name" not in (root / "ratio_cap.yaml").read_text()
+    assert params["ratio_cap"]["objective"] == "RatioCap" and params["ratio_cap"]["objective.cap"] == "2.0"
+    assert params["ratio_cap"]["realigned"] == "False" and params["ratio_cap"]["variant_of"] == "None"
     assert params["ppo_td0"]["advantage_estimator"] == "TD0"
     assert all(r.info.status == "FINISHED" for r in runs)
     # ... and the report lists it (alphabetically after the paper's algorithms) as a main algorithm:
@@ -107,16 +107,16 @@ def test_the_doc_objective_and_advantage_train_from_the_users_directory(project)
     out = _run([VACO, "report", "--experiment", "vaco", "--out", str(root / "report")], root, uri)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = (root / "report" / "summary.md").read_text()
-    assert "| clipped_is | 1 | ClippedIS |" in summary and "| ppo_td0 | 1 | PPOClip |" in summary
-    assert summary.index("| clipped_is | 1 | ClippedIS |") < summary.index("| ppo_td0 | 1 | PPOClip |")
+    assert "| ratio_cap | 1 | RatioCap |" in summary and "| ppo_td0 | 1 | PPOClip |" in summary
+    assert summary.index("| ppo_td0 | 1 | PPOClip |") < summary.index("| ratio_cap | 1 | RatioCap |")
     assert "ablation and control variants (none here)" in summary
 
 
 def test_the_doc_objective_validates_its_field(project):
     root, commands, uri = project
     command = _commands(commands, "fit")[0]
-    out = _run([*command, *TINY_FIT, "--model.init_args.objective.init_args.truncation", "0"], root, uri)
-    assert out.returncode == 2 and "`truncation` must be > 0, got 0" in out.stderr
+    out = _run([*command, *TINY_FIT, "--model.init_args.objective.init_args.cap", "0"], root, uri)
+    assert out.returncode == 2 and "`cap` must be > 0, got 0" in out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -158,30 +158,30 @@ def test_the_doc_sweep_axis_lists_its_cells_and_runs(project):
 
 
 def test_the_doc_objective_declares_its_own_sweep_axis(project):
-    """`truncation` is a grid axis because ClippedIS declares it: no edit of the sweep."""
+    """`cap` is a grid axis because RatioCap declares it: no edit of the sweep."""
     root, commands, uri = project
     setup = next(c for c in commands if c[0] == "mkdir")
     assert (
         subprocess.run(" ".join(shlex.quote(a) if a != "&&" else a for a in setup), shell=True, cwd=root).returncode
         == 0
     )
-    dry = next(c for c in _commands(commands, "sweep") if "trunc_sweep.yaml" in c)
+    dry = next(c for c in _commands(commands, "sweep") if "cap_sweep.yaml" in c)
     out = _run(dry, root, uri)
     assert out.returncode == 0, out.stderr
     cells = re.findall(r"new\s+(\S+)", out.stdout)
     assert "12 cells" in out.stdout and len(cells) == 12
-    assert sorted(c for c in cells if c.startswith("clipped_is-") and c.endswith("-s1")) == [
-        "clipped_is-inverted_pendulum-K4-s1",  # 2.0 is the config's own value: no suffix
-        "clipped_is-inverted_pendulum-K4-trunc1.5-s1",
-        "clipped_is-inverted_pendulum-K4-trunc4-s1",
+    assert sorted(c for c in cells if c.startswith("ratio_cap-") and c.endswith("-s1")) == [
+        "ratio_cap-inverted_pendulum-K4-cap1.5-s1",
+        "ratio_cap-inverted_pendulum-K4-cap4-s1",
+        "ratio_cap-inverted_pendulum-K4-s1",  # 2.0 is the config's own value: no suffix
     ]
-    assert sum(c.startswith("ppo_clip-") for c in cells) == 3  # ppo_clip takes no truncation
-    bad = yaml.safe_load((root / "trunc_sweep.yaml").read_text())
-    bad["grid"]["truncation"]["truncation"] = [0.0]
-    (root / "bad_trunc.yaml").write_text(yaml.safe_dump(bad))
-    out = _run([VACO, "sweep", "--config", "bad_trunc.yaml", "--dry-run"], root, uri)
-    assert out.returncode == 2 and "`grid.truncation.truncation`: 0.0 is refused by ClippedIS" in out.stderr
-    assert "`truncation` must be > 0" in out.stderr and "Traceback" not in out.stderr
+    assert sum(c.startswith("ppo_clip-") for c in cells) == 3  # ppo_clip takes no cap
+    bad = yaml.safe_load((root / "cap_sweep.yaml").read_text())
+    bad["grid"]["cap"]["cap"] = [0.0]
+    (root / "bad_cap.yaml").write_text(yaml.safe_dump(bad))
+    out = _run([VACO, "sweep", "--config", "bad_cap.yaml", "--dry-run"], root, uri)
+    assert out.returncode == 2 and "`grid.cap.cap`: 0.0 is refused by RatioCap" in out.stderr
+    assert "`cap` must be > 0" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_a_sweep_with_an_unimportable_class_path_starts_nothing(tmp_path):
@@ -327,6 +327,6 @@ def test_the_readme_example_is_the_docs_example():
     files, _ = doc_blocks()
     assert readme and all(files[name] == body for name, body in readme.items())
     assert (
-        ".venv/bin/vaco fit --config configs/env/inverted_pendulum.yaml --config clipped_is.yaml"
+        ".venv/bin/vaco fit --config configs/env/inverted_pendulum.yaml --config ratio_cap.yaml"
         in (REPO / "README.md").read_text()
     )

@@ -332,22 +332,22 @@ def test_ppo_clip_equals_torchrl_clip_ppo_loss():
 
 
 # ---------------------------------------------------------------- a user objective, ~30 lines
-class ClippedIS(Objective):
+class RatioCap(Objective):
     """Truncated importance sampling: -min(r, c) * A, with the weight's gradient kept below c."""
 
-    def __init__(self, truncation: float = 2.0, **kwargs):
+    def __init__(self, cap: float = 2.0, **kwargs):
         super().__init__(**kwargs)
-        self.truncation = truncation
+        self.cap = cap
 
     def surrogate(self, *, ratio, log_ratio, advantage, batch):
-        truncated = ratio > self.truncation
-        weight = torch.where(truncated, ratio.detach().clamp(max=self.truncation), ratio)
-        return -weight * advantage, {"clipped": truncated}
+        capped = ratio > self.cap
+        weight = torch.where(capped, ratio.detach().clamp(max=self.cap), ratio)
+        return -weight * advantage, {"clipped": capped}
 
 
 def test_user_defined_objective_gets_the_shared_contract():
     td, leaf = minibatch([math.log(3.0), 0.0], [0.0, 0.0], [1.0, 1.0])
-    out = ClippedIS(truncation=2.0, normalize_advantage=False)(td)
+    out = RatioCap(cap=2.0, normalize_advantage=False)(td)
     assert float(out["loss_policy"]) == pytest.approx(-(2.0 + 1.0) / 2)
     assert grad_of(out["loss_policy"], leaf).tolist() == pytest.approx([0.0, -0.5])
     assert float(out["clip_fraction"]) == 0.5
@@ -367,7 +367,7 @@ METRICS = [
     "entropy",
 ]
 CORRECTIONS = [DecoupledPPO, PPOEWMA, TIS, MIS, CISPO, DPPOTV, APPO]
-ALL = [PPOClip, PPOKL, SPO, IMPALA, TVFilter, ClippedIS, *CORRECTIONS]
+ALL = [PPOClip, PPOKL, SPO, IMPALA, TVFilter, RatioCap, *CORRECTIONS]
 SEQUENCE_LEVEL = [GSPO, SequenceTIS, SequenceMIS]
 
 

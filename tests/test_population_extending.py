@@ -1,4 +1,4 @@
-"""docs/extending.md's own objective (``ClippedIS``) and advantage (``TD0``), written for one run,
+"""docs/extending.md's own objective (``RatioCap``) and advantage (``TD0``), written for one run,
 train unchanged in a population: each member equals its seed's solo run bit for bit (every logged
 metric but the timings), from the user's directory with the doc's files, as `vaco fit` runs them."""
 
@@ -12,7 +12,7 @@ from test_extending import TINY_FIT, _run, doc_blocks
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["clipped_is.yaml", "ppo_td0.yaml"])
+@pytest.mark.parametrize("config", ["ratio_cap.yaml", "ppo_td0.yaml"])
 def test_the_docs_objective_and_advantage_run_unchanged_in_a_population(tmp_path, config):
     files, _ = doc_blocks()
     for name in ("my_objectives.py", "my_advantages.py", config):

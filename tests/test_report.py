@@ -285,27 +285,27 @@ def test_a_data_file_gives_the_same_report_as_the_runs(tmp_path):
 
 @pytest.mark.slow
 def test_an_axis_an_objective_declares_gets_its_own_ablation(tmp_path):
-    """No edit of the report: runs that log a new axis (ClippedIS's truncation) are compared by it."""
+    """No edit of the report: runs that log a new axis (RatioCap's cap) are compared by it."""
     runs = [r for r in _synthetic_runs() if r.algorithm == "ppo_clip"]
     for r in list(runs):
         if r.K == 4:
             for value in (1.5, 4.0):
                 runs.append(
                     dataclasses.replace(
-                        r, run_id=f"{r.run_id}-t{value}", algorithm="clipped_is", axes={"truncation": value}
+                        r, run_id=f"{r.run_id}-t{value}", algorithm="ratio_cap", axes={"cap": value}
                     )
                 )
             runs.append(
-                dataclasses.replace(r, run_id=f"{r.run_id}-t2", algorithm="clipped_is", axes={"truncation": 2.0})
+                dataclasses.replace(r, run_id=f"{r.run_id}-t2", algorithm="ratio_cap", axes={"cap": 2.0})
             )
-    rep = R.build_report("trunc", runs, reps=50, reference={"truncation": 2.0})
-    assert rep.reference["truncation"] == 2.0
-    assert {r.algorithm for r in rep.main_runs()} == {"ppo_clip", "clipped_is"}
-    assert len([r for r in rep.main_runs() if r.algorithm == "clipped_is"]) == 6  # only truncation 2.0
-    ablation = R.ablations(rep)["truncation"]
-    assert sorted(ablation.groups()) == [f"clipped_is truncation={t} K=4" for t in ("1.5", "2", "4")]
+    rep = R.build_report("cap", runs, reps=50, reference={"cap": 2.0})
+    assert rep.reference["cap"] == 2.0
+    assert {r.algorithm for r in rep.main_runs()} == {"ppo_clip", "ratio_cap"}
+    assert len([r for r in rep.main_runs() if r.algorithm == "ratio_cap"]) == 6  # only cap 2.0
+    ablation = R.ablations(rep)["cap"]
+    assert sorted(ablation.groups()) == [f"ratio_cap cap={t} K=4" for t in ("1.5", "2", "4")]
     summary = R.write_report(rep, tmp_path).read_text()
-    assert "\n## Ablation: truncation\n" in summary and "(ablation_truncation.png)" in summary
+    assert "\n## Ablation: cap\n" in summary and "(ablation_cap.png)" in summary
     assert "## Ablation: delta" not in summary  # no run carries delta: no section for it (an LLM report's rho_bar)
 
 

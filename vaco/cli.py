@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int | None:
         # diagnosed without stopping it (the tests use it when a run does not exit in time)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     argv = list(sys.argv[1:] if argv is None else argv)
-    # A class_path to the user's own module (my_objectives.ClippedIS) resolves from the directory
+    # A class_path to the user's own module (my_objectives.RatioCap) resolves from the directory
     # vaco runs in: only for the commands that read class paths (fit, sweep), and *after* the
     # installed packages, so a stray numpy.py or yaml.py in the working directory never shadows them.
     if argv and argv[0] in USER_MODULE_COMMANDS and os.getcwd() not in sys.path and "" not in sys.path:
