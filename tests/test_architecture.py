@@ -28,6 +28,7 @@ LAYERS = {
         "vaco.hints",
         "vaco.checkpoint",
         "vaco.lightning_private",
+        "vaco.run_lock",
     ),
     2: ("vaco.objectives", "vaco.advantages", "vaco.networks", "vaco.proximal"),
     3: (

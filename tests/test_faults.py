@@ -6,6 +6,7 @@ SQLite store and a real `mlflow server`, real SIGKILLs. docs/reliability.md is t
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -610,3 +611,52 @@ def test_a_store_locked_by_another_process_is_one_line_naming_it(tmp_path):
     (line,) = [x for x in out.stderr.splitlines() if x.startswith("vaco fit: error:")]
     assert f"{db} is locked by another process" in line and "Expected a" not in out.stderr
     assert not list(tmp_path.glob("checkpoints/*"))
+
+
+# ---------------------------------------------------------------- one process per run
+def _tiny_with_budget(steps: int) -> list[str]:
+    at = TINY.index("--data.init_args.total_steps")
+    return [*TINY[: at + 1], str(steps), *TINY[at + 2 :]]
+
+
+@pytest.mark.slow
+def test_a_second_process_on_a_run_refuses_naming_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_path):
+    """Two real `vaco fit --ckpt_path` of one checkpoint: the second exits 2 in one line naming the
+    first (pid, host, since); once the first is killed (-9, it cannot let go), the next resume takes
+    the lock over, says so, and finishes; a clean end leaves the lock free."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {"MLFLOW_TRACKING_URI": uri}
+    first = run_cli("fit", *_tiny_with_budget(2 * 64 * 2), cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpt = next(tmp_path.glob("checkpoints/*/last.ckpt"))
+    lock = ckpt.parent / "vaco.lock"
+    holder = subprocess.Popen(
+        [VACO, "fit", *_tiny_with_budget(2 * 64 * 10_000), "--ckpt_path", str(ckpt)],
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 120
+        while not (lock.exists() and lock.read_text().strip()) and time.time() < deadline:
+            time.sleep(0.2)
+        description = lock.read_text()
+        assert description.strip(), "the resumed run never took its lock"
+        second = run_cli("fit", *_tiny_with_budget(2 * 64 * 3), "--ckpt_path", str(ckpt), cwd=tmp_path, env=env)
+        assert second.returncode == 2, second.stderr[-2000:]
+        line = _one_line(second.stderr)
+        assert (
+            line.startswith("vaco fit: error: the run of `--ckpt_path`")
+            and "is being trained by another process" in line
+        )
+        pid = json.loads(description)["pid"]  # the training process's (under the fork server, not Popen's)
+        assert f"pid {pid} on " in line and " since " in line and "Traceback" not in second.stderr
+        assert holder.poll() is None  # the holder was not disturbed
+    finally:
+        holder.kill()
+        holder.wait()
+    third = run_cli("fit", *_tiny_with_budget(2 * 64 * 3), "--ckpt_path", str(ckpt), cwd=tmp_path, env=env)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "vaco: took over the lock of the run of `--ckpt_path` from pid " in third.stderr
+    assert lock.read_text().strip() == ""  # a clean end lets go

@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from vaco.checkpoint import SafeCheckpointIO
 from vaco.lightning_private import save_last_checkpoint
+from vaco.run_lock import hold_run_lock
 
 __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfigToMLflow"]
 
@@ -178,6 +179,10 @@ class IterationCheckpoint(ModelCheckpoint):
         if self.dirpath is None:
             run = getattr(trainer.logger, "version", None) or "run"
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints", str(run))
+        if trainer.global_rank == 0:  # one process per run (vaco.run_lock): this run's folder, from here on
+            taken_over = hold_run_lock(self.dirpath, "this run")
+            if taken_over:
+                print(taken_over, file=sys.stderr, flush=True)
         super().setup(trainer, pl_module, stage)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -55,6 +56,7 @@ from vaco.fit_checks import (
 from vaco.hints import shell, vaco_command
 from vaco.learner import Learner, NonFiniteLossError
 from vaco.logger import VacoMLFlowLogger
+from vaco.run_lock import hold_run_lock, release_run_locks
 from vaco.tracking import (
     DEFAULT_TRACKING_URI,
     TrackingStoreError,
@@ -161,6 +163,10 @@ class VacoCLI(LightningCLI):
         config = self.config.get(self.config.get("subcommand") or "", None) if self.config.get("subcommand") else None
         self._resume_state = read_resume_checkpoint(config) if config is not None else None
         if self._resume_state is not None:
+            # one process per run: the resumed run's folder is locked before anything starts
+            taken_over = hold_run_lock(Path(config["ckpt_path"]).parent, "the run of `--ckpt_path`")
+            if taken_over:
+                print(taken_over, file=sys.stderr, flush=True)
             self._budget_line = resume_budget(config, self._resume_state, self._argv)
 
     def _set_seed(self) -> None:
@@ -523,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(1)
     finally:
         stop_listening()
+        release_run_locks()
     if _UNSENT:
         print(
             f"vaco fit: training ended, but the run is not finished: {_UNSENT[0]} holds metric batches the MLflow "
