@@ -291,13 +291,9 @@ def test_an_axis_an_objective_declares_gets_its_own_ablation(tmp_path):
         if r.K == 4:
             for value in (1.5, 4.0):
                 runs.append(
-                    dataclasses.replace(
-                        r, run_id=f"{r.run_id}-t{value}", algorithm="ratio_cap", axes={"cap": value}
-                    )
+                    dataclasses.replace(r, run_id=f"{r.run_id}-t{value}", algorithm="ratio_cap", axes={"cap": value})
                 )
-            runs.append(
-                dataclasses.replace(r, run_id=f"{r.run_id}-t2", algorithm="ratio_cap", axes={"cap": 2.0})
-            )
+            runs.append(dataclasses.replace(r, run_id=f"{r.run_id}-t2", algorithm="ratio_cap", axes={"cap": 2.0}))
     rep = R.build_report("cap", runs, reps=50, reference={"cap": 2.0})
     assert rep.reference["cap"] == 2.0
     assert {r.algorithm for r in rep.main_runs()} == {"ppo_clip", "ratio_cap"}

@@ -42,7 +42,9 @@ class APPO(Objective):
         super().__init__(**kwargs)
         _checks.positive(clip_epsilon=clip_epsilon, rho_bar=rho_bar)
         if clip_epsilon >= 10:  # the range [1/(1+eps), 1+eps] is symmetric in log r, so any eps is a clip; 10 is 11x
-            raise ValueError(f"`clip_epsilon` must be < 10 (the ratio is kept in [1/(1+eps), 1+eps]), got {clip_epsilon}")
+            raise ValueError(
+                f"`clip_epsilon` must be < 10 (the ratio is kept in [1/(1+eps), 1+eps]), got {clip_epsilon}"
+            )
         self.clip_epsilon, self.rho_bar, self.weight_advantage = float(clip_epsilon), float(rho_bar), weight_advantage
 
     def surrogate(self, *, ratio, log_ratio, advantage, batch):
