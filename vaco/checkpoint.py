@@ -17,6 +17,7 @@ checkpoint callback installs it, so ``vaco fit --ckpt_path`` loads through it to
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pickle
@@ -159,6 +160,14 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> None:
                 f"cannot write the checkpoint {path} ({failure.strerror or failure}); {then}"
             ) from None
         raise
+    # a writer killed mid-write (SIGKILL at the end of a grace period) leaves its temporary file,
+    # up to a whole checkpoint, as a dot-file nobody sees: the next write of that path removes them
+    # (one process writes a run's checkpoints: vaco.run_lock)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
+        try:
+            stale.unlink()
+        except OSError:
+            pass
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
     except OSError:

@@ -62,13 +62,39 @@ def load_policy(ckpt_path: str, member: int | None = None):
         state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
     elif member is not None:
         raise CheckpointError(f"`--member`: {ckpt_path} is a single run, not a population; leave --member out")
-    actor.load_state_dict({k[len("actor.") :]: v for k, v in state.items() if k.startswith("actor.")})
+    _load(actor, state, "actor.", ckpt_path)
     actor.eval()
     if hparams.get("normalize_observation", True):
         rms = RunningMeanStd(spec["obs_dim"])
-        rms.load_state_dict({k[len("obs_rms.") :]: v for k, v in state.items() if k.startswith("obs_rms.")})
+        _load(rms, state, "obs_rms.", ckpt_path)
         return spec["env_id"], learner_policy(actor, rms.mean, rms.var)
     return spec["env_id"], actor
+
+
+def _load(module, state: dict, prefix: str, ckpt_path: str) -> None:
+    """``module``'s weights from the checkpoint's ``prefix`` entries; weights that do not fit the
+    network its hyperparameters describe (an edited file, another version's) are one line naming
+    the file and the first mismatch, not torch's traceback."""
+    from vaco.checkpoint import CheckpointError
+
+    try:
+        module.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+    except RuntimeError as err:
+        import re
+
+        details = [line.strip().rstrip(".") for line in str(err).splitlines()[1:] if line.strip()]
+        first = details[0] if details else str(err).splitlines()[0]
+        size = re.match(
+            r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[.*?\])\) from "
+            r"checkpoint, the shape in current model is torch\.Size\((\[.*?\])\)",
+            first,
+        )
+        if size:
+            first = f"`{prefix}{size[1]}` is {size[2]} in the file, {size[3]} in the network"
+        raise CheckpointError(
+            f"`--ckpt`: {ckpt_path}'s weights do not fit the network its hyperparameters describe "
+            f"({first}); the file was changed after it was written, or by another vaco version"
+        ) from None
 
 
 VIDEO_FORMATS = (".mp4", ".gif")

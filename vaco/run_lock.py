@@ -8,9 +8,9 @@ its folder is known (:class:`vaco.callbacks.IterationCheckpoint`). A second proc
 line naming the holder (pid, host, since when).
 
 The lock is a POSIX record lock (``fcntl.lockf``): the kernel drops it when its process dies,
-however it dies, and a child process (an env worker) does not inherit it. The file keeps the
-holder's description; a clean exit empties it, so a description found by the next holder is one
-whose process died without letting go, and the taking over is said in one line. On a file system
+however it dies, and a child process (an env worker) does not inherit it. The file holds the
+holder's description; a clean exit removes it, so a file found by the next holder is one whose
+process died without letting go, and the taking over is said in one line. On a file system
 without POSIX locks (some network mounts) the lock is skipped with a warning.
 """
 
@@ -31,7 +31,7 @@ from vaco.config_errors import ConfigurationError
 __all__ = ["LOCK_NAME", "RunLockedError", "hold_run_lock", "release_run_locks"]
 
 LOCK_NAME = "vaco.lock"
-_HELD: dict[str, int] = {}  # resolved folder -> the open descriptor holding its lock
+_HELD: dict[str, tuple[int, Path]] = {}  # resolved folder -> (the open descriptor holding its lock, the file)
 
 
 class RunLockedError(ConfigurationError):
@@ -54,19 +54,26 @@ def hold_run_lock(folder: str | os.PathLike, what: str = "this run") -> str | No
         return None
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        holder = _read(fd)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = _read(fd)
+            os.close(fd)
+            if err.errno in (errno.EACCES, errno.EAGAIN):
+                raise RunLockedError(
+                    f"{what} ({folder}) is being trained by another process ({_describe(holder)}); wait for it to "
+                    "end or stop it, then run this again"
+                ) from None
+            print(f"vaco: warning: no lock on {path} ({err.strerror}): nothing stops a second process", file=sys.stderr)
+            return None
+        try:  # the file locked is still the folder's: a holder that ended may have removed it meanwhile
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        if err.errno in (errno.EACCES, errno.EAGAIN):
-            raise RunLockedError(
-                f"{what} ({folder}) is being trained by another process ({_describe(holder)}); wait for it to "
-                "end or stop it, then run this again"
-            ) from None
-        print(f"vaco: warning: no lock on {path} ({err.strerror}): nothing stops a second process", file=sys.stderr)
-        return None
     previous = _read(fd)
     me = {
         "pid": os.getpid(),
@@ -76,7 +83,7 @@ def hold_run_lock(folder: str | os.PathLike, what: str = "this run") -> str | No
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)
     os.fsync(fd)
-    _HELD[key] = fd
+    _HELD[key] = (fd, path)
     atexit.register(_release, key)
     if previous:
         return f"vaco: took over the lock of {what} from {_describe(previous)}: that process ended without releasing it"
@@ -98,12 +105,14 @@ def _read(fd: int) -> dict:
 
 
 def _release(key: str) -> None:
-    """A clean exit: the description emptied, then the lock let go (the file stays, for the next holder)."""
-    fd = _HELD.pop(key, None)
-    if fd is None:
+    """A clean exit: the file removed while still locked, then the lock let go (a process that opened
+    the old file meanwhile sees it is no longer the folder's and opens the new one)."""
+    held = _HELD.pop(key, None)
+    if held is None:
         return
+    fd, path = held
     try:
-        os.ftruncate(fd, 0)
+        path.unlink(missing_ok=True)
         fcntl.lockf(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
