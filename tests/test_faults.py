@@ -682,3 +682,20 @@ def test_a_second_process_on_a_run_refuses_naming_the_holder_and_a_dead_holders_
     assert third.returncode == 0, third.stderr[-3000:]
     assert "vaco: took over the lock of the run of `--ckpt_path` from pid " in third.stderr
     assert not lock.exists()  # a clean end lets go and leaves nothing in the folder
+
+
+def test_a_long_store_error_is_cut_at_a_word_and_says_so():
+    """The outage line once read `... with url: /api/2.0/mlflo)`: a cut mid-word, as if the message."""
+    from vaco.logger import _store_error_line
+
+    url = "/api/2.0/mlflow/runs/log-batch"
+    err = ConnectionError(
+        "HTTPConnectionPool(host='127.0.0.1', port=43211): Max retries exceeded with url: "
+        f"{url} (Caused by NewConnectionError('<urllib3.connection.HTTPConnection object at 0x7f>: "
+        "Failed to establish a new connection: [Errno 111] Connection refused'))"
+    )
+    line = _store_error_line(err)
+    assert len(line) <= 204 and line.endswith(" ...") and line.startswith("ConnectionError: HTTPConnectionPool")
+    cut, full = line.removesuffix(" ..."), f"ConnectionError: {err}"
+    assert full.startswith(cut) and full[len(cut)] == " "  # whole words only
+    assert _store_error_line(ConnectionError("short")) == "ConnectionError: short"

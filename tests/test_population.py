@@ -17,7 +17,7 @@ import torch
 from helpers.runs import build_run
 from vaco.advantages import GAE, VTrace
 from vaco.data.normalization import OBS_CLIP
-from vaco.objectives import PPOKL, SPO, PPOClip, TVFilter
+from vaco.objectives import APPO, CISPO, DPPOTV, MIS, PPOKL, SPO, TIS, PPOClip, TVFilter
 from vaco.population import PopulationUpdate
 from vaco.update import TRAIN_KEYS
 
@@ -29,6 +29,12 @@ ALGORITHMS = {
     "ppo_clip": (lambda: PPOClip(clip_epsilon=0.2), lambda: GAE(gamma=0.99, lmbda=0.95)),
     "ppo_kl_adaptive": (lambda: PPOKL(kl_coef=1.0, target_kl=0.001), lambda: GAE(gamma=0.99, lmbda=0.95)),
     "spo": (lambda: SPO(), lambda: GAE(gamma=0.99, lmbda=0.95)),
+    # the per-sample corrections (the two with a proximal policy: tests/test_population_fit.py)
+    "tis": (lambda: TIS(truncation=1.05), lambda: GAE(gamma=0.99, lmbda=0.95)),
+    "mis": (lambda: MIS(low=0.95, high=1.05), lambda: GAE(gamma=0.99, lmbda=0.95)),
+    "cispo": (lambda: CISPO(clip_epsilon_low=0.05, clip_epsilon_high=0.05), lambda: GAE(gamma=0.99, lmbda=0.95)),
+    "dppo_tv": (lambda: DPPOTV(difference="ratio", mask_low=0.05, mask_high=0.05), lambda: GAE(gamma=0.99, lmbda=0.95)),
+    "appo": (lambda: APPO(), lambda: VTrace(gamma=0.99, lmbda=0.95)),
 }
 
 

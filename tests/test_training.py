@@ -128,6 +128,17 @@ class NaNAfter(PPOClip):
         return loss, indicators
 
 
+def test_nan_loss_before_any_checkpoint_does_not_claim_one_is_kept(tmp_path, mlflow_uri):
+    """A NaN in the first iteration, before any checkpoint exists: the line says none was written."""
+    objective = NaNAfter()
+    objective.calls = 2 * 2 * 4  # NaN from the first step on
+    module, data, trainer = build_run(tmp_path, mlflow_uri, objective=objective, advantage=GAE())
+    with pytest.raises(NonFiniteLossError, match=r"iteration 1, epoch 0, minibatch 0") as err:
+        trainer.fit(module, data)
+    assert "no checkpoint was written before it" in str(err.value) and "is kept" not in str(err.value)
+    assert not (tmp_path / "ckpt" / "last.ckpt").exists()
+
+
 def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, mlflow_uri):
     module, data, trainer = build_run(tmp_path, mlflow_uri, objective=NaNAfter(), advantage=GAE())
     with pytest.raises(NonFiniteLossError, match=r"iteration 3, epoch 0, minibatch 0.*last good checkpoint"):

@@ -340,8 +340,18 @@ def _store_error_line(err: Exception) -> str:
     for line in lines:
         found = re.search(r"\((?:sqlite3|psycopg2?|pymysql|MySQLdb)[\w.]*\) .+", line)
         if found:
-            return found.group(0)[:200]
-    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:200]
+            return _shorten(found.group(0))
+    return _shorten(f"{type(err).__name__}: {lines[0] if lines else ''}")
+
+
+def _shorten(line: str, limit: int = 200) -> str:
+    """``line`` cut at a word boundary near ``limit`` characters, with an ellipsis where it was cut
+    (a cut mid-word, ``url: /api/2.0/mlflo)``, read as the message itself)."""
+    if len(line) <= limit:
+        return line
+    head = line[:limit]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 2 else head).rstrip(" ,;:(") + " ..."
 
 
 class _StoreTracebacksOff(logging.Filter):

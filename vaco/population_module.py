@@ -58,7 +58,7 @@ from vaco.learner import Learner, NonFiniteLossError, short_count
 from vaco.lightning_private import reopen_finished_epoch, set_logged_hparam
 from vaco.population import PopulationUpdate
 from vaco.update import train_keys
-from vaco.vaco_module import VacoModule
+from vaco.vaco_module import VacoModule, last_checkpoint
 
 __all__ = ["PopulationModule", "PopulationDataModule", "population_seeds", "POPULATION_TAG", "MEMBER_TAG"]
 
@@ -408,10 +408,9 @@ class PopulationModule(Learner):
         return None if proximals[0] is None else proximals
 
     def _all_stopped(self) -> str:
-        return (
-            f"iteration {int(self.version) + 1}: every member of the population has stopped on non-finite values; "
-            "the last good checkpoint is kept"
-        )
+        ckpt = last_checkpoint(self.trainer)
+        kept = f"the last good checkpoint is kept ({ckpt})" if ckpt else "no checkpoint was written before it"
+        return f"iteration {int(self.version) + 1}: every member of the population has stopped on non-finite values; {kept}"
 
     def _stop_member(self, m: int, reason: str) -> None:
         """Member ``m`` met non-finite values (its loss, its envs' output): it stops alone, as its

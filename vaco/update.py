@@ -305,10 +305,14 @@ class MinibatchUpdate(UpdateLayout):
             detail = f"loss {float(summed_losses(out))}, {_describe(out)}"
         except NonFiniteInputError as err:
             detail = str(err)
-        where = f" ({self.checkpoint})" if self.checkpoint else ""
+        kept = (
+            f"the last good checkpoint is kept ({self.checkpoint})"
+            if self.checkpoint
+            else "no checkpoint was written before it (a run starts again from the beginning)"
+        )
         return NonFiniteLossError(
             f"non-finite loss at iteration {self.iteration}, epoch {epoch}, minibatch {k}: "
-            f"{detail}. That step was skipped and the run stops; the last good checkpoint is kept{where}."
+            f"{detail}. That step was skipped and the run stops; {kept}."
         )
 
     def _reestimate(self, batch, flat) -> dict[str, torch.Tensor]:

@@ -45,6 +45,7 @@ __all__ = [
     "IterationData",
     "NonFiniteLossError",
     "default_algorithm_name",
+    "last_checkpoint",
     "plain_fields",
 ]
 
@@ -319,7 +320,7 @@ class VacoModule(Learner):
             num_minibatches=hp.num_minibatches,
             device=self.device,
             iteration=int(self.version) + 1,
-            checkpoint=_last_checkpoint(self.trainer),
+            checkpoint=last_checkpoint(self.trainer),
             proximal=self.proximal_actor,
         ).run(batch, flat)
         scheduler = self.lr_schedulers()
@@ -561,7 +562,7 @@ class VacoModule(Learner):
         self._saved_budget = state.get("total_steps")
 
 
-def _last_checkpoint(trainer) -> str:
+def last_checkpoint(trainer) -> str:
     """The path of the run's last checkpoint so far, or ""."""
     callback = getattr(trainer, "checkpoint_callback", None)
     return getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "") or ""
