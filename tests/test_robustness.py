@@ -479,6 +479,16 @@ def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_recor
     for name, estimate, interval, seeds, word in verdicts:
         stated = f"**{word}** (look {looks.index(int(seeds)) + 1}, {seeds} seeds): {estimate} {interval}"
         assert stated in table, (name, stated)
+    # what each verdict rests on (each task alone, IQM and untrimmed mean): results.md's sensitivity table
+    split = re.findall(
+        r"^    sensitivity, not a verdict: .*?HalfCheetah-v5 (\S+) \(mean (\S+)\); Hopper-v5 (\S+) \(mean (\S+)\)$",
+        out,
+        re.M,
+    )
+    assert len(split) == 3, out
+    text = (repo / "docs/results.md").read_text()
+    for hc, hc_mean, hop, hop_mean in split:
+        assert f"| {hc} ({hc_mean}) | {hop} ({hop_mean}) |" in text, (hc, hop)
 
 
 def test_the_llm_cpu_grids_accuracies_in_llm_md_come_from_its_committed_data():

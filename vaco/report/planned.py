@@ -88,6 +88,7 @@ class PlannedVerdict:
     seeds_needed: int | None
     method: str
     decided_at: int | None = None  # seeds of the earlier look that decided it (None: this look, or not decided)
+    per_task: tuple[tuple[str, float, float], ...] = ()  # (task, IQM, untrimmed mean): sensitivity, not verdicts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +225,7 @@ def judge_plan(
                 i.verdict.seeds_needed if word == "undecided" else None,
                 i.verdict.method,
                 decided_at,
+                i.per_task,
             )
         )
     return PlanJudgement(
@@ -303,6 +305,9 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
             f"IQM at K {v.levels_at_k[0]:.3f} / {v.levels_at_k[1]:.3f}; {v.seeds} seeds, {v.method}: {tests} -> "
             f"**{v.word}**{at_earlier}{needed}"
         )
+        if len(v.per_task) > 1:  # what the pooled statistic rests on
+            split = "; ".join(f"{task} {iqm:+.3f} (mean {mean:+.3f})" for task, iqm, mean in v.per_task)
+            lines.append(f"    sensitivity, not a verdict: each task alone, IQM (untrimmed mean): {split}")
     lines += [f"  {label}: not in the data (no seed has runs in all four cells)" for label in judgement.missing]
     if judgement.excluded:
         lines.append(f"  {judgement.excluded} runs left out for a non-finite score (the report's notes name them)")

@@ -126,6 +126,8 @@ class Interaction:
     # IQM of the four cells (algorithm at K_ref, algorithm at K, baseline at K_ref, baseline at K):
     # difference = (levels[1] - levels[3]) + (levels[2] - levels[0]), the gap at K plus the K_ref gap
     levels: tuple[float, float, float, float] | None = None
+    # the same contrast on each task alone, (task, IQM, untrimmed mean): what the pooled one rests on
+    per_task: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def gap_at_k(self) -> float:
@@ -372,4 +374,12 @@ def difference_of_drops(
         verdict,
         float(((yr - yk) - (xr - xk)).mean()),
         (_iqm(xr), _iqm(xk), _iqm(yr), _iqm(yk)),
+        tuple(
+            (
+                task,
+                float(interaction(*(m[:, [t]] for m in mats))[0]),
+                float(((yr - yk) - (xr - xk))[:, t].mean()),
+            )
+            for t, task in enumerate(tasks)
+        ),
     )
