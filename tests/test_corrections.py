@@ -25,7 +25,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from helpers.runs import CONFIGS, build_run
+from helpers.runs import build_run, fit_in_process
 from vaco.advantages import GAE
 from vaco.objectives import APPO, CISPO, DPPOTV, GSPO, MIS, PPOEWMA, TIS, DecoupledPPO, SequenceMIS, SequenceTIS
 from vaco.objectives.objective_math import effective_sample_size, masked_quantile
@@ -423,36 +423,7 @@ def test_gspo_is_verls_sequence_ratio_in_token_form(token_batches, float64, low,
 
 # ---------------------------------------------------------------- every correction through `vaco fit`
 def _fit(root, algo: str, *args: str) -> None:
-    from vaco.fit import main
-
-    argv = [
-        "--config",
-        str(CONFIGS / "env" / "inverted_pendulum.yaml"),
-        "--config",
-        str(CONFIGS / "algo" / f"{algo}.yaml"),
-        "--data.init_args.num_envs",
-        "2",
-        "--data.init_args.num_steps",
-        "64",
-        "--data.init_args.policy_buffer_size",
-        "3",
-        "--data.init_args.eval_every",
-        "0",
-        "--data.init_args.eval_episodes",
-        "2",
-        "--data.init_args.eval_envs",
-        "2",
-        "--model.init_args.update_epochs",
-        "2",
-        "--model.init_args.num_minibatches",
-        "4",
-        "--checkpoint.every_n_iterations",
-        "1",
-        "--trainer.default_root_dir",
-        str(root),
-        *args,
-    ]
-    assert main(argv) == 0
+    fit_in_process(root, algo, *args, eval_every=0)
 
 
 @pytest.mark.slow

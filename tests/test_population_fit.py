@@ -16,7 +16,7 @@ import mlflow
 import pytest
 import torch
 
-from helpers.runs import CONFIGS, VACO, metric_histories
+from helpers.runs import CONFIGS, VACO, fit_in_process, metric_histories
 from vaco.checkpoint import load_checkpoint
 from vaco.population_module import MEMBER_TAG, POPULATION_TAG
 
@@ -25,36 +25,7 @@ BATCH = 2 * 64
 
 
 def _fit(tmp_path, algo: str, *args: str) -> None:
-    from vaco.fit import main
-
-    argv = [
-        "--config",
-        ENV,
-        "--config",
-        str(CONFIGS / "algo" / f"{algo}.yaml"),
-        "--data.init_args.num_envs",
-        "2",
-        "--data.init_args.num_steps",
-        "64",
-        "--data.init_args.policy_buffer_size",
-        "3",
-        "--data.init_args.eval_every",
-        "2",
-        "--data.init_args.eval_episodes",
-        "2",
-        "--data.init_args.eval_envs",
-        "2",
-        "--model.init_args.update_epochs",
-        "2",
-        "--model.init_args.num_minibatches",
-        "4",
-        "--checkpoint.every_n_iterations",
-        "1",
-        "--trainer.default_root_dir",
-        str(tmp_path),
-        *args,
-    ]
-    assert main(argv) == 0
+    fit_in_process(tmp_path, algo, *args)
 
 
 def _runs(uri: str) -> list:

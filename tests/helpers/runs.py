@@ -142,3 +142,39 @@ def fit_inverted_pendulum_ppo(tmp_path: Path, uri: str, collection: str):
     client = mlflow.MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("vaco").experiment_id])
     return run
+
+
+def fit_in_process(root: Path, algo: str, *args: str, eval_every: int = 2) -> None:
+    """`vaco fit` in this process (its real parser and Trainer) of ``configs/algo/<algo>.yaml`` on a
+    tiny InvertedPendulum setting: 2 envs x 64 steps, K = 3, 2 epochs x 4 minibatches, a checkpoint
+    every iteration under ``root``; ``args`` add to or override it (the budget, ``--population``)."""
+    from vaco.fit import main
+
+    argv = [
+        "--config",
+        str(CONFIGS / "env" / "inverted_pendulum.yaml"),
+        "--config",
+        str(CONFIGS / "algo" / f"{algo}.yaml"),
+        "--data.init_args.num_envs",
+        "2",
+        "--data.init_args.num_steps",
+        "64",
+        "--data.init_args.policy_buffer_size",
+        "3",
+        "--data.init_args.eval_every",
+        str(eval_every),
+        "--data.init_args.eval_episodes",
+        "2",
+        "--data.init_args.eval_envs",
+        "2",
+        "--model.init_args.update_epochs",
+        "2",
+        "--model.init_args.num_minibatches",
+        "4",
+        "--checkpoint.every_n_iterations",
+        "1",
+        "--trainer.default_root_dir",
+        str(root),
+        *args,
+    ]
+    assert main(argv) == 0
