@@ -1,110 +1,110 @@
-"""Size a study plan's looks from a pilot: the power of vaco's rule (group-sequential Holm over the
-family, vaco.report.plan) for candidate look schedules, by simulation of the normal model.
+"""Size a study plan from a pilot by simulating the test it declares (vaco.report.sizing.simulate_plan):
+for each candidate schedule of looks, each comparison's P(differs) by the last look, with the
+pilot's uncertainty (a world drawn from the pilot before each study's seeds) and without it (the
+pilot as the truth), and the mean seeds a cell at which the study stops.
 
-The pilot is the committed data: per task, the mean and the sample SD (ddof 1) of the per-seed
-paired differences of drops, ``(clip(1) - clip(K)) - (arm(1) - arm(K))``, of each pilot arm against
-``ppo_clip`` at K, normalised by the plan's fixed references. An arm with no pilot data borrows
-the smallest pilot effect and the largest pilot SD (``--assume``). Each simulated study draws, per
-seed and task, the comparisons' differences with the pilot's means and SDs and correlation
-``--rho`` between comparisons (they share the PPO-clip arm), and judges each look by the rule with
-a z-test on the mean (the report's bootstrap is close to it at these seed counts).
+A pilot is one comparison's runs in committed data files, normalised by the plan's fixed
+references: ``--pilot ARM,AGAINST,K=FILE[,FILE...]`` (an arm named differently in the data:
+``ARM:NAME``). Arms with no common seeds are paired by seed rank (noted).
 
-    python scripts/plan_power.py --looks 10,20,30 --looks 10,20,30,40 --looks 15,30,45
+    python scripts/plan_power.py --references '{"Hopper-v5": [300, 1500], "HalfCheetah-v5": [-300, 1800]}' \\
+      --pilot vaco,ppo_clip,4=docs/data/confirm_k4.csv.gz --looks 12,24,36 --looks 16,32
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import numpy as np
-from scipy.stats import norm
 
-from vaco.report.plan import holm_levels, sequential_holm
-
-PILOT = {  # arm -> the committed data that has it against ppo_clip at the lag study's budget
-    "vaco": ["docs/data/five_tasks.csv.gz", "docs/data/lag_robustness.csv.gz"],
-    "vaco_delta01": ["docs/data/lag_2x2.csv.gz"],  # as vaco_tv_matched: VACO with delta 0.1
-}
-ALIAS = {"vaco_delta01": "vaco_tv_matched"}
-TASKS = ("Hopper-v5", "HalfCheetah-v5")
+from vaco import report as R
+from vaco.report.report_cli import read_data_files
+from vaco.report.robustness import paired_cells
+from vaco.report.sizing import Pilot, simulate_plan
 
 
-def pilot(arm: str, references: dict[str, tuple[float, float]], K: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Per task (mean, SD) of the paired differences of drops of ``arm`` against ppo_clip, and the seeds."""
-    from vaco import report as R
-    from vaco.report.report_cli import read_data_files
-    from vaco.report.robustness import paired_cells
+def parse_pilot(spec: str) -> tuple[str, str, str, str, int, list[str]]:
+    """``ARM[:NAME],AGAINST[:NAME],K=FILES`` -> (arm, arm's name in data, against, its name, K, files)."""
+    try:
+        head, files = spec.split("=", 1)
+        arm, against, k = head.split(",")
+    except ValueError:
+        raise SystemExit(f"--pilot {spec!r}: expected ARM,AGAINST,K=FILE[,FILE...]") from None
+    arm, arm_name = (arm.split(":") + [arm])[:2]
+    against, against_name = (against.split(":") + [against])[:2]
+    return arm, arm_name, against, against_name, int(k), files.split(",")
 
-    runs, _ = read_data_files(PILOT[arm])
-    runs = [r for r in runs if r.env in TASKS]
+
+def load_pilot(spec: str, references: dict[str, tuple[float, float]]) -> Pilot:
+    arm, arm_name, against, against_name, K, files = parse_pilot(spec)
+    runs, _ = read_data_files(files)
+    runs = [r for r in runs if r.env in references and r.status == "FINISHED"]
     report = R.build_report("pilot", runs, reps=10, fixed_bounds=references)
-    name = ALIAS.get(arm, arm)
-    cells = [(name, 1), (name, K), ("ppo_clip", 1), ("ppo_clip", K)]
-    (xr, xk, yr, yk), _ = paired_cells(report, cells, list(TASKS), runs=report.runs)
-    d = (yr - yk) - (xr - xk)
-    return d.mean(axis=0), d.std(axis=0, ddof=1), d.shape[0]
-
-
-def power(means, sds, rho, looks, alpha, studies, seed):
-    """P(differs) per comparison by the last look, and the mean seeds a cell at which the study stops."""
-    rng = np.random.default_rng(seed)
-    m, tasks = means.shape
-    levels = holm_levels(looks, alpha, "pocock", m)
-    wins = np.zeros(m)
-    stopped = []
-    for _ in range(studies):
-        e = rng.standard_normal((m, tasks, looks[-1]))
-        c = rng.standard_normal((1, tasks, looks[-1]))
-        x = means[:, :, None] + sds[:, :, None] * (np.sqrt(1 - rho) * e + np.sqrt(rho) * c)
-        rejected = [False] * m
-        at = looks[-1]
-        for k, n in enumerate(looks):
-            d = x[:, :, :n].mean(axis=(1, 2))
-            se = np.sqrt((x[:, :, :n].var(axis=2, ddof=1)).mean(axis=1) / (n * tasks))
-            p = (2 * norm.sf(np.abs(d / se))).tolist()
-            rejected = sequential_holm(p, levels, k, rejected)
-            if all(rejected):
-                at = n
-                break
-        wins += rejected
-        stopped.append(at)
-    return wins / studies, float(np.mean(stopped))
+    tasks = list(references)
+    cells = [(arm_name, 1), (arm_name, K), (against_name, 1), (against_name, K)]
+    mats, _ = paired_cells(report, cells, tasks, runs=report.runs)
+    label = f"{arm} vs {against} at K={K}"
+    if mats[0].shape[0]:
+        return Pilot(label, np.stack(mats))
+    # no common seeds: each pair of cells (an arm at K_ref and K) by its own seeds, paired by rank
+    x, _ = paired_cells(report, cells[:2], tasks, runs=report.runs)
+    y, _ = paired_cells(report, cells[2:], tasks, runs=report.runs)
+    n = min(x[0].shape[0], y[0].shape[0])
+    if n == 0:
+        raise SystemExit(f"--pilot {spec!r}: no runs of {arm_name} or {against_name} at K=1 and K={K} in {files}")
+    return Pilot(label, np.stack([x[0][:n], x[1][:n], y[0][:n], y[1][:n]]), paired=False)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="vaco,vaco_delta01,vaco_delta04", help="arms against ppo_clip")
-    ap.add_argument("--K", type=int, default=4)
-    ap.add_argument("--references", default='{"Hopper-v5": [300, 1500], "HalfCheetah-v5": [-300, 1800]}')
-    ap.add_argument("--looks", action="append", default=None, help="a candidate schedule, e.g. 10,20,30")
-    ap.add_argument("--rho", type=float, default=0.5)
+    ap.add_argument("--pilot", action="append", required=True, help="ARM[:NAME],AGAINST[:NAME],K=FILE[,FILE...]")
+    ap.add_argument("--references", required=True, help='fixed [min, max] per task, JSON: {"Hopper-v5": [300, 1500]}')
+    ap.add_argument("--looks", action="append", required=True, help="a candidate schedule, e.g. 12,24,36")
+    ap.add_argument("--test", default="randomisation", choices=["randomisation", "bootstrap"])
     ap.add_argument("--alpha", type=float, default=0.05)
-    ap.add_argument("--studies", type=int, default=4000)
+    ap.add_argument("--spending", default="pocock")
+    ap.add_argument("--studies", type=int, default=400)
+    ap.add_argument("--swaps", type=int, default=999, help="patterns per randomisation p (the report uses 20,000)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    refs = {k: tuple(v) for k, v in json.loads(args.references).items()}
-    arms = args.family.split(",")
-    found = {a: pilot(a, refs, args.K) for a in arms if a in PILOT}
-    for a, (mu, sd, n) in found.items():
-        print(f"pilot {a} vs ppo_clip at K={args.K} ({n} seeds): mean {np.round(mu, 3)}, SD {np.round(sd, 3)} per task")
-    low = min(found.values(), key=lambda f: f[0].mean())[0]
-    wide = max(found.values(), key=lambda f: f[1].mean())[1]
-    for a in arms:
-        if a not in found:
-            found[a] = (low, wide, 0)
-            print(
-                f"pilot {a}: none; assumed the smallest pilot effect {np.round(low, 3)} with the widest SD {np.round(wide, 3)}"
-            )
-    means = np.array([found[a][0] for a in arms])
-    sds = np.array([found[a][1] for a in arms])
-    for looks in args.looks or ["10,20,30"]:
-        schedule = [int(n) for n in looks.split(",")]
-        p, stop = power(means, sds, args.rho, schedule, args.alpha, args.studies, args.seed)
+    references = {task: (float(lo), float(hi)) for task, (lo, hi) in json.loads(args.references).items()}
+    pilots = [load_pilot(spec, references) for spec in args.pilot]
+    for p in pilots:
+        xr, xk, yr, yk = p.units
+        d = (yr - yk) - (xr - xk)
         print(
-            f"looks {schedule}: P(differs by the last look) "
-            + ", ".join(f"{a} {q:.2f}" for a, q in zip(arms, p))
-            + f"; mean stop at {stop:.1f} seeds"
+            f"pilot {p.label}: {p.units.shape[1]} seeds x {p.units.shape[2]} tasks"
+            + ("" if p.paired else " (no common seeds: paired by seed rank)")
+            + f"; difference of drops per task: mean {np.round(d.mean(axis=0), 3).tolist()}, "
+            f"SD {np.round(d.std(axis=0, ddof=1), 3).tolist()}"
+        )
+    for looks in args.looks:
+        schedule = [int(n) for n in looks.split(",")]
+        start = time.time()
+        out = {}
+        for uncertainty in (True, False):
+            out[uncertainty] = simulate_plan(
+                pilots,
+                schedule,
+                args.alpha,
+                args.spending,
+                args.test,
+                args.studies,
+                args.seed,
+                uncertainty=uncertainty,
+                swaps=args.swaps,
+            )
+        with_u, plug_in = out[True], out[False]
+        print(
+            f"looks {schedule} ({args.test}, {args.studies} studies, {time.time() - start:.0f} s): P(differs by the "
+            f"last look) with the pilot's uncertainty "
+            + " / ".join(f"{v:.2f}" for v in with_u.differs)
+            + f", mean stop {with_u.mean_stop:.1f} seeds; plug-in "
+            + " / ".join(f"{v:.2f}" for v in plug_in.differs)
+            + f", mean stop {plug_in.mean_stop:.1f}; at the first look (with uncertainty) "
+            + " / ".join(f"{v:.2f}" for v in with_u.differs_at[0])
         )
     return 0
 

@@ -171,6 +171,7 @@ PLAN = {
     "alpha": 0.05,
     "looks": [10, 20],
     "spending": "pocock",
+    "test": "bootstrap",
 }
 
 
@@ -187,6 +188,8 @@ PLAN = {
         ({"references": {"hopper": [3000, 10]}}, r"`plan.references.hopper`: min \(3000\) must be below max"),
         ({"family": [{"arm": "vaco", "against": "vaco", "K": 16}]}, r"`plan.family\[0\]` compares 'vaco' with itself"),
         ({"floor": 0}, r"`plan.floor` must be a normalised score in \(0, 1\)"),
+        ({"test": None}, r"`plan.test` must be declared: randomisation .* or bootstrap"),
+        ({"test": "t-test"}, r"`plan.test` must be declared: .*got 't-test'"),
     ],
 )
 def test_a_bad_plan_names_the_field(change, message):
@@ -220,7 +223,12 @@ def test_a_sweeps_plan_is_declared_with_its_first_run_and_cannot_change_after(tm
         "overrides": TINY_CELL,
         "defaults": {"env": "inverted_pendulum", "K": [1, 2], "seed": [1, 2]},
         "grid": {"main": {"algorithm": ["vaco", "ppo_clip"]}},
-        "plan": {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}], "looks": [2], "margin": 0.05},
+        "plan": {
+            "family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}],
+            "looks": [2],
+            "margin": 0.05,
+            "test": "bootstrap",
+        },
     }
     path = tmp_path / "planned.yaml"
     path.write_text(yaml.safe_dump(sweep))
@@ -356,7 +364,11 @@ def test_the_report_judges_the_family_by_sequential_holm_and_splits_each_differe
     from vaco.report.planned import Judgement, judge_plan, plan_lines
 
     report = R.build_report("planned", _runs(), reps=200, seed=0)
-    raw = {"family": [{"arm": "vaco", "against": "ppo_clip", "K": k} for k in (4, 16)], "looks": [3, 6]}
+    raw = {
+        "family": [{"arm": "vaco", "against": "ppo_clip", "K": k} for k in (4, 16)],
+        "looks": [3, 6],
+        "test": "bootstrap",
+    }
     plan = load_plan({**raw, "spending": "pocock"}, ["vaco", "ppo_clip"], [1, 4, 16], seeds=6)
     judged = judge_plan(plan, report, declared="2026-11-28 00:00:00 UTC")
     assert judged.look == 1 and judged.seeds == 6 and judged.looks == (3, 6)
@@ -434,7 +446,7 @@ def test_a_look_after_a_decision_counts_the_seeds_of_the_open_comparisons_only()
     runs = [r for r in runs if not (r.algorithm == "vaco" and r.seed > 12)]
     report = R.build_report("pruned", runs, reps=2000, fixed_bounds=refs)
     family = [{"arm": a, "against": "ppo_clip", "K": 4} for a in ("vaco", "spo")]
-    raw = {"family": family, "looks": [12, 24, 36], "spending": "pocock", "margin": 0.05}
+    raw = {"family": family, "looks": [12, 24, 36], "spending": "pocock", "margin": 0.05, "test": "bootstrap"}
     plan = load_plan(raw, ["vaco", "ppo_clip", "spo"], [1, 4], seeds=36)
     look1 = Judgement(12, "2026-12-01 00:00:00 UTC", "until-decided", {"vaco vs ppo_clip at K=4": "differs"})
     judged = judge_plan(plan, report, declared="2026-11-30 00:00:00 UTC", earlier=[look1])
@@ -468,7 +480,12 @@ def test_the_equivalent_branch_and_the_floor_rule():
     runs = _lag_runs({"vaco": 0.02, "ppo_clip": 0.02, "spo": 0.045}, seeds=12)
     report = R.build_report("eq", runs, reps=2000, fixed_bounds=refs)
     family = [{"arm": a, "against": "ppo_clip", "K": 4} for a in ("vaco", "spo")]
-    plan = load_plan({"family": family, "looks": [12], "margin": 0.05}, ["vaco", "ppo_clip", "spo"], [1, 4], seeds=12)
+    plan = load_plan(
+        {"family": family, "looks": [12], "margin": 0.05, "test": "bootstrap"},
+        ["vaco", "ppo_clip", "spo"],
+        [1, 4],
+        seeds=12,
+    )
     same, worse = judge_plan(plan, report, declared="now").verdicts
     assert same.word == "equivalent" and same.p_equivalent <= same.level_equivalent, same
     assert worse.word == "differs" and worse.estimate == pytest.approx(-0.075, abs=0.02), worse
@@ -489,7 +506,7 @@ def test_the_equivalent_branch_and_the_floor_rule():
     ]
     report = R.build_report("floor", floor_runs, reps=2000, fixed_bounds=refs)
     family = [{"arm": a, "against": "ppo_clip", "K": 4} for a in ("vaco", "a2c")]
-    raw = {"family": family, "looks": [12], "margin": 0.05}
+    raw = {"family": family, "looks": [12], "margin": 0.05, "test": "bootstrap"}
     floored = load_plan({**raw, "floor": 0.1}, ["vaco", "ppo_clip", "a2c"], [1, 4], seeds=12)
     judged = judge_plan(floored, report, declared="now")
     assert judged.verdicts[1].word == FLOOR_WORD and max(judged.verdicts[1].levels_at_k) < 0.1
@@ -531,6 +548,7 @@ def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_
             "family": [{"arm": "vaco", "against": "ppo_clip", "K": 2}],
             "looks": [7, 14],
             "spending": "pocock",
+            "test": "bootstrap",
             "references": {"InvertedPendulum-v5": [-10000, 10000]},
         },
     }
@@ -691,7 +709,9 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
     plan = tmp_path / "plan.yaml"
     family = [{"arm": "vaco", "against": "ppo_clip", "K": 16}]
     references = {task: list(bounds) for task, bounds in refs.items()}
-    plan.write_text(yaml.safe_dump({"plan": {"family": family, "looks": [6], "references": references}}))
+    plan.write_text(
+        yaml.safe_dump({"plan": {"family": family, "looks": [6], "references": references, "test": "bootstrap"}})
+    )
     out = tmp_path / "report"
     argv = ["--data", str(data), "--plan", str(plan), "--reps", "50", "--no-sensitivity", "--no-mlflow"]
     assert R.main([*argv, "--out", str(out)]) == 0
@@ -719,7 +739,10 @@ def test_a_non_finite_score_is_left_out_by_a_stated_rule_and_never_becomes_a_ver
         r for r in runs if (r.algorithm, r.env, r.K, r.seed) not in {(b.algorithm, b.env, b.K, b.seed) for b in bad}
     ]
     plan = load_plan(
-        {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 4}], "looks": [10]}, ["vaco", "ppo_clip"], [1, 4], 12
+        {"family": [{"arm": "vaco", "against": "ppo_clip", "K": 4}], "looks": [10], "test": "bootstrap"},
+        ["vaco", "ppo_clip"],
+        [1, 4],
+        12,
     )
     with_bad = R.build_report("nan", [*kept, *bad], reps=500, fixed_bounds=refs)
     without = R.build_report("nan", kept, reps=500, fixed_bounds=refs)

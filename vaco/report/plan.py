@@ -53,6 +53,7 @@ from scipy.stats import norm
 
 __all__ = [
     "SPENDING",
+    "TESTS",
     "StudyPlan",
     "boundaries",
     "crossing_probability",
@@ -67,6 +68,7 @@ __all__ = [
 ]
 
 SPENDING = ("pocock", "obrien-fleming", "fixed")
+TESTS = ("randomisation", "bootstrap")  # what a look's p comes from (vaco.report.randomisation)
 _GRID = 401  # quadrature points per look (Simpson's rule on the continuation region)
 
 
@@ -92,6 +94,7 @@ class StudyPlan:
     score: str = "final"  # the report's score: "final" (last evaluation) or "auc"
     references: tuple[tuple[str, float, float], ...] = ()  # (task, min, max): fixed normalisation
     floor: float | None = None  # both arms' IQM at K below this (normalised): "at the floor", not judged
+    test: str = "bootstrap"  # "randomisation" (studentised swaps, exact) or "bootstrap" (percentile)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -99,6 +102,8 @@ class StudyPlan:
         out["references"] = {task: [low, high] for task, low, high in self.references}
         if self.floor is None:  # a plan without a floor keeps the identity it had before the field existed
             del out["floor"]
+        if self.test == "bootstrap":  # likewise a plan judged by the bootstrap, declared before `test` existed
+            del out["test"]
         return out
 
     @property
@@ -116,13 +121,22 @@ class StudyPlan:
         return reached[-1] if reached else None
 
 
-def load_plan(raw: Any, algorithms: Sequence[str], ks: Sequence[int], seeds: int, field: str = "plan") -> StudyPlan:
+def load_plan(
+    raw: Any,
+    algorithms: Sequence[str],
+    ks: Sequence[int],
+    seeds: int,
+    field: str = "plan",
+    default_test: str | None = None,
+) -> StudyPlan:
     """A plan from the sweep file's ``plan`` block; a bad value is a ValueError naming the field.
     ``algorithms`` and ``ks`` are the sweep's own (a comparison must be in the grid); ``seeds`` is
-    the most seeds a cell of the grid has (the last look must not need more)."""
+    the most seeds a cell of the grid has (the last look must not need more). A plan must declare its
+    ``test``; ``default_test`` is for plans recorded before the field existed (they were judged by
+    the bootstrap)."""
     if not isinstance(raw, Mapping):
-        raise ValueError(f"`{field}` must be a mapping (family, margin, alpha, looks, spending), got {raw!r}")
-    known = {"family", "margin", "alpha", "looks", "spending", "score", "references", "floor"}
+        raise ValueError(f"`{field}` must be a mapping (family, margin, alpha, looks, spending, test), got {raw!r}")
+    known = {"family", "margin", "alpha", "looks", "spending", "score", "references", "floor", "test"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"`{field}.{unknown[0]}` is not a plan field (fields: {', '.join(sorted(known))})")
@@ -183,6 +197,12 @@ def load_plan(raw: Any, algorithms: Sequence[str], ks: Sequence[int], seeds: int
             f"`{field}.floor` must be a normalised score in (0, 1) (both arms' IQM at K below it: not judged), "
             f"got {floor!r}"
         )
+    test = raw.get("test", default_test)
+    if test not in TESTS:
+        raise ValueError(
+            f"`{field}.test` must be declared: randomisation (studentised label swaps, exact at every look) or "
+            f"bootstrap (percentile; liberal at small first looks), got {test!r}"
+        )
     return StudyPlan(
         tuple(family),
         float(margin),
@@ -192,6 +212,7 @@ def load_plan(raw: Any, algorithms: Sequence[str], ks: Sequence[int], seeds: int
         score,
         tuple(references),
         None if floor is None else float(floor),
+        str(test),
     )
 
 
@@ -322,13 +343,18 @@ def schedule(declared: Sequence[int], taken: Sequence[int], seeds: int) -> tuple
 
 
 # ------------------------------------------------------------------------------ what a look can decide
-def smallest_p(seeds: int, tasks: int, reps: int = 2000) -> float:
-    """The smallest two-sided p the report's test of a difference of drops can give with ``seeds``
-    paired seeds on ``tasks`` tasks: ``2 / 2^(seeds x tasks)`` for the exact sign-flip test (below
-    :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds; ``2 / 2^20`` once the patterns are drawn),
-    ``2 / (reps + 1)`` for the bootstrap's percentile p."""
+def smallest_p(seeds: int, tasks: int, reps: int = 2000, test: str = "bootstrap") -> float:
+    """The smallest two-sided p a test of a difference of drops can give with ``seeds`` paired seeds
+    on ``tasks`` tasks. ``test="bootstrap"`` (the report's): ``2 / 2^(seeds x tasks)`` for the exact
+    sign-flip test (below :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds; ``2 / 2^20`` once the
+    patterns are drawn), ``2 / (reps + 1)`` for the bootstrap's percentile p. ``test="randomisation"``:
+    ``2 / 2^(seeds x tasks)`` with every swap pattern enumerated, ``1 / (SWAPS + 1)`` once drawn."""
     from vaco.report.decision import EXACT_PATTERNS, PERMUTATION_BELOW
+    from vaco.report.randomisation import ENUMERATE, SWAPS
 
+    if test == "randomisation":
+        units = seeds * tasks
+        return 2.0 / 2.0**units if 2.0**units <= ENUMERATE else 1.0 / (SWAPS + 1)
     if seeds < PERMUTATION_BELOW:
         return 2.0 / min(2.0 ** (seeds * tasks), float(EXACT_PATTERNS))
     return 2.0 / (reps + 1)
@@ -342,13 +368,17 @@ def undecidable_looks(plan: StudyPlan, tasks: int, reps: int = 2000) -> list[str
     m = len(plan.family)
     first = nominal_levels(plan.looks, plan.alpha / m, plan.spending)
     out = []
+
+    def least_p(n: int) -> float:
+        return smallest_p(n, tasks, reps, plan.test)
+
     for k, (n, level) in enumerate(zip(plan.looks, first)):
-        if level == 0 or smallest_p(n, tasks, reps) <= level:
+        if level == 0 or least_p(n) <= level:
             continue
-        least = next((s for s in range(n + 1, 10_000) if smallest_p(s, tasks, reps) <= level), None)
+        least = next((s for s in range(n + 1, 10_000) if least_p(s) <= level), None)
         out.append(
             f"`plan.looks[{k}]` ({n} seeds): with {tasks} task{'s' if tasks != 1 else ''} the smallest p the "
-            f"report's test can give is {smallest_p(n, tasks, reps):.3g}, above the look's first Holm level "
+            f"plan's {plan.test} test can give is {least_p(n):.3g}, above the look's first Holm level "
             f"{level:.3g}: it can never decide 'differs'; a look needs at least {least} seeds"
         )
     return out

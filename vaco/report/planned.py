@@ -89,6 +89,7 @@ class PlannedVerdict:
     method: str
     decided_at: int | None = None  # seeds of the earlier look that decided it (None: this look, or not decided)
     per_task: tuple[tuple[str, float, float], ...] = ()  # (task, IQM, untrimmed mean): sensitivity, not verdicts
+    other_test: tuple[str, float, float] | None = None  # (test, p, TOST p) by the test the plan did not declare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +149,7 @@ def judge_plan(
     for run in report.runs:
         counts[(run.algorithm, run.K, run.env)] += 1
     k_ref = min(run.K for run in report.runs) if report.runs else 1
-    found, missing, notes = {}, [], []
+    found, missing, notes, tests = {}, [], [], {}
     for comparison in plan.family:
         interaction = difference_of_drops(
             report, comparison.arm, comparison.against, k_ref, comparison.K, counts, notes, runs=report.runs
@@ -157,6 +158,7 @@ def judge_plan(
             missing.append(comparison.label())
         else:
             found[comparison] = interaction
+            tests[comparison] = _tests(plan, interaction, report.seed)
     seeds = _look_seeds(plan, found, earlier)
     taken = [n for n in plan.looks if n < seeds] if earlier is None else [j.seeds for j in earlier]
     earlier = earlier or ()
@@ -168,8 +170,8 @@ def judge_plan(
         return plan.floor is not None and i.levels[1] < plan.floor and i.levels[3] < plan.floor
 
     # the family in declared order; a comparison missing from the data or at the floor has p = 1
-    p_d = [found[c].verdict.p_differs if c in found and not at_floor(found[c]) else 1.0 for c in plan.family]
-    p_e = [found[c].verdict.p_equivalent if c in found and not at_floor(found[c]) else 1.0 for c in plan.family]
+    p_d = [tests[c][plan.test][0] if c in found and not at_floor(found[c]) else 1.0 for c in plan.family]
+    p_e = [tests[c][plan.test][1] if c in found and not at_floor(found[c]) else 1.0 for c in plan.family]
     decided_before: dict[str, tuple[str, int]] = {}
     for j in sorted(earlier, key=lambda j: j.seeds):
         if j.seeds >= plan.looks[0] and j.seeds < seeds:
@@ -207,6 +209,8 @@ def judge_plan(
             if i.difference_interval is None
             else (float(i.difference_interval[0]), float(i.difference_interval[1]))
         )
+        declared_p, declared_tost, method = tests[comparison][plan.test]
+        other = next(name for name in tests[comparison] if name != plan.test)
         verdicts.append(
             PlannedVerdict(
                 comparison,
@@ -217,20 +221,37 @@ def judge_plan(
                 i.gap_at_k,
                 i.gap_at_ref,
                 (i.levels[1], i.levels[3]),
-                i.verdict.p_differs,
+                declared_p,
                 step_d[idx],
-                i.verdict.p_equivalent,
+                declared_tost,
                 step_e[idx],
                 word,
                 i.verdict.seeds_needed if word == "undecided" else None,
-                i.verdict.method,
+                method,
                 decided_at,
                 i.per_task,
+                (other, *tests[comparison][other][:2]),
             )
         )
     return PlanJudgement(
         plan, declared, seeds, look, tuple(looks), verdicts, missing, report.reps, commit, len(report.excluded)
     )
+
+
+def _tests(plan: StudyPlan, interaction, seed: int) -> dict[str, tuple[float, float, str]]:
+    """Both tests' (p, TOST p, method) for one comparison: the declared one judges it, the other is
+    shown beside it as sensitivity. The bootstrap's is the report's verdict (sign flips below
+    :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds); the randomisation test runs on the same
+    paired cells (:mod:`vaco.report.randomisation`)."""
+    from vaco.report.randomisation import SWAPS, randomisation_p
+
+    v = interaction.verdict
+    p, tost, exact = randomisation_p(interaction.cells, plan.margin, SWAPS, seed)
+    swaps = "every swap pattern" if exact else f"{SWAPS} random swap patterns"
+    return {
+        "bootstrap": (v.p_differs, v.p_equivalent, v.method),
+        "randomisation": (p, tost, f"randomisation ({swaps}, studentised)"),
+    }
 
 
 def _look_seeds(plan: StudyPlan, found: Mapping[Comparison, object], earlier: Sequence[Judgement] | None) -> int:
@@ -281,7 +302,7 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
         )
     lines = [
         f"study plan {plan.digest} ({when}): a family of {len(plan.family)}, group-sequential Holm at {at}, margin "
-        f"{plan.margin:g}, alpha {plan.alpha:g}, {plan.score} score"
+        f"{plan.margin:g}, alpha {plan.alpha:g}, {plan.score} score, {plan.test} test"
         + (f", floor {plan.floor:g}" if plan.floor is not None else "")
     ]
     if judgement.look is not None and tuple(judgement.looks) != tuple(plan.looks):
@@ -305,6 +326,9 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
             f"IQM at K {v.levels_at_k[0]:.3f} / {v.levels_at_k[1]:.3f}; {v.seeds} seeds, {v.method}: {tests} -> "
             f"**{v.word}**{at_earlier}{needed}"
         )
+        if v.other_test is not None:
+            name, p, tost = v.other_test
+            lines.append(f"    sensitivity, not a verdict: the {name} test gives p {p:.3g}, TOST p {tost:.3g}")
         if len(v.per_task) > 1:  # what the pooled statistic rests on
             split = "; ".join(f"{task} {iqm:+.3f} (mean {mean:+.3f})" for task, iqm, mean in v.per_task)
             lines.append(f"    sensitivity, not a verdict: each task alone, IQM (untrimmed mean): {split}")
@@ -313,7 +337,12 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
         lines.append(f"  {judgement.excluded} runs left out for a non-finite score (the report's notes name them)")
     floor = 2 / (judgement.reps + 1)
     smallest = min((v.level_differs for v in judgement.verdicts if v.level_differs > 0), default=0.0)
-    if smallest and any(v.method == "bootstrap" for v in judgement.verdicts) and floor > smallest:
+    if (
+        smallest
+        and plan.test == "bootstrap"
+        and any(v.method == "bootstrap" for v in judgement.verdicts)
+        and floor > smallest
+    ):
         lines.append(
             f"  with {judgement.reps} bootstrap resamples the smallest p is {floor:.3g}: too coarse for the first Holm "
             f"step's level {smallest:.3g}; raise --reps (at least {int(2 / smallest) + 1})"
@@ -366,7 +395,9 @@ def plan_from_tags(tags: Mapping[str, str]) -> StudyPlan:
 
     raw = json.loads(tags[PLAN_TAG])
     algorithms = sorted({c[k] for c in raw["family"] for k in ("arm", "against")})
-    return load_plan(raw, algorithms, sorted({c["K"] for c in raw["family"]}), seeds=raw["looks"][-1])
+    return load_plan(
+        raw, algorithms, sorted({c["K"] for c in raw["family"]}), seeds=raw["looks"][-1], default_test="bootstrap"
+    )
 
 
 def declared_plan(experiment: str, uri: str):

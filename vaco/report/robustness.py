@@ -128,6 +128,8 @@ class Interaction:
     levels: tuple[float, float, float, float] | None = None
     # the same contrast on each task alone, (task, IQM, untrimmed mean): what the pooled one rests on
     per_task: tuple[tuple[str, float, float], ...] = ()
+    # the four paired (seeds x tasks) matrices it was computed from, in the order of ``levels``
+    cells: tuple[np.ndarray, ...] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def gap_at_k(self) -> float:
@@ -382,4 +384,5 @@ def difference_of_drops(
             )
             for t, task in enumerate(tasks)
         ),
+        tuple(mats),
     )

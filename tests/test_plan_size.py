@@ -1,0 +1,197 @@
+"""Whether a study plan's first look holds its size: the rule's false-"differs" rate under the null,
+computed by label swaps of committed runs with heavy tails (docs/data/confirm_k4.csv.gz: 12 seeds
+of four arms on Hopper-v5 and HalfCheetah-v5 at K = 1 and 4, 3 Hopper seeds of PPO-clip collapsing
+at K = 4). Each simulated study gives every (seed, task) unit a random permutation of the four arms'
+(K = 1, K = 4) pairs, so every comparison of the confirmatory family (three arms against the one
+labelled ppo_clip) is null and they keep their shared control, then judges the family by the
+group-sequential Holm rule at the first of the looks [12, 24, 36] (Pocock, alpha 0.05).
+
+The rule holds its size when (a) the family-wise rate and (b) the single comparisons' rate at the
+first Holm step's level are each within the 99.9% binomial quantile of their nominal bound (the
+family's: m times that level, Bonferroni). The report's percentile bootstrap does not (it is
+expected to fail: ``xfail(strict=True)``, so the suite goes red if it ever passes); the plan's
+randomisation test does. And the randomisation module against float64 loops written here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import binom, trim_mean
+
+from vaco.report import randomisation as Z
+from vaco.report.sizing import first_look_rates, units
+
+REPO = Path(__file__).resolve().parents[1]
+ARMS = ("ppo_clip", "vaco", "vaco_delta01", "vaco_delta04")  # the first is the family's control
+REFERENCES = {"Hopper-v5": (300.0, 1500.0), "HalfCheetah-v5": (-300.0, 1800.0)}  # the study's fixed references
+LOOKS, ALPHA, M = [12, 24, 36], 0.05, 3
+
+
+@cache
+def committed_units() -> np.ndarray:
+    """(arm, K in (1, 4), seed, task) normalised final scores of the seeds every arm has."""
+    from vaco.report.runs import read_runs
+
+    runs = read_runs(REPO / "docs/data/confirm_k4.csv.gz")
+    data = units(runs, ARMS, (1, 4), REFERENCES, "eval/return")
+    assert data.shape == (4, 2, 12, 2)
+    return data
+
+
+def _rates(test: str, studies: int, seed: int, shift: float = 0.0):
+    return first_look_rates(committed_units(), test, LOOKS, ALPHA, studies, seed, shift)
+
+
+def _within(hits: int, trials: int, rate: float) -> bool:
+    return hits <= binom.ppf(0.999, trials, rate)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "test",
+    [
+        "randomisation",
+        pytest.param(
+            "bootstrap",
+            marks=pytest.mark.xfail(strict=True, reason="the percentile bootstrap is liberal at a 12-seed first look"),
+        ),
+    ],
+)
+def test_the_plans_first_look_holds_its_size_on_label_swapped_heavy_tailed_runs(test):
+    studies = 3000
+    family_hits, p, first = _rates(test, studies, seed=7)
+    single = int((p <= first).sum())
+    # the rule's nominal bounds at look 1 of [12, 24, 36]: the first Holm step's level (alpha/3's
+    # Pocock boundary, 0.00693) per comparison, three times that for the family
+    assert first == pytest.approx(0.00693, abs=5e-5)
+    assert _within(family_hits, studies, M * first), (family_hits / studies, M * first)
+    assert _within(single, p.size, first), (single / p.size, first)
+
+
+@pytest.mark.slow
+def test_the_randomisation_test_holds_its_size_when_the_arms_differ_in_level_not_in_drop():
+    """The plan's null is equal drops, not identical arms: three arms 0.3 above the control at both K
+    (normalised units). Studentising keeps the swap test's size there, at 5% as at the first look's
+    level (the unstudentised statistic is measured liberal there: docs/sweeps.md)."""
+    studies = 1500
+    family_hits, p, first = _rates("randomisation", studies, seed=11, shift=0.3)
+    assert _within(int((p <= 0.05).sum()), p.size, 0.05), (p <= 0.05).mean()
+    assert _within(int((p <= first).sum()), p.size, first), (p <= first).mean()
+    assert _within(family_hits, studies, M * first)
+
+
+# ------------------------------------------------------------------------------ against loops written here
+def _iqm64(values) -> float:
+    v = sorted(float(x) for x in np.ravel(values))
+    cut = int(0.25 * len(v))
+    return math.fsum(v[cut : len(v) - cut]) / (len(v) - 2 * cut)
+
+
+def _difference64(xr, xk, yr, yk) -> float:
+    return (_iqm64(yr) - _iqm64(yk)) - (_iqm64(xr) - _iqm64(xk))
+
+
+def _studentised64(xr, xk, yr, yk) -> float:
+    """Yuen's winsorised SE of the paired trimmed-mean combination, by hand."""
+    n = np.size(xr)
+    g = int(0.25 * n)
+    h = n - 2 * g
+
+    def winsorised(c):
+        v = sorted(float(x) for x in np.ravel(c))
+        low, high = v[g], v[n - g - 1]
+        return [min(max(float(x), low), high) for x in np.ravel(c)]
+
+    z = [b - a - c + d for a, b, c, d in zip(*(winsorised(c) for c in (yk, yr, xr, xk)))]
+    mean = math.fsum(z) / n
+    se = math.sqrt(math.fsum((u - mean) ** 2 for u in z) / (h * (h - 1)))
+    return _difference64(xr, xk, yr, yk) / se
+
+
+def test_the_iqm_is_rliables_and_the_statistics_match_loops_written_here():
+    rng = np.random.default_rng(3)
+    for shape in [(12, 2), (36, 2), (5, 3), (7, 1)]:
+        cells = [rng.standard_t(2, size=shape) for _ in range(4)]
+        assert Z.iqm(cells[0]) == pytest.approx(trim_mean(cells[0], 0.25, axis=None), abs=1e-13)
+        assert Z.drop_difference(*cells) == pytest.approx(_difference64(*cells), abs=1e-12)
+        assert Z.studentised_difference(*cells) == pytest.approx(_studentised64(*cells), rel=1e-10)
+
+
+def test_the_randomisation_p_enumerates_every_swap_when_it_can_and_counts_as_a_loop_does():
+    """3 seeds x 2 tasks: all 64 swap patterns, p by a loop over them written here (two-sided and the
+    TOST's two one-sided tests on shifted data); the identity pattern and its complement are among them."""
+    rng = np.random.default_rng(5)
+    xr, xk, yr, yk = (rng.normal(size=(3, 2)) for _ in range(4))
+    xk -= 0.4  # x loses more
+    margin = 0.3
+
+    def stats(shift):
+        out = []
+        for swap in itertools.product((False, True), repeat=6):
+            s = np.array(swap).reshape(3, 2)
+            cells = (np.where(s, yr, xr), np.where(s, yk, xk - shift), np.where(s, xr, yr), np.where(s, xk - shift, yk))
+            out.append(_studentised64(*cells))
+        return np.array(out), _studentised64(xr, xk - shift, yr, yk)
+
+    null, obs = stats(0.0)
+    p_two = np.mean(np.abs(null) >= abs(obs) - 1e-12)
+    low_null, low_obs = stats(-margin)
+    high_null, high_obs = stats(margin)
+    p_tost = max(np.mean(low_null >= low_obs - 1e-12), np.mean(high_null <= high_obs + 1e-12))
+    p, tost, exact = Z.randomisation_p((xr, xk, yr, yk), margin)
+    assert exact and p == pytest.approx(p_two, abs=1e-15) and tost == pytest.approx(p_tost, abs=1e-15)
+    assert p >= 2 / 64  # the observed pattern and its complement give |statistic| as large
+
+
+def test_the_randomisation_p_draws_patterns_with_the_plus_one_rule_and_rejects_a_real_difference():
+    rng = np.random.default_rng(9)
+    xr, yr, yk = (rng.normal(size=(12, 2)) for _ in range(3))
+    xk = xr - 0.05 * rng.normal(size=(12, 2))  # x barely drops
+    yk = yr - 1.0 + 0.05 * rng.normal(size=(12, 2))  # y drops by 1
+    p, tost, exact = Z.randomisation_p((xr, xk, yr, yk), 0.05, reps=999, seed=0)
+    assert not exact and p == pytest.approx(1 / 1000)  # no drawn pattern is as extreme: (1 + 0) / (1 + 999)
+    assert tost > 0.5  # a difference of 1 is far outside +-0.05: not equivalent
+
+
+def test_the_vectorised_bootstrap_p_is_the_reports():
+    """``bootstrap_p`` draws the resamples of the report's ``paired_bootstrap`` (same stream) and
+    judges them with the report's percentile p."""
+    from vaco.report.decision import bootstrap_p as percentile_p
+    from vaco.report.robustness import paired_bootstrap
+
+    cells = [c for c in committed_units()[:2].reshape(4, 12, 2)]
+    samples = paired_bootstrap(cells, lambda *c: _difference64(*c), reps=300, seed=4)[:, 0]
+    assert Z.bootstrap_p(cells, 0.05, reps=300, seed=4) == pytest.approx(percentile_p(samples, 0.05), abs=1e-15)
+
+
+def test_the_sizing_simulates_the_declared_test_and_the_pilots_uncertainty_costs_power():
+    """A pilot of 6 seeds whose arm loses 0.25 less on average, with a heavy-tailed spread: drawing a
+    world from the pilot before the study's seeds (its uncertainty) gives less power than the plug-in
+    world; an effect far beyond the spread is decided at the first look every time, and an arm equal
+    to its control by construction (its cells are the control's) is never declared to differ."""
+    from vaco.report.sizing import Pilot, simulate_plan
+
+    rng = np.random.default_rng(2)
+    yr = rng.normal(1.0, 0.2, size=(6, 2))
+    yk = yr - 0.4 + 0.3 * rng.standard_t(3, size=(6, 2))
+    xr = yr + 0.1 * rng.normal(size=(6, 2))
+    xk = xr - 0.15 + 0.3 * rng.standard_t(3, size=(6, 2))
+    modest = Pilot("modest", np.stack([xr, xk, yr, yk]))
+    looks = [8, 16]
+    kwargs = dict(looks=looks, studies=80, swaps=199, seed=1)
+    plug_in = simulate_plan([modest], uncertainty=False, **kwargs)
+    predictive = simulate_plan([modest], uncertainty=True, **kwargs)
+    assert predictive.differs[0] < plug_in.differs[0]
+    assert np.all(np.diff(plug_in.differs_at, axis=0) >= 0)  # decided by look k: never undone
+
+    huge = Pilot("huge", np.stack([yr, yr - 0.01, yr, yr - 3.0]))
+    same = Pilot("same", np.stack([yr, yk, yr, yk]))
+    both = simulate_plan([huge, same], uncertainty=True, **kwargs)
+    assert both.differs_at[0, 0] == 1.0 and both.differs[1] == 0.0
+    assert both.mean_stop == looks[-1]  # "same" never decides, so every study runs to the last look

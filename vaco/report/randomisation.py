@@ -1,0 +1,165 @@
+"""The randomisation test a study plan's looks can be judged by (``plan.test: randomisation``), and
+the report's percentile bootstrap p in the same vectorised form, so that a simulation can run either
+thousands of times (``tests/test_plan_size.py``, ``scripts/plan_power.py``).
+
+**The estimate** is the report's difference of drops, ``D = (IQM(y_ref) - IQM(y_K)) - (IQM(x_ref) -
+IQM(x_K))`` for an arm ``x`` against ``y`` (positive: ``x`` loses less), each IQM over a cell's seeds x
+tasks (rliable's ``aggregate_iqm``: scipy's 25% trimmed mean of the flattened scores).
+
+**The exchangeable units** are the (seed, task) pairs. A seed starts every arm from the same initial
+weights and environment seeds, so a unit holds two pairs of runs, ``(x_ref, x_K)`` and ``(y_ref,
+y_K)``. Under the sharp null that the arm does not matter, swapping the two pairs in any set of units
+leaves the data's distribution unchanged; the p-value is the share of swap patterns whose statistic is
+at least as extreme as the observed one. That is exact whatever the scores' distribution (heavy tails,
+seeds that collapse): with every pattern enumerated (``2^(seeds x tasks)`` at most :data:`ENUMERATE`),
+or with ``reps`` patterns drawn at random and ``p = (1 + hits) / (1 + reps)`` (Phipson and Smyth
+2010), ``P(p <= a) <= a`` for every ``a``.
+
+**The statistic is studentised**: ``D`` over Yuen's (1974) winsorised standard error of the paired
+trimmed means (:func:`studentised_difference`). Any statistic gives an exact test of the sharp null;
+the studentised one also keeps its size when the null is the composite one the plan states (equal
+drops) but the arms' levels differ, where swapping mixes two shifted distributions and the raw ``D``'s
+swap distribution is too narrow (the studentised permutation tests of Janssen 1997 and Chung and
+Romano 2013). The verdict's estimate is still ``D``; the studentisation only orders the patterns.
+
+**Equivalence** (TOST against ``+-M``) inverts the same test: the arm's K-scores shifted by ``d``
+shift ``D`` by exactly ``-d`` (the IQM is translation-equivariant), so ``H0: D = d`` is tested as
+``D = 0`` on the shifted data, one-sided; the TOST p is the larger of the tests at ``-M`` (greater) and
+``+M`` (less), as :func:`vaco.report.decision.decide_by_sign_flips` does for means.
+
+**Why not the percentile bootstrap**: with 12 seeds a cell and scores with heavy tails, its p falls
+below a group-sequential Holm plan's first-look levels too often under the null
+(``tests/test_plan_size.py``; docs/sweeps.md gives the measured rates). :func:`bootstrap_p` is the
+report's paired stratified percentile bootstrap (:func:`vaco.report.robustness.paired_bootstrap`
+judged by :func:`vaco.report.decision.bootstrap_p`), vectorised, so the size tests run the test the
+report runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+__all__ = [
+    "ENUMERATE",
+    "SWAPS",
+    "bootstrap_p",
+    "drop_difference",
+    "iqm",
+    "randomisation_p",
+    "studentised_difference",
+    "swap_patterns",
+]
+
+SWAPS = 20_000  # random swap patterns a plan's p is computed from (its Monte Carlo SD at p = 0.007 is 0.0006)
+ENUMERATE = 2**14  # at most this many patterns: all of them, exactly
+_CHUNK = 4096  # patterns per vectorised block (memory: chunk x seeds x tasks x 4 floats)
+
+
+def iqm(x: np.ndarray) -> np.ndarray:
+    """rliable's ``aggregate_iqm`` (scipy's ``trim_mean(a, 0.25, axis=None)``) over the last two
+    axes of ``x`` (seeds x tasks), for every leading index at once."""
+    flat = x.reshape(*x.shape[:-2], -1)
+    n = flat.shape[-1]
+    cut = int(0.25 * n)  # scipy: lowercut = int(proportiontocut * nobs)
+    return np.sort(flat, axis=-1)[..., cut : n - cut].mean(axis=-1)
+
+
+def drop_difference(xr: np.ndarray, xk: np.ndarray, yr: np.ndarray, yk: np.ndarray) -> np.ndarray:
+    """``drop(y) - drop(x)`` with drops of IQMs (positive: ``x`` loses less), over the last two axes."""
+    return (iqm(yr) - iqm(yk)) - (iqm(xr) - iqm(xk))
+
+
+def studentised_difference(xr: np.ndarray, xk: np.ndarray, yr: np.ndarray, yk: np.ndarray) -> np.ndarray:
+    """:func:`drop_difference` over its standard error: Yuen's (1974) winsorised variance of a trimmed
+    mean, for the paired combination of the four cells. Each cell (flattened seeds x tasks, ``N``
+    units) is winsorised at the cut its IQM trims (``g = int(N / 4)`` each side); with ``z_u =
+    w_yr - w_yk - w_xr + w_xk`` per unit, ``SE^2 = sum_u (z_u - mean z)^2 / (h (h - 1))``, ``h = N - 2g``."""
+    cells = [c.reshape(*c.shape[:-2], -1) for c in (xr, xk, yr, yk)]
+    n = cells[0].shape[-1]
+    cut = int(0.25 * n)
+    h = n - 2 * cut
+    means, wins = [], []
+    for c in cells:
+        ordered = np.sort(c, axis=-1)
+        means.append(ordered[..., cut : n - cut].mean(axis=-1))
+        wins.append(np.clip(c, ordered[..., cut : cut + 1], ordered[..., n - cut - 1 : n - cut]))
+    d = (means[2] - means[3]) - (means[0] - means[1])
+    z = wins[2] - wins[3] - wins[0] + wins[1]
+    se = np.sqrt(((z - z.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1) / max(h * (h - 1), 1))
+    return d / np.maximum(se, 1e-12)
+
+
+def swap_patterns(units: int, reps: int, seed: int) -> tuple[np.ndarray, bool]:
+    """Which units are swapped in each pattern, (patterns x units) booleans: every pattern when there
+    are at most :data:`ENUMERATE`, else ``reps`` drawn uniformly. Returns (patterns, exact)."""
+    if 2**units <= ENUMERATE:
+        return np.array(list(itertools.product((False, True), repeat=units)), dtype=bool).reshape(-1, units), True
+    return np.random.default_rng(seed).integers(0, 2, size=(reps, units)).astype(bool), False
+
+
+def _swapped_statistics(cells, patterns: np.ndarray, statistic) -> np.ndarray:
+    xr, xk, yr, yk = (np.asarray(c, dtype=np.float64) for c in cells)
+    shape = xr.shape
+    out = np.empty(len(patterns))
+    for start in range(0, len(patterns), _CHUNK):
+        swap = patterns[start : start + _CHUNK].reshape(-1, *shape)
+        out[start : start + len(swap)] = statistic(
+            np.where(swap, yr, xr), np.where(swap, yk, xk), np.where(swap, xr, yr), np.where(swap, xk, yk)
+        )
+    return out
+
+
+def randomisation_p(
+    cells,
+    margin: float | None = None,
+    reps: int = SWAPS,
+    seed: int = 0,
+    studentise: bool = True,
+) -> tuple[float, float | None, bool]:
+    """The randomisation test of "no difference of drops" on ``cells = (x_ref, x_K, y_ref, y_K)``
+    (each seeds x tasks, rows paired by seed): the two-sided p, the TOST p against ``+-margin``
+    (None without a margin), and whether every pattern was enumerated. The same patterns serve
+    every test; ``studentise=False`` orders them by the raw ``D`` (for comparison only)."""
+    xr, xk, yr, yk = (np.asarray(c, dtype=np.float64) for c in cells)
+    patterns, exact = swap_patterns(xr.size, reps, seed)
+    tol = 1e-12
+
+    def p_of(hits: np.ndarray) -> float:
+        count = float(hits.sum())
+        return count / len(hits) if exact else (1.0 + count) / (1.0 + len(hits))
+
+    def test(shift: float, side: str) -> float:
+        shifted = (xr, xk - shift, yr, yk)  # D(shifted) = D - shift
+        statistic = studentised_difference if studentise else drop_difference
+        observed = float(statistic(*shifted))
+        null = _swapped_statistics(shifted, patterns, statistic)
+        scale = tol * max(1.0, abs(observed))
+        if side == "two-sided":
+            return p_of(np.abs(null) >= abs(observed) - scale)
+        if side == "greater":
+            return p_of(null >= observed - scale)
+        return p_of(null <= observed + scale)
+
+    p_differs = test(0.0, "two-sided")
+    if margin is None:
+        return p_differs, None, exact
+    p_equivalent = max(test(-margin, "greater"), test(margin, "less"))
+    return p_differs, p_equivalent, exact
+
+
+def bootstrap_p(cells, margin: float, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The report's percentile bootstrap p-values of the difference of drops (two-sided, TOST): the
+    resamples :func:`vaco.report.robustness.paired_bootstrap` draws (per resample and task, one draw
+    of seed rows for every cell; the same random stream), judged by
+    :func:`vaco.report.decision.bootstrap_p`."""
+    from vaco.report.decision import bootstrap_p as percentile_p
+
+    xr, xk, yr, yk = (np.asarray(c, dtype=np.float64) for c in cells)
+    n, tasks = xr.shape
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, n, size=(reps, n, tasks))  # the same stream as reps draws of (n, tasks)
+    columns = np.arange(tasks)[None, None, :]
+    samples = drop_difference(*(c[rows, columns] for c in (xr, xk, yr, yk)))
+    return percentile_p(samples, margin)

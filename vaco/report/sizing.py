@@ -1,0 +1,167 @@
+"""Sizing a study plan by simulating the test it declares, and the null simulations that check a
+test holds its size.
+
+**Power from a pilot, with the pilot's uncertainty** (:func:`simulate_plan`). A pilot is, for each
+comparison, the paired units of its four cells, ``(x_ref, x_K, y_ref, y_K)`` per (seed, task), as
+the report pairs them (normalised by the plan's fixed references). A simulated study first draws a
+*world* from the pilot (each task's pilot units resampled with replacement: a pilot of 10 seeds
+could have come from many worlds, and a world drawn this way is one of them), then draws the study's
+seeds from that world (with replacement, each unit whole, so a seed's four runs stay together), and
+judges each look exactly as the report does: the declared test's p (the studentised randomisation
+test, or the percentile bootstrap) for every open comparison, the group-sequential Holm step-down
+(:func:`vaco.report.plan.sequential_holm`), a comparison decided at a look staying decided and
+later looks running only the open ones. With ``uncertainty=False`` the world is the pilot itself
+(the usual plug-in power, optimistic when the pilot is small). The heavy tails and collapsing seeds
+of the pilot are in every world; a normal model would leave them out.
+
+Comparisons are simulated independently (Holm's error control holds under any dependence; power
+with a shared control arm is close to this). A comparison whose arms ran on different seeds in the
+pilot (different data files) is paired by seed rank, which leaves out the seed's correlation
+between arms: slightly pessimistic.
+
+**Size by label swaps** (:func:`null_study`, :func:`first_look_rates`): a null study gives every
+(seed, task) unit of committed runs a random permutation of its arms' (K_ref, K) pairs, so every
+comparison of a family with a shared control is null and keeps the heavy tails of the real data;
+``shift`` adds a level to the non-control arms at both K (a null of equal drops, unequal levels).
+``tests/test_plan_size.py`` uses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from vaco.report.plan import holm_levels, sequential_holm
+
+__all__ = ["Pilot", "first_look_rates", "null_study", "plan_p", "simulate_plan", "units"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pilot:
+    """One comparison's pilot: ``units`` is (4, seeds, tasks), the cells (x_ref, x_K, y_ref, y_K)."""
+
+    label: str
+    units: np.ndarray
+    paired: bool = True  # False: the arms had no common seeds; paired by seed rank
+
+
+def plan_p(test: str, cells, margin: float | None, seed: int, swaps: int = 999, reps: int = 2000) -> float:
+    """The two-sided p of "no difference of drops" by ``test`` (randomisation or bootstrap)."""
+    from vaco.report.randomisation import bootstrap_p, randomisation_p
+
+    if test == "bootstrap":
+        return bootstrap_p(cells, 0.05 if margin is None else margin, reps=reps, seed=seed)[0]
+    if test in ("randomisation", "randomisation-raw"):  # -raw: the unstudentised D, measured for comparison only
+        return randomisation_p(cells, None, reps=swaps, seed=seed, studentise=test == "randomisation")[0]
+    raise ValueError(f"test must be randomisation or bootstrap, got {test!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Power:
+    looks: tuple[int, ...]
+    differs: np.ndarray  # per comparison: P(differs by the last look)
+    differs_at: np.ndarray  # (looks x comparisons): P(decided "differs" by look k)
+    mean_stop: float  # the mean seeds a cell at which every comparison was decided (or the last look)
+
+
+def simulate_plan(
+    pilots: Sequence[Pilot],
+    looks: Sequence[int],
+    alpha: float = 0.05,
+    spending: str = "pocock",
+    test: str = "randomisation",
+    studies: int = 400,
+    seed: int = 0,
+    uncertainty: bool = True,
+    swaps: int = 999,
+) -> Power:
+    """The plan's power: see the module docstring. ``swaps``: patterns per randomisation p (valid at
+    any number; fewer make p coarser, so the power is, if anything, understated)."""
+    rng = np.random.default_rng(seed)
+    m = len(pilots)
+    levels = holm_levels(list(looks), alpha, spending, m)
+    last = looks[-1]
+    hits = np.zeros((len(looks), m))
+    stops = []
+    for study in range(studies):
+        data = []
+        for pilot in pilots:
+            _, n, tasks = pilot.units.shape
+            world = pilot.units
+            if uncertainty:
+                world = np.take_along_axis(world, rng.integers(0, n, size=(1, n, tasks)).repeat(4, axis=0), axis=1)
+            rows = rng.integers(0, n, size=(1, last, tasks)).repeat(4, axis=0)
+            data.append(np.take_along_axis(world, rows, axis=1))
+        rejected = [False] * m
+        stop = last
+        for k, n_k in enumerate(looks):
+            p = [
+                1.0 if rejected[c] else plan_p(test, tuple(data[c][:, :n_k]), None, seed=study * 31 + k, swaps=swaps)
+                for c in range(m)
+            ]
+            rejected = sequential_holm(p, levels, k, rejected)
+            hits[k] += rejected
+            if all(rejected):
+                stop = n_k
+                hits[k + 1 :] += rejected
+                break
+        stops.append(stop)
+    return Power(tuple(looks), hits[-1] / studies, hits / studies, float(np.mean(stops)))
+
+
+def units(
+    runs, arms: Sequence[str], ks: tuple[int, int], references: dict[str, tuple[float, float]], metric: str
+) -> np.ndarray:
+    """(arm, K, seed, task) final scores of ``metric`` normalised by fixed ``references`` ({task:
+    (min, max)}), on the seeds every arm has at both K on every task (sorted)."""
+    finals = {}
+    for r in runs:
+        if r.env in references and r.algorithm in arms and r.K in ks:
+            low, high = references[r.env]
+            finals[(r.algorithm, r.K, r.seed, r.env)] = (float(r.histories[metric][1][-1]) - low) / (high - low)
+    tasks = list(references)
+    seeds = sorted(
+        s for s in {key[2] for key in finals} if all((a, k, s, t) in finals for a in arms for k in ks for t in tasks)
+    )
+    return np.array(
+        [[[[finals[(a, k, s, t)] for t in tasks] for s in seeds] for k in ks] for a in arms], dtype=np.float64
+    )
+
+
+def null_study(rng: np.random.Generator, data: np.ndarray, shift: float = 0.0) -> np.ndarray:
+    """``data`` (arm, K in (ref, K), seed, task) with every unit's arms permuted at random; ``shift``
+    added to every arm but the first (the control) at both K: their levels differ, their drops do
+    not (the IQM moves by exactly ``shift``)."""
+    arms, _, seeds, tasks = data.shape
+    order = rng.permuted(np.tile(np.arange(arms)[:, None, None], (1, seeds, tasks)), axis=0)
+    out = np.take_along_axis(data, np.repeat(order[:, None], 2, axis=1), axis=0)
+    return out + shift * (np.arange(arms) > 0)[:, None, None, None]
+
+
+def first_look_rates(
+    data: np.ndarray,
+    test: str,
+    looks: Sequence[int],
+    alpha: float,
+    studies: int,
+    seed: int,
+    shift: float = 0.0,
+    swaps: int = 499,
+) -> tuple[int, np.ndarray, float]:
+    """Label-swapped null studies of ``data`` (the control first) judged at the first of ``looks``
+    (Pocock) with every other arm against the control: the studies with any "differs", every
+    comparison's p, and the first Holm step's level."""
+    m = data.shape[0] - 1
+    levels = holm_levels(list(looks), alpha, "pocock", m)
+    rng = np.random.default_rng(seed)
+    family_hits, ps = 0, []
+    for s in range(studies):
+        study = null_study(rng, data, shift)
+        p = [
+            plan_p(test, (study[a, 0], study[a, 1], study[0, 0], study[0, 1]), 0.05, s, swaps) for a in range(1, m + 1)
+        ]
+        family_hits += any(sequential_holm(p, levels, 0))
+        ps += p
+    return family_hits, np.asarray(ps), levels[m - 1][0]
