@@ -195,3 +195,40 @@ def test_the_sizing_simulates_the_declared_test_and_the_pilots_uncertainty_costs
     both = simulate_plan([huge, same], uncertainty=True, **kwargs)
     assert both.differs_at[0, 0] == 1.0 and both.differs[1] == 0.0
     assert both.mean_stop == looks[-1]  # "same" never decides, so every study runs to the last look
+
+
+@pytest.mark.slow
+def test_a_randomisation_plan_is_judged_by_its_test_and_shows_the_bootstrap_beside_it():
+    """The confirmatory data judged by the same family declared with ``test: randomisation``: each
+    comparison's p is ``randomisation_p`` on its paired cells (20,000 patterns, the report's seed),
+    the method says so, and the bootstrap's p is shown as sensitivity; the plan's identity changes."""
+    from vaco import report as R
+    from vaco.report.plan import load_plan
+    from vaco.report.planned import judge_plan, plan_lines
+    from vaco.report.robustness import paired_cells
+
+    runs = [r for r in R.read_runs(REPO / "docs/data/confirm_k4.csv.gz") if r.seed <= 2012]
+    raw = {
+        "family": [{"arm": a, "against": "ppo_clip", "K": 4} for a in ARMS[1:]],
+        "looks": LOOKS,
+        "spending": "pocock",
+        "floor": 0.1,
+        "references": {t: list(b) for t, b in REFERENCES.items()},
+    }
+    declared = load_plan({**raw, "test": "bootstrap"}, list(ARMS), [1, 4], 36)
+    plan = load_plan({**raw, "test": "randomisation"}, list(ARMS), [1, 4], 36)
+    assert declared.digest == "f3c18032baed" and plan.digest != declared.digest
+    report = R.build_report("size", runs, reps=300, fixed_bounds=REFERENCES)
+    judged = judge_plan(plan, report, declared=None)
+    assert judged.look == 0 and len(judged.verdicts) == 3
+    for v in judged.verdicts:
+        c = v.comparison
+        cells, _ = paired_cells(
+            report, [(c.arm, 1), (c.arm, 4), (c.against, 1), (c.against, 4)], report.tasks, runs=report.runs
+        )
+        p, tost, exact = Z.randomisation_p(tuple(cells), plan.margin, Z.SWAPS, report.seed)
+        assert (v.p_differs, v.p_equivalent) == (p, tost) and not exact
+        assert v.method == "randomisation (20000 random swap patterns, studentised)"
+        assert v.other_test[0] == "bootstrap" and v.other_test[1] != p
+    text = "\n".join(plan_lines(judged))
+    assert "randomisation test" in text and text.count("sensitivity, not a verdict: the bootstrap test gives p") == 3
