@@ -283,16 +283,13 @@ def nominal_levels(looks: Sequence[int], alpha: float = 0.05, spending: str = "p
 # ------------------------------------------------------------------------------ Holm
 def holm(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
     """Holm's step-down test of a family at family-wise level ``alpha``: which hypotheses are
-    rejected, and the adjusted p-values (``max_{j <= i} min(1, (m - j + 1) p_(j))`` in sorted order)."""
-    p = np.asarray(pvalues, dtype=np.float64)
-    m = len(p)
-    order = np.argsort(p, kind="stable")
-    adjusted = np.empty(m)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        adjusted[i] = running
-    return [bool(a <= alpha) for a in adjusted], [float(a) for a in adjusted]
+    rejected, and the adjusted p-values (``max_{j <= i} min(1, (m - j + 1) p_(j))`` in sorted order):
+    statsmodels' ``multipletests(method="holm")``. (The group-sequential form, :func:`sequential_holm`,
+    is not in statsmodels.)"""
+    from statsmodels.stats.multitest import multipletests
+
+    reject, adjusted, _, _ = multipletests(np.asarray(pvalues, dtype=np.float64), alpha=alpha, method="holm")
+    return [bool(r) for r in reject], [float(a) for a in adjusted]
 
 
 # ------------------------------------------------------------------------------ Holm over looks
