@@ -5,7 +5,7 @@ pilot as the truth), and the mean seeds a cell at which the study stops.
 
 A pilot is one comparison's runs in committed data files, normalised by the plan's fixed
 references: ``--pilot ARM,AGAINST,K=FILE[,FILE...]`` (an arm named differently in the data:
-``ARM:NAME``). Arms with no common seeds are paired by seed rank (noted).
+``ARM:NAME``). Arms with no common seeds are drawn independently, each from its own runs (noted).
 
     python scripts/plan_power.py --references '{"Hopper-v5": [300, 1500], "HalfCheetah-v5": [-300, 1800]}' \\
       --pilot vaco,ppo_clip,4=docs/data/confirm_k4.csv.gz --looks 12,24,36 --looks 16,32
@@ -48,13 +48,12 @@ def load_pilot(spec: str, references: dict[str, tuple[float, float]]) -> Pilot:
     label = f"{arm} vs {against} at K={K}"
     if mats[0].shape[0]:
         return Pilot(label, np.stack(mats))
-    # no common seeds: each pair of cells (an arm at K_ref and K) by its own seeds, paired by rank
+    # no common seeds: each arm's (K_ref, K) pairs from its own runs, drawn independently
     x, _ = paired_cells(report, cells[:2], tasks, runs=report.runs)
     y, _ = paired_cells(report, cells[2:], tasks, runs=report.runs)
-    n = min(x[0].shape[0], y[0].shape[0])
-    if n == 0:
+    if not (x[0].shape[0] and y[0].shape[0]):
         raise SystemExit(f"--pilot {spec!r}: no runs of {arm_name} or {against_name} at K=1 and K={K} in {files}")
-    return Pilot(label, np.stack([x[0][:n], x[1][:n], y[0][:n], y[1][:n]]), paired=False)
+    return Pilot(label, np.stack(x), control=np.stack(y))
 
 
 def main(argv=None) -> int:
@@ -72,13 +71,13 @@ def main(argv=None) -> int:
     references = {task: (float(lo), float(hi)) for task, (lo, hi) in json.loads(args.references).items()}
     pilots = [load_pilot(spec, references) for spec in args.pilot]
     for p in pilots:
-        xr, xk, yr, yk = p.units
-        d = (yr - yk) - (xr - xk)
+        x, y = (p.units[:2], p.units[2:]) if p.paired else (p.units, p.control)
+        drop_x, drop_y = x[0] - x[1], y[0] - y[1]
         print(
-            f"pilot {p.label}: {p.units.shape[1]} seeds x {p.units.shape[2]} tasks"
-            + ("" if p.paired else " (no common seeds: paired by seed rank)")
-            + f"; difference of drops per task: mean {np.round(d.mean(axis=0), 3).tolist()}, "
-            f"SD {np.round(d.std(axis=0, ddof=1), 3).tolist()}"
+            f"pilot {p.label}: {x.shape[1]} seeds of the arm, {y.shape[1]} of the control, {x.shape[2]} tasks"
+            + ("" if p.paired else " (no common seeds: drawn independently)")
+            + f"; mean drop per task: arm {np.round(drop_x.mean(axis=0), 3).tolist()}, control "
+            f"{np.round(drop_y.mean(axis=0), 3).tolist()}; difference {np.round(drop_y.mean(0) - drop_x.mean(0), 3).tolist()}"
         )
     for looks in args.looks:
         schedule = [int(n) for n in looks.split(",")]

@@ -192,8 +192,10 @@ def test_the_sizing_simulates_the_declared_test_and_the_pilots_uncertainty_costs
 
     huge = Pilot("huge", np.stack([yr, yr - 0.01, yr, yr - 3.0]))
     same = Pilot("same", np.stack([yr, yk, yr, yk]))
-    both = simulate_plan([huge, same], uncertainty=True, **kwargs)
-    assert both.differs_at[0, 0] == 1.0 and both.differs[1] == 0.0
+    unpaired = Pilot("unpaired", np.stack([yr, yr - 0.01]), control=np.stack([yr[:3], yr[:3] - 3.0]))
+    assert unpaired.draw(np.random.default_rng(0), 8, True).shape == (4, 8, 2)
+    both = simulate_plan([huge, same, unpaired], uncertainty=True, **kwargs)
+    assert both.differs_at[0, 0] == 1.0 and both.differs[1] == 0.0 and both.differs_at[0, 2] == 1.0
     assert both.mean_stop == looks[-1]  # "same" never decides, so every study runs to the last look
 
 

@@ -16,8 +16,8 @@ of the pilot are in every world; a normal model would leave them out.
 
 Comparisons are simulated independently (Holm's error control holds under any dependence; power
 with a shared control arm is close to this). A comparison whose arms ran on different seeds in the
-pilot (different data files) is paired by seed rank, which leaves out the seed's correlation
-between arms: slightly pessimistic.
+pilot (different data files) draws each arm's (K_ref, K) pairs from its own pilot runs, which leaves
+out the seed's correlation between arms.
 
 **Size by label swaps** (:func:`null_study`, :func:`first_look_rates`): a null study gives every
 (seed, task) unit of committed runs a random permutation of its arms' (K_ref, K) pairs, so every
@@ -40,11 +40,31 @@ __all__ = ["Pilot", "first_look_rates", "null_study", "plan_p", "simulate_plan",
 
 @dataclasses.dataclass(frozen=True)
 class Pilot:
-    """One comparison's pilot: ``units`` is (4, seeds, tasks), the cells (x_ref, x_K, y_ref, y_K)."""
+    """One comparison's pilot: ``units`` is (4, seeds, tasks), the cells (x_ref, x_K, y_ref, y_K) paired
+    by seed; or, for arms with no common seeds (``paired=False``), ``units`` holds the arm's two cells
+    and ``control`` the other's (2, seeds, tasks) each, drawn independently of each other."""
 
     label: str
     units: np.ndarray
-    paired: bool = True  # False: the arms had no common seeds; paired by seed rank
+    control: np.ndarray | None = None
+
+    @property
+    def paired(self) -> bool:
+        return self.control is None
+
+    def draw(self, rng: np.random.Generator, seeds: int, uncertainty: bool) -> np.ndarray:
+        """A study's (4, seeds, tasks) cells: a world resampled from the pilot (``uncertainty``),
+        then the study's seeds from it, each unit whole (a seed's runs stay together)."""
+        parts = [self.units] if self.paired else [self.units, self.control]
+        out = []
+        for part in parts:
+            cells, n, tasks = part.shape
+            world = part
+            if uncertainty:
+                world = np.take_along_axis(part, rng.integers(0, n, size=(1, n, tasks)).repeat(cells, axis=0), axis=1)
+            rows = rng.integers(0, n, size=(1, seeds, tasks)).repeat(cells, axis=0)
+            out.append(np.take_along_axis(world, rows, axis=1))
+        return np.concatenate(out, axis=0)
 
 
 def plan_p(test: str, cells, margin: float | None, seed: int, swaps: int = 999, reps: int = 2000) -> float:
@@ -86,14 +106,7 @@ def simulate_plan(
     hits = np.zeros((len(looks), m))
     stops = []
     for study in range(studies):
-        data = []
-        for pilot in pilots:
-            _, n, tasks = pilot.units.shape
-            world = pilot.units
-            if uncertainty:
-                world = np.take_along_axis(world, rng.integers(0, n, size=(1, n, tasks)).repeat(4, axis=0), axis=1)
-            rows = rng.integers(0, n, size=(1, last, tasks)).repeat(4, axis=0)
-            data.append(np.take_along_axis(world, rows, axis=1))
+        data = [pilot.draw(rng, last, uncertainty) for pilot in pilots]
         rejected = [False] * m
         stop = last
         for k, n_k in enumerate(looks):
