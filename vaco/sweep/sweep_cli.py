@@ -293,7 +293,7 @@ def _say_plan(p: _Plan, args) -> None:
         study = sweep.plan
         say(
             f"plan {study.digest}: a family of {len(study.family)} at looks {', '.join(map(str, study.looks))} seeds, "
-            f"{study.spending}, alpha {study.alpha:g}, margin {study.margin:g}"
+            f"{study.spending}, alpha {study.alpha:g}, margin {study.margin:g}, {study.test} test"
             + (f", floor {study.floor:g}" if study.floor is not None else "")
         )
         tasks = len({c.env for c in p.cells})
