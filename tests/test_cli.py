@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,16 +166,21 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
     try:
         line, lines = "", []
         deadline = time.monotonic() + 120
-        while f"http://127.0.0.1:{port}" not in line:
+        while "vaco_token=" not in line:  # the line `vaco ui` prints (the server prints its own first)
             assert ui.poll() is None and time.monotonic() < deadline, line
             line = ui.stdout.readline()
             lines.append(line)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as page:
-            assert page.status == 200 and b"<html" in page.read(2000).lower()
+        token = re.search(r"\?vaco_token=([\w-]+)#", line).group(1)
+        from http.cookiejar import CookieJar
+
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+        with browser.open(f"http://127.0.0.1:{port}/?vaco_token={token}", timeout=10) as page:
+            assert page.status == 200 and b"<html" in page.read(2000).lower()  # after the redirect that sets the cookie
+            assert page.url == f"http://127.0.0.1:{port}/"  # the token left the address
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search",
             data=b'{"max_results": 10}',
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
             method="POST",
         )
         with urllib.request.urlopen(request, timeout=10) as found:
@@ -194,15 +200,105 @@ def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
 
 
 @pytest.mark.slow
+def test_another_account_on_the_machine_can_neither_read_nor_change_the_store_through_vaco_ui(tmp_path):
+    """As `nobody` (a second local account, `runuser`), with no token: a read (search), a write (a
+    tag, a metric), a delete and an artifact download each get 401 and change nothing; the token is
+    in no process's command line (which every account can read); the owner's token reads."""
+    import mlflow
+
+    if os.geteuid() != 0 or not shutil.which("runuser"):
+        pytest.skip("needs root and runuser to act as a second local account")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    run = client.create_run(client.create_experiment("vaco")).info.run_id
+    client.log_metric(run, "eval/return", 1.0, step=1)
+    port = free_port()
+    ui = subprocess.Popen(
+        [VACO, "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line, deadline = "", time.monotonic() + 120
+        while "vaco_token=" not in line:
+            assert ui.poll() is None and time.monotonic() < deadline, line
+            line = ui.stdout.readline()
+        token = re.search(r"\?vaco_token=([\w-]+)#", line).group(1)
+        base = f"http://127.0.0.1:{port}"
+        api = f"{base}/api/2.0/mlflow"
+        tries = [
+            ("GET", f"{api}/runs/get?run_id={run}", None),
+            ("POST", f"{api}/experiments/search", {"max_results": 10}),
+            ("POST", f"{api}/runs/set-tag", {"run_id": run, "key": "evil", "value": "1"}),
+            (
+                "POST",
+                f"{api}/runs/log-metric",
+                {"run_id": run, "key": "eval/return", "value": 1e9, "timestamp": 0, "step": 2},
+            ),
+            ("POST", f"{api}/runs/delete", {"run_id": run}),
+            ("GET", f"{base}/get-artifact?path=x&run_uuid={run}", None),
+            ("GET", f"{base}/api/2.0/mlflow-artifacts/artifacts/0/{run}/artifacts/x", None),
+            ("GET", f"{base}/", None),
+            ("GET", f"{base}/?vaco_token=wrong", None),
+        ]
+        script = (
+            "import json, sys, urllib.request, urllib.error\n"
+            "for method, url, body in json.loads(sys.argv[1]):\n"
+            "    data = None if body is None else json.dumps(body).encode()\n"
+            "    req = urllib.request.Request(url, data=data, method=method, headers={'Content-Type': 'application/json'})\n"
+            "    try:\n"
+            "        code = urllib.request.urlopen(req, timeout=20).status\n"
+            "    except urllib.error.HTTPError as err:\n"
+            "        code = err.code\n"
+            "    print(code)\n"
+        )
+        python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+        other = subprocess.run(
+            ["runuser", "-u", "nobody", "--", python, "-c", script, json.dumps(tries)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
+        assert other.returncode == 0, other.stderr
+        assert other.stdout.split() == ["401"] * len(tries), list(zip(tries, other.stdout.split()))
+        # nothing changed, and the owner's token still reads
+        found = client.get_run(run)
+        assert "evil" not in found.data.tags and found.info.lifecycle_stage == "active"
+        assert [m.value for m in client.get_metric_history(run, "eval/return")] == [1.0]
+        request = urllib.request.Request(f"{api}/runs/get?run_id={run}", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as page:
+            assert page.status == 200
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            assert token.encode() not in cmdline, pid
+    finally:
+        if ui.poll() is None:
+            ui.send_signal(signal.SIGINT)
+            try:
+                ui.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(ui.pid, signal.SIGKILL)
+                ui.wait()
+
+
+@pytest.mark.slow
 def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
     """What a new user sees: the address `vaco ui` prints, opened in headless Chromium with a new,
     empty profile, shows the experiment's runs table in the model-training view (MLflow 3's default
     for a fresh browser is its GenAI pages: Overview, Traces, Token usage), with the study's columns
     and their values (MLflow's own first columns are Source, Models and Dataset, no metric). A
     screenshot is kept. The addresses a user types or clicks without vaco's query (the root, an
-    experiment's link) open the training view too, each in a fresh browser."""
-    import shutil
-
+    experiment's link) open the training view too, each in a fresh browser (once the token has set
+    its cookie: here each fresh profile gets in by the address with the token); without the token, a
+    fresh browser sees only the refusal."""
     import mlflow
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -236,9 +332,12 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
             assert ui.poll() is None and time.monotonic() < deadline, line
             line = ui.stdout.readline()
         url = line.split("vaco ui: ", 1)[1].split()[0]
+        token = re.search(r"\?vaco_token=([\w-]+)#", url).group(1)
         assert url == (
-            f"http://127.0.0.1:{port}/#/experiments/{experiment}/runs?workflowType=machine_learning&viewStateShareKey=vaco"
+            f"http://127.0.0.1:{port}/?vaco_token={token}#/experiments/{experiment}/runs"
+            "?workflowType=machine_learning&viewStateShareKey=vaco"
         ), line
+        entry = f"http://127.0.0.1:{port}/?vaco_token={token}"  # how a fresh browser gets in by hand
         assert "the runs of 'vaco-first-look'" in line
         flags = [
             "--headless",
@@ -296,7 +395,7 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
 
         # the experiment's link as the home page and the experiments list give it (no workflowType):
         # MLflow alone opens a fresh browser on the GenAI view there (Traces, Token usage)
-        linked = page(f"http://127.0.0.1:{port}/#/experiments/{experiment}", "profile-link")
+        linked = page(f"{entry}#/experiments/{experiment}", "profile-link")
         assert "vaco Hopper-v5 K=4 s1" in linked and ">Runs<" in linked and "Token" not in linked
         assert "Ask questions about your experiments" not in linked  # the Assistant did not open over it
 
@@ -307,9 +406,12 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
             assert found, dom[-2000:]
             return found.groups()
 
-        root = switch(page(f"http://127.0.0.1:{port}/", "profile-root"))
-        training = switch(page(f"http://127.0.0.1:{port}/#/?workflowType=machine_learning", "profile-ml"))
-        genai = switch(page(f"http://127.0.0.1:{port}/#/?workflowType=genai", "profile-genai"))
+        root = switch(page(f"{entry}", "profile-root"))
+        training = switch(page(f"{entry}#/?workflowType=machine_learning", "profile-ml"))
+        genai = switch(page(f"{entry}#/?workflowType=genai", "profile-genai"))
+        # without the token a fresh browser sees no run, only the refusal
+        shut = page(f"http://127.0.0.1:{port}/#/experiments/{experiment}", "profile-no-token")
+        assert "vaco Hopper-v5 K=4 s1" not in shut and "no access without its token" in shut
         assert root == training != genai
         ui.send_signal(signal.SIGINT)
         assert ui.wait(timeout=60) == 0

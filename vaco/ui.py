@@ -2,8 +2,15 @@
 
     vaco ui                      # http://127.0.0.1:5000, store: MLFLOW_TRACKING_URI or sqlite:///mlflow.db
     vaco ui --port 5001 --store sqlite:///results/mlflow.db
-    vaco ui --host 0.0.0.0       # only when you mean to expose it (no authentication)
     vaco ui --experiment vaco-laptop
+
+Only the browser that opens the printed address gets in: the address carries a random token, made
+anew at every start (the server sets it as a cookie and drops it from the address), and every
+request without it gets 401, reads and writes alike, so no other account on a shared machine can
+read, change or delete the store through the UI (the store's own files are protected by their
+permissions, not by this). A script reaches the same server with ``MLFLOW_TRACKING_TOKEN=<token>``.
+The token travels in clear over HTTP: to reach the UI from another machine, forward the port over
+SSH rather than listen on ``--host 0.0.0.0``.
 
 Every address of the UI (the root, an experiment's link, the home button) opens MLflow's
 model-training view, where MLflow 3 opens a fresh browser on its GenAI pages: the server is
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +36,7 @@ import urllib.request
 from pathlib import Path
 
 from vaco.tracking import TrackingStoreError, absolute_tracking_uri, check_tracking_store, redact_uri
+from vaco.ui_app import QUERY, TOKEN_ENV
 
 __all__ = ["main"]
 
@@ -40,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         "--store", default=None, help="tracking store (default: MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
     )
     parser.add_argument(
-        "--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)"
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1, this machine; its other accounts need the printed token)",
     )
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the UI to answer")
@@ -81,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         "--app-name",
         "vaco",  # MLflow's app with the training view as a fresh browser's default (vaco.ui_app)
     ]
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    token = secrets.token_urlsafe(24)  # in the server's environment (its own account's), never its command line
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", VACO_UI_PORT=str(args.port))
+    env[TOKEN_ENV] = token
     # MLflow's server imports a Starlette module Starlette deprecates: a warning on every start that
     # asks nothing of a vaco user (the user's own PYTHONWARNINGS stay, after this one)
     quiet = "ignore:starlette.middleware.wsgi is deprecated"
@@ -121,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 2
             where = f"the runs of '{name}'" if name else "no runs yet"
-            print(f"vaco ui: {url}/{page}  ({where}; store {redact_uri(store)}; Ctrl-C stops it)", flush=True)
+            print(
+                f"vaco ui: {url}/?{QUERY}={token}{page}  ({where}; store {redact_uri(store)}; only this address "
+                f"gets in; Ctrl-C stops it)",
+                flush=True,
+            )
         while stop["signal"] is None and server.poll() is None:
             time.sleep(0.2)
         return 0
