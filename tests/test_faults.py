@@ -466,6 +466,55 @@ def test_tracking_server_restart_mid_run_loses_no_metric(tmp_path):
         stop_server(server)
 
 
+@pytest.mark.slow
+def test_a_metric_batch_the_server_took_after_the_client_gave_up_is_not_sent_twice(tmp_path):
+    """A relay holds the server's answer to one metric batch for 15 s (the client gives up after 10 s,
+    the server has already written the batch); vaco keeps the batch and sends it again with the later
+    ones. Every (metric, step) of the run is in the store once (before: that batch's every metric
+    twice, Lightning's logger stamping each try anew)."""
+    from helpers.mlflow_server import LateAnswers
+
+    db = f"sqlite:///{tmp_path / 'server.db'}"
+    port = free_port()
+    server = start_server(db, port, tmp_path, tmp_path / "server.log")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    try:
+        with LateAnswers(port) as relay:
+            uri = f"http://127.0.0.1:{relay.port}"
+            env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+            slow = [*TINY[:-2], "--data.init_args.total_steps", str(2 * 64 * 40)]
+            fit = subprocess.Popen(
+                [VACO, "fit", *slow], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            try:
+                deadline = time.monotonic() + 300
+                while not list(tmp_path.glob("checkpoints/*/last.ckpt")) and not list(
+                    tmp_path.glob("checkpoints/*/epoch=*")
+                ):
+                    assert fit.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.2)
+                relay.arm(1)
+                output, _ = fit.communicate(timeout=300)
+            finally:
+                if fit.poll() is None:
+                    fit.kill()
+            assert fit.returncode == 0, output[-3000:]
+            assert relay.held == 1 and "could not send metrics" in output and "reachable again" in output, output[
+                -3000:
+            ]
+        client = mlflow.MlflowClient(f"http://127.0.0.1:{port}")
+        (run,) = _runs(f"http://127.0.0.1:{port}")
+        doubled = {}
+        for key in run.data.metrics:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            if len(steps) != len(set(steps)):
+                doubled[key] = len(steps) - len(set(steps))
+        assert not doubled, doubled
+        assert len(client.get_metric_history(run.info.run_id, "train/tv")) == 40
+    finally:
+        stop_server(server)
+
+
 # ---------------------------------------------------------------- config errors
 @pytest.mark.slow
 @pytest.mark.parametrize(

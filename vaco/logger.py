@@ -7,7 +7,9 @@ Two things Lightning's logger does not do:
   retries would block training for minutes, silently, while a server restarts. A batch that fails
   is kept, a message says so, and the kept batches are retried with later ones, at most every
   5-60 s (doubling) so that a hanging server costs training little; another message says when
-  the server answers again. A run that ends with metrics still unsent retries
+  the server answers again. A batch carries the time it was first logged, and every try sends that
+  same time, so a batch the server took after the client gave up on the request is not doubled when
+  it is sent again: MLflow's SQL stores keep one row per (key, time, step, value). A run that ends with metrics still unsent retries
   for ~30 s, then writes
   them to ``unsent-metrics-<run id>.jsonl`` in the working directory (else the system's temporary
   directory, else stderr itself) and says so. Training goes on. A batch the server refuses for
@@ -61,12 +63,15 @@ class VacoMLFlowLogger(MLFlowLogger):
     QUICK_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("prefix"):
+            raise ValueError("`logger.prefix`: vaco's logger sends metrics under their own names; leave it empty")
         if kwargs.get("tags"):
             # a REST store (an `mlflow server`) needs strings; a YAML config may have made '2' a 2
             kwargs["tags"] = {str(k): str(v) for k, v in kwargs["tags"].items()}
         super().__init__(*args, **kwargs)
-        self._unsent: list[tuple[dict[str, float], int | None]] = []
-        self._rejected: list[tuple[dict[str, float], int | None]] = []  # refused for good (HTTP 4xx)
+        # (metrics, step, time in ms when first logged): every try of a batch sends the same rows
+        self._unsent: list[tuple[dict[str, float], int | None, int]] = []
+        self._rejected: list[tuple[dict[str, float], int | None, int]] = []  # refused for good (HTTP 4xx)
         self.last_error: str | None = None
         self._next_try = 0.0  # time.monotonic() before which a down server is not asked again
         self._interval = self.RETRY_INTERVAL[0]
@@ -183,19 +188,27 @@ class VacoMLFlowLogger(MLFlowLogger):
     # ------------------------------------------------------------------ metrics
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        self._unsent.append((dict(metrics), step))
+        self._unsent.append((dict(metrics), step, int(time.time() * 1000)))
         if time.monotonic() >= self._next_try:
             self._flush()
 
-    def _send(self, metrics: dict[str, float], step: int | None) -> None:
-        """One quick try (:attr:`QUICK_TRY`): MLflow reads its HTTP settings from the environment
-        at each request."""
+    def _send(self, metrics: dict[str, float], step: int | None, timestamp: int) -> None:
+        """One quick try (:attr:`QUICK_TRY`; MLflow reads its HTTP settings from the environment at
+        each request) of one batch, with the time it was first logged (Lightning's logger would
+        stamp each try anew, and a resent batch would become a second copy)."""
+        from mlflow.entities import Metric
+
         saved = {key: os.environ.get(key) for key in self.QUICK_TRY}
         for key, value in self.QUICK_TRY.items():
             if saved[key] is None:
                 os.environ[key] = value
         try:
-            super().log_metrics(metrics, step)
+            rows = [
+                Metric(key=re.sub("[^a-zA-Z0-9_/. -]+", "", k), value=float(v), timestamp=timestamp, step=step or 0)
+                for k, v in metrics.items()
+                if not isinstance(v, str)
+            ]
+            self.experiment.log_batch(run_id=self.run_id, metrics=rows)
         finally:
             for key, value in saved.items():
                 if value is None:
@@ -203,9 +216,9 @@ class VacoMLFlowLogger(MLFlowLogger):
 
     def _flush(self) -> bool:
         while self._unsent:
-            metrics, step = self._unsent[0]
+            metrics, step, timestamp = self._unsent[0]
             try:
-                self._send(metrics, step)
+                self._send(metrics, step, timestamp)
             except Exception as err:  # noqa: BLE001 - MlflowException, ConnectionError, ...
                 if _refused_for_good(err):
                     self._rejected.append(self._unsent.pop(0))
@@ -260,12 +273,16 @@ class VacoMLFlowLogger(MLFlowLogger):
                 flush=True,
             )
 
-    def _write_unsent(self, batches: list[tuple[dict[str, float], int | None]]) -> None:
-        """The batches MLflow never took, as JSON lines: in the working directory, else the temporary
-        directory, else on stderr. Never raises: the run is then marked ended either way."""
+    def _write_unsent(self, batches: list[tuple[dict[str, float], int | None, int]]) -> None:
+        """The batches MLflow never took, as JSON lines (with the time each was first logged, so a
+        replay is not doubled either): in the working directory, else the temporary directory, else
+        on stderr. Never raises: the run is then marked ended either way."""
         import tempfile
 
-        lines = [json.dumps({"step": step, "metrics": metrics}) + "\n" for metrics, step in batches]
+        lines = [
+            json.dumps({"step": step, "timestamp": timestamp, "metrics": metrics}) + "\n"
+            for metrics, step, timestamp in batches
+        ]
         name = f"unsent-metrics-{self.run_id}.jsonl"
         for folder in (os.getcwd(), tempfile.gettempdir()):
             path = os.path.join(os.path.abspath(folder), name)
@@ -310,8 +327,9 @@ class VacoMLFlowLogger(MLFlowLogger):
                 continue
             with open(path) as f:
                 batches = [json.loads(line) for line in f if line.strip()]
+            now = int(time.time() * 1000)
             keep = [
-                (dict(b["metrics"]), b["step"])
+                (dict(b["metrics"]), b["step"], int(b.get("timestamp", now)))
                 for b in batches
                 if b.get("step") is None or until_step is None or int(b["step"]) <= until_step
             ]

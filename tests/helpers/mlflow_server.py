@@ -122,3 +122,71 @@ def mlflow_server(backend_uri: str, cwd: Path, log_path: Path, admin_password: s
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_server(server)
+
+
+class LateAnswers:
+    """An HTTP relay in front of a real `mlflow server` that forwards every request at once and, while
+    armed, holds the server's answer to the next ``count`` requests whose path ends in ``suffix`` for
+    ``hold`` seconds: the server has done the work, the client gives up waiting (a slow network, a
+    stalled proxy). Used as ``with LateAnswers(upstream_port) as relay: ... relay.port``."""
+
+    def __init__(self, upstream_port: int, suffix: str = "/runs/log-batch", hold: float = 15.0):
+        import http.server
+        import threading
+
+        self.upstream, self.suffix, self.hold = upstream_port, suffix, hold
+        self.armed, self.held = 0, 0
+        self.lock = threading.Lock()
+        relay = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _relay(self):
+                import http.client
+
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                conn = http.client.HTTPConnection("127.0.0.1", relay.upstream, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                answer = conn.getresponse()
+                data = answer.read()
+                with relay.lock:
+                    late = relay.armed > 0 and self.path.split("?")[0].endswith(relay.suffix)
+                    if late:
+                        relay.armed -= 1
+                        relay.held += 1
+                if late:
+                    time.sleep(relay.hold)
+                try:
+                    self.send_response(answer.status)
+                    for k, v in answer.getheaders():
+                        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                            self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up: the work is done all the same
+                    self.close_connection = True
+
+            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _relay
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def arm(self, count: int = 1) -> None:
+        with self.lock:
+            self.armed += count
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
