@@ -515,6 +515,41 @@ def test_a_metric_batch_the_server_took_after_the_client_gave_up_is_not_sent_twi
         stop_server(server)
 
 
+@pytest.mark.slow
+def test_a_new_sqlite_store_opened_by_four_commands_at_once_is_set_up_once(tmp_path):
+    """Four processes open a store that does not exist yet at the same instant (each waits for a
+    file, then does what `vaco fit` does first: the store check, then MLflow's client): each sets up
+    nothing twice and all four write their experiment. Before: MLflow's schema set-up run at once in
+    several processes failed in all of them (Alembic: 'expected to match one row')."""
+    uri = f"sqlite:///{tmp_path / 'new.db'}"
+    go = tmp_path / "go"
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "import mlflow\n"
+        "from vaco.tracking import check_tracking_store\n"
+        "while not Path(sys.argv[2]).exists():\n"
+        "    time.sleep(0.001)\n"
+        "check_tracking_store(sys.argv[1])\n"
+        "mlflow.MlflowClient(sys.argv[1]).create_experiment('e' + sys.argv[3])\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, uri, str(go), str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(4)
+    ]
+    time.sleep(10)  # every process imported and waits at the line
+    go.touch()
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, "\n".join(o[-1500:] for o in outputs)
+    names = {e.name for e in mlflow.MlflowClient(uri).search_experiments()}
+    assert {"e0", "e1", "e2", "e3"} <= names
+
+
 # ---------------------------------------------------------------- config errors
 @pytest.mark.slow
 @pytest.mark.parametrize(

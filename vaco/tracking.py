@@ -9,6 +9,7 @@ retries. Imports nothing heavy (``vaco --help`` imports it).
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import os
 import re
@@ -175,13 +176,15 @@ def _field(uri: str, field: str | None) -> str:
     return ENV_VAR if os.environ.get(ENV_VAR) == uri else "trainer.logger.init_args.tracking_uri"
 
 
-def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.0) -> None:
+def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.0, create: bool = True) -> None:
     """Raise :class:`TrackingStoreError` in at most ~``timeout`` s if ``uri`` cannot be used.
 
     Checks: a known scheme; for SQLite, that the file's directory exists and is writable and the
     file (if any) is a SQLite database; for an HTTP server, that it answers MLflow's ``/health`` and
     accepts the credentials (an authenticated API call);
-    for a database URL, that a connection opens.
+    for a database URL, that a connection opens. ``create`` (the commands that write: ``vaco fit``,
+    ``vaco sweep``): a new SQLite store's tables are set up here, once, whoever else opens it at the
+    same moment (:func:`_create_sqlite_schema`); a reader (``vaco ui``) leaves a missing store missing.
     """
     name = _field(uri, field)
     shown = redact_uri(uri)
@@ -190,7 +193,7 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
     if scheme in ("", "file"):
         raise TrackingStoreError(f"`{name}`={shown!r}: MLflow 3.14+ refuses the file store; {hint}")
     if scheme == "sqlite":
-        _check_sqlite(uri, name)
+        _check_sqlite(uri, name, create)
     elif scheme in ("http", "https"):
         _check_http(uri, name, timeout, hint)
     elif scheme in _DB_SCHEMES:
@@ -202,7 +205,7 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
         )
 
 
-def _check_sqlite(uri: str, name: str) -> None:
+def _check_sqlite(uri: str, name: str, create: bool = True) -> None:
     path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
     if not path or path == ":memory:":
         return
@@ -223,6 +226,38 @@ def _check_sqlite(uri: str, name: str) -> None:
         except sqlite3.Error as err:
             raise TrackingStoreError(f"`{name}`={uri!r}: cannot open {file}: {err}") from None
         _check_sqlite_lock(file, uri, name)
+    if create:
+        _create_sqlite_schema(file, uri)
+
+
+def _has_schema(file: Path) -> bool:
+    """Whether MLflow has set up its tables in ``file`` (its migrations table holds a revision)."""
+    if not file.exists() or file.stat().st_size == 0:
+        return False
+    try:
+        with sqlite3.connect(f"file:{file}?mode=ro", uri=True, timeout=SQLITE_LOCK_WAIT) as db:
+            return db.execute("SELECT count(*) FROM alembic_version").fetchone()[0] == 1
+    except sqlite3.Error:
+        return False
+
+
+def _create_sqlite_schema(file: Path, uri: str) -> None:
+    """Set up a new SQLite store's tables once, however many vaco commands open it at the same moment:
+    MLflow's set-up (its Alembic migrations) run by two processes at once fails in both (4 of 4 failed
+    here). The first to take an exclusive ``flock`` on the store's folder runs it (through MLflow's own
+    client, as any first use would); the others wait, then find the tables there. The lock is on the
+    folder, not on the database file, whose POSIX locks are SQLite's own."""
+    if _has_schema(file):
+        return
+    folder = os.open(file.parent if str(file.parent) else ".", os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        if not _has_schema(file):
+            import mlflow
+
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+    finally:
+        os.close(folder)  # releases the lock
 
 
 #: seconds a run waits at its start for another writer's lock on a SQLite store (the writes of a
