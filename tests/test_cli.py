@@ -148,6 +148,26 @@ def test_a_sqlite_store_keeps_its_runs_artifacts_beside_its_file_not_in_the_work
 
 
 @pytest.mark.slow
+def test_log_model_false_keeps_one_copy_of_the_checkpoints(tmp_path):
+    """By default a run's checkpoints are also copied into its MLflow artifacts (so the store alone,
+    a server's included, holds the weights); `--trainer.logger.init_args.log_model false` keeps the
+    one copy in the checkpoint folder: the artifacts keep the config, no checkpoint."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = run_cli(
+        *TINY_FIT, "--trainer.logger.init_args.log_model", "false", cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri}
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    client = mlflow.MlflowClient(uri)
+    (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert (artifacts / "config.yaml").is_file() and not list(artifacts.rglob("*.ckpt")), sorted(artifacts.rglob("*"))
+    kept = [p for p in tmp_path.rglob("*.ckpt") if not p.is_relative_to(artifacts)]
+    assert any(p.name == "last.ckpt" for p in kept), sorted(tmp_path.rglob("*.ckpt"))
+
+
+@pytest.mark.slow
 def test_vaco_ui_serves_the_store_on_localhost_and_stops_on_ctrl_c(tmp_path):
     import mlflow
 
