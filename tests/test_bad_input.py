@@ -399,8 +399,12 @@ def test_a_refused_value_prints_only_its_line_and_touches_no_store(tmp_path, ove
             ("--model.init_args.hidden_sizes", "{" + ", ".join(_alias_bomb().strip().splitlines()) + "}"),
             "`model.init_args.hidden_sizes` (given on the command line): its aliases expand it to more than 100,000",
         ),
+        (  # it stopped after 2 iterations, and its resume counted the run finished without training
+            ("--trainer.limit_train_batches", "2"),
+            "`trainer.limit_train_batches` (2) would stop the run before its budget",
+        ),
     ],
-    ids=["population-2^32-1", "population-1e9", "population-word", "command-line-alias-bomb"],
+    ids=["population-2^32-1", "population-1e9", "population-word", "command-line-alias-bomb", "limit-train-batches"],
 )
 def test_a_size_or_a_value_on_the_command_line_is_checked_before_anything_is_built(tmp_path, override, message):
     _refused_in_a_process(tmp_path, override, message)

@@ -86,6 +86,13 @@ def early_checks(config) -> None:
         raise ConfigurationError(
             f"`seed_everything` must be an integer in [0, 2^32 - 1] (or true for a random one), got {seed!r}"
         )
+    trainer = config.get("trainer")
+    limit = trainer.get("limit_train_batches") if hasattr(trainer, "get") else None
+    if limit is not None and limit != 1.0:
+        raise ConfigurationError(
+            f"`trainer.limit_train_batches` ({limit!r}) would stop the run before its budget while its checkpoint "
+            "says it finished (a resume would train nothing more): shorten a run with --data.init_args.total_steps"
+        )
     check_writable(config)
     population = config.get("population", 1)
     if population != 1:
