@@ -486,3 +486,26 @@ def test_a_checkpoint_folder_that_cannot_be_written_is_refused_before_any_env(tm
     assert line.startswith("vaco fit: error: `trainer.default_root_dir`: checkpoints go to "), line
     assert "choose a folder you can write (--trainer.default_root_dir DIR)" in line
     assert "Traceback" not in out.stdout + out.stderr and "iteration" not in out.stdout
+
+
+def test_a_gzip_bomb_given_as_data_is_refused_before_pandas_reads_it(tmp_path, monkeypatch, capsys):
+    """A data file that decompresses past the limit (2 GiB; 2 MB here, the limit set to 1 MB so the
+    test stays small) is refused in one line naming it, before pandas builds anything; a committed
+    data file of 45 MB uncompressed reads as before."""
+    import gzip
+
+    from vaco.report import report_cli
+    from vaco.report import runs as runs_module
+
+    bomb = tmp_path / "bomb.csv.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        f.write(b"run_id,name\n" + b"0" * (2 * 1024**2))
+    monkeypatch.setattr(runs_module, "DATA_LIMIT", 1024**2)
+    assert report_cli.main(["--data", str(bomb), "--no-mlflow", "--out", str(tmp_path / "r")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        line.startswith(f"vaco report: `--data`: {bomb} decompresses to more than") and "refused before reading" in line
+    )
+    monkeypatch.setattr(runs_module, "DATA_LIMIT", 2 * 1024**3)
+    repo = Path(__file__).resolve().parents[1]
+    assert runs_module.read_runs(repo / "docs/data/lag_robustness_long.csv.gz")

@@ -298,13 +298,38 @@ def save_runs(runs: list[Run], path: str | os.PathLike) -> Path:
     return path
 
 
+#: the most a data file may hold, uncompressed (an export of 2,000 runs is ~110 MB): a gzip bomb
+#: (a few MB that decompress to GBs) is refused before pandas builds it in memory
+DATA_LIMIT = 2 * 1024**3
+
+
+def _uncompressed_size(path: Path, limit: int) -> int:
+    """Bytes ``path`` decompresses to, counted in chunks up to ``limit`` + 1 (nothing is kept)."""
+    import gzip
+
+    total = 0
+    with gzip.open(path, "rb") as f:
+        while total <= limit:
+            chunk = f.read(16 * 1024 * 1024)
+            if not chunk:
+                break
+            total += len(chunk)
+    return total
+
+
 def read_runs(path: str | os.PathLike) -> list[Run]:
-    """The runs of a data file written by :func:`save_runs`."""
+    """The runs of a data file written by :func:`save_runs`; a gzipped file that would decompress
+    to more than :data:`DATA_LIMIT` bytes is refused in one line before it is read."""
     import pandas as pd
 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"`--data`: no file at {path}")
+    if path.name.endswith(".gz") and _uncompressed_size(path, DATA_LIMIT) > DATA_LIMIT:
+        raise ValueError(
+            f"`--data`: {path} decompresses to more than {DATA_LIMIT / 1024**3:g} GiB ({path.stat().st_size:,} bytes "
+            "compressed): not an export of `vaco report --save-data` (2,000 runs are ~110 MB); refused before reading"
+        )
     frame = pd.read_csv(
         path, float_precision="round_trip", dtype={"run_id": str, "name": str, "axes": str, "variant_of": str}
     )
