@@ -501,3 +501,31 @@ def test_step_pairs_naming_no_runs_are_refused_in_one_line(tmp_path):
         bad = subprocess.run(argv, capture_output=True, text=True)
         assert bad.returncode == 2 and f"`--step-pairs` {problem}" in bad.stderr.strip().splitlines()[0], bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_normalisation_that_cannot_carry_the_differences_is_flagged_first(tmp_path):
+    """Two algorithms, one seed each, 28.5 and 32.5 (the README's tiny sweep): the min-max scale
+    makes them 0 and 1, which says nothing; the report leads with why. Three seeds a cell whose
+    spread is as wide as the range: flagged as seed noise. Three seeds a cell well apart: no flag."""
+    import numpy as np
+
+    from helpers.report_runs import make_run
+    from vaco.report import build_report, write_report
+
+    def run(algo, seed, final):
+        steps = np.array([1000.0, 2000.0])
+        return make_run(algo, "Hopper-v5", 1, seed, {"eval/return": (steps, np.array([final / 2, final]))})
+
+    tiny = build_report("tiny", [run("vaco", 1, 28.5), run("ppo_clip", 1, 32.5)], reps=50)
+    (line,) = tiny.weak_scale
+    assert line.startswith("Hopper-v5: one seed a cell, so the min-max range (28.5 to 32.5)") and line in tiny.notes
+    summary = write_report(tiny, tmp_path / "tiny").read_text()
+    assert summary.split("\n## ")[0].count("Read with care") == 1 and line in summary.split("\n## ")[0]
+
+    noisy = [run("vaco", s, v) for s, v in enumerate((10.0, 30.0, 20.0))] + [
+        run("ppo_clip", s, v) for s, v in enumerate((12.0, 29.0, 25.0))
+    ]
+    (line,) = build_report("noisy", noisy, reps=50).weak_scale
+    assert "under 4 times the seeds' own spread" in line
+    apart = [run("vaco", s, 1000.0 + s) for s in range(3)] + [run("ppo_clip", s, 100.0 + s) for s in range(3)]
+    assert build_report("apart", apart, reps=50).weak_scale == []

@@ -384,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     scoring = None if args.no_sensitivity else sensitivity(report, lag, design=two)
     summary = write_report(report, out, lag=lag, scoring=scoring, design=two)
     print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
+    for line in report.weak_scale:
+        print(f"vaco report: read with care: {line}")
     if lag.drops:
         print(f"robustness to lag ({report.score} score), decided at margin {report.margin:g} ({report.units} units):")
         print("\n".join(verdict_lines(lag)))

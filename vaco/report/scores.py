@@ -265,6 +265,8 @@ class Report:
     step_pairs: dict[str, str] = dataclasses.field(default_factory=dict)
     # runs left out because their scored metric holds a NaN or an infinity (run name -> why)
     excluded: dict[str, str] = dataclasses.field(default_factory=dict)
+    # tasks whose min-max range cannot be told from seed noise (one line each; the summary leads with them)
+    weak_scale: list[str] = dataclasses.field(default_factory=list)
     # how ``bounds`` were set: "runs" (min and max over the runs, the paper's), "fixed" (a study
     # plan's references) or "as is" (an accuracy, already in [0, 1]); every scoring of the
     # sensitivity table scales by fixed bounds where they are fixed
@@ -396,6 +398,39 @@ def _normalizing_scores(runs, final, chosen, normalization: str, notes: list[str
     return by_task
 
 
+#: a task's min-max range under this many pooled within-cell SDs is flagged: normalised gaps there
+#: are mostly seed noise (two runs of one cell differ by ~1.4 SDs on average)
+NOISE_RANGE = 4.0
+
+
+def weak_scales(runs, final, bounds: Mapping[str, tuple[float, float]]) -> list[str]:
+    """One line for each task whose runs' own min-max range cannot be told from seed noise: every
+    cell has one seed (the spread is unknown), or the range is under :data:`NOISE_RANGE` pooled
+    within-cell SDs (cells: algorithm, K and sweep axes)."""
+    out = []
+    for task, (low, high) in bounds.items():
+        cells = defaultdict(list)
+        for r in runs:
+            if r.env == task:
+                cells[(r.algorithm, r.K, tuple(sorted(r.axes.items())))].append(final[r.run_id])
+        groups = [np.asarray(v) for v in cells.values() if len(v) > 1]
+        span = f"{low:.1f} to {high:.1f}"
+        if not groups:
+            out.append(
+                f"{task}: one seed a cell, so the min-max range ({span}) cannot be told from seed noise: a normalised "
+                "0 or 1 says which run scored lowest or highest, not which algorithm is better (run 3+ seeds a cell)"
+            )
+            continue
+        dof = sum(len(g) - 1 for g in groups)
+        sd = math.sqrt(sum(((g - g.mean()) ** 2).sum() for g in groups) / dof)
+        if high - low < NOISE_RANGE * sd:
+            out.append(
+                f"{task}: the min-max range ({span}, {high - low:.1f} wide) is under {NOISE_RANGE:g} times the seeds' "
+                f"own spread (pooled SD {sd:.1f}): normalised gaps there are mostly seed noise"
+            )
+    return out
+
+
 def build_report(
     experiment: str,
     runs: list[Run],
@@ -486,6 +521,8 @@ def build_report(
     for task, (low, high) in bounds.items():
         if low == high:
             notes.append(f"{task}: every run scored {low:.1f}; its normalised scores are set to 1")
+    weak = weak_scales(usable, final, {t: b for t, b in bounds.items() if scale == "runs"})
+    notes += weak
     report = Report(
         experiment=experiment,
         runs=usable,
@@ -506,6 +543,7 @@ def build_report(
         step_pairs=dict(step_pairs or {}),
         excluded=excluded,
         scale=scale,
+        weak_scale=weak,
     )
     for r in usable:
         report.normalized[r.run_id] = float(normalize(final[r.run_id], bounds[r.env]))

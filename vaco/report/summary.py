@@ -129,6 +129,9 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     save = _Figures(out, dpi)
     s: list[str] = [f"# Report: {report.experiment}", ""]
+    if report.weak_scale:  # before anything a reader might quote
+        s += ["**Read with care: the normalised scores below cannot separate the algorithms from seed noise.**", ""]
+        s += [f"- {line}" for line in report.weak_scale] + [""]
     s += _runs_section(report, save)
     s += _normalisation_section(report, save)
     design = design if design is not None else two_by_two(report)
