@@ -482,7 +482,7 @@ def test_a_metric_batch_the_server_took_after_the_client_gave_up_is_not_sent_twi
         with LateAnswers(port) as relay:
             uri = f"http://127.0.0.1:{relay.port}"
             env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
-            slow = [*TINY[:-2], "--data.init_args.total_steps", str(2 * 64 * 40)]
+            slow = [*TINY[:-2], "--data.init_args.total_steps", str(2 * 64 * 24)]
             fit = subprocess.Popen(
                 [VACO, "fit", *slow], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
@@ -510,7 +510,7 @@ def test_a_metric_batch_the_server_took_after_the_client_gave_up_is_not_sent_twi
             if len(steps) != len(set(steps)):
                 doubled[key] = len(steps) - len(set(steps))
         assert not doubled, doubled
-        assert len(client.get_metric_history(run.info.run_id, "train/tv")) == 40
+        assert len(client.get_metric_history(run.info.run_id, "train/tv")) == 24
     finally:
         stop_server(server)
 

@@ -220,7 +220,7 @@ def test_a_randomisation_plan_is_judged_by_its_test_and_shows_the_bootstrap_besi
     declared = load_plan({**raw, "test": "bootstrap"}, list(ARMS), [1, 4], 36)
     plan = load_plan({**raw, "test": "randomisation"}, list(ARMS), [1, 4], 36)
     assert declared.digest == "f3c18032baed" and plan.digest != declared.digest
-    report = R.build_report("size", runs, reps=300, fixed_bounds=REFERENCES)
+    report = R.build_report("size", runs, reps=100, fixed_bounds=REFERENCES)
     judged = judge_plan(plan, report, declared=None)
     assert judged.look == 0 and len(judged.verdicts) == 3
     for v in judged.verdicts:
