@@ -518,20 +518,20 @@ def test_a_metric_batch_the_server_took_after_the_client_gave_up_is_not_sent_twi
 @pytest.mark.slow
 def test_a_new_sqlite_store_opened_by_four_commands_at_once_is_set_up_once(tmp_path):
     """Four processes open a store that does not exist yet at the same instant (each waits for a
-    file, then does what `vaco fit` does first: the store check, then MLflow's client): each sets up
-    nothing twice and all four write their experiment. Before: MLflow's schema set-up run at once in
+    file, then does what `vaco fit` does first: the store check, then its logger's first use of the
+    store): each sets up nothing twice and all four write their experiment. Before: MLflow's schema set-up run at once in
     several processes failed in all of them (Alembic: 'expected to match one row')."""
     uri = f"sqlite:///{tmp_path / 'new.db'}"
     go = tmp_path / "go"
-    script = (
+    script = (  # what `vaco fit` does first: the store check, then its logger's first use of the store
         "import sys, time\n"
         "from pathlib import Path\n"
-        "import mlflow\n"
+        "from vaco.logger import VacoMLFlowLogger\n"
         "from vaco.tracking import check_tracking_store\n"
         "while not Path(sys.argv[2]).exists():\n"
         "    time.sleep(0.001)\n"
         "check_tracking_store(sys.argv[1])\n"
-        "mlflow.MlflowClient(sys.argv[1]).create_experiment('e' + sys.argv[3])\n"
+        "VacoMLFlowLogger(experiment_name='e' + sys.argv[3], tracking_uri=sys.argv[1]).experiment\n"
     )
     procs = [
         subprocess.Popen(

@@ -36,7 +36,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from vaco.lightning_private import flatten_params
-from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location
+from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location, prepare_sqlite_store
 
 __all__ = ["VacoMLFlowLogger", "GROWABLE_PARAMS"]
 
@@ -65,6 +65,8 @@ class VacoMLFlowLogger(MLFlowLogger):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("prefix"):
             raise ValueError("`logger.prefix`: vaco's logger sends metrics under their own names; leave it empty")
+        # a new SQLite store's tables once, whoever else opens it now (Lightning's client opens it below)
+        prepare_sqlite_store(kwargs.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI") or "")
         if kwargs.get("tags"):
             # a REST store (an `mlflow server`) needs strings; a YAML config may have made '2' a 2
             kwargs["tags"] = {str(k): str(v) for k, v in kwargs["tags"].items()}

@@ -26,6 +26,7 @@ __all__ = [
     "absolute_tracking_uri",
     "artifact_location",
     "check_tracking_store",
+    "prepare_sqlite_store",
     "search_all_runs",
     "CELL_TAG",
     "SETTINGS_TAG",
@@ -176,15 +177,15 @@ def _field(uri: str, field: str | None) -> str:
     return ENV_VAR if os.environ.get(ENV_VAR) == uri else "trainer.logger.init_args.tracking_uri"
 
 
-def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.0, create: bool = True) -> None:
+def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.0, create: bool = False) -> None:
     """Raise :class:`TrackingStoreError` in at most ~``timeout`` s if ``uri`` cannot be used.
 
     Checks: a known scheme; for SQLite, that the file's directory exists and is writable and the
     file (if any) is a SQLite database; for an HTTP server, that it answers MLflow's ``/health`` and
     accepts the credentials (an authenticated API call);
-    for a database URL, that a connection opens. ``create`` (the commands that write: ``vaco fit``,
-    ``vaco sweep``): a new SQLite store's tables are set up here, once, whoever else opens it at the
-    same moment (:func:`_create_sqlite_schema`); a reader (``vaco ui``) leaves a missing store missing.
+    for a database URL, that a connection opens. A check writes nothing (a refused config leaves no
+    store behind); ``create`` (``vaco sweep``, which opens the store next) also sets up a new SQLite
+    store's tables (:func:`prepare_sqlite_store`).
     """
     name = _field(uri, field)
     shown = redact_uri(uri)
@@ -227,7 +228,7 @@ def _check_sqlite(uri: str, name: str, create: bool = True) -> None:
             raise TrackingStoreError(f"`{name}`={uri!r}: cannot open {file}: {err}") from None
         _check_sqlite_lock(file, uri, name)
     if create:
-        _create_sqlite_schema(file, uri)
+        prepare_sqlite_store(uri)
 
 
 def _has_schema(file: Path) -> bool:
@@ -241,12 +242,17 @@ def _has_schema(file: Path) -> bool:
         return False
 
 
-def _create_sqlite_schema(file: Path, uri: str) -> None:
-    """Set up a new SQLite store's tables once, however many vaco commands open it at the same moment:
+def prepare_sqlite_store(uri: str) -> None:
+    """Set up a new SQLite store's tables once, however many vaco commands open it at the same moment
+    (``vaco fit``'s logger calls it before its first use of the store; a no-op for other stores):
     MLflow's set-up (its Alembic migrations) run by two processes at once fails in both (4 of 4 failed
     here). The first to take an exclusive ``flock`` on the store's folder runs it (through MLflow's own
     client, as any first use would); the others wait, then find the tables there. The lock is on the
     folder, not on the database file, whose POSIX locks are SQLite's own."""
+    path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
+    if not path or path == ":memory:":
+        return
+    file = Path(path)
     if _has_schema(file):
         return
     folder = os.open(file.parent if str(file.parent) else ".", os.O_RDONLY)
