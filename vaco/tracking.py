@@ -177,15 +177,14 @@ def _field(uri: str, field: str | None) -> str:
     return ENV_VAR if os.environ.get(ENV_VAR) == uri else "trainer.logger.init_args.tracking_uri"
 
 
-def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.0, create: bool = False) -> None:
+def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.0) -> None:
     """Raise :class:`TrackingStoreError` in at most ~``timeout`` s if ``uri`` cannot be used.
 
     Checks: a known scheme; for SQLite, that the file's directory exists and is writable and the
     file (if any) is a SQLite database; for an HTTP server, that it answers MLflow's ``/health`` and
     accepts the credentials (an authenticated API call);
     for a database URL, that a connection opens. A check writes nothing (a refused config leaves no
-    store behind); ``create`` (``vaco sweep``, which opens the store next) also sets up a new SQLite
-    store's tables (:func:`prepare_sqlite_store`).
+    store behind); the logger sets up a new SQLite store's tables (:func:`prepare_sqlite_store`).
     """
     name = _field(uri, field)
     shown = redact_uri(uri)
@@ -194,7 +193,7 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
     if scheme in ("", "file"):
         raise TrackingStoreError(f"`{name}`={shown!r}: MLflow 3.14+ refuses the file store; {hint}")
     if scheme == "sqlite":
-        _check_sqlite(uri, name, create)
+        _check_sqlite(uri, name)
     elif scheme in ("http", "https"):
         _check_http(uri, name, timeout, hint)
     elif scheme in _DB_SCHEMES:
@@ -206,7 +205,7 @@ def check_tracking_store(uri: str, field: str | None = None, timeout: float = 5.
         )
 
 
-def _check_sqlite(uri: str, name: str, create: bool = True) -> None:
+def _check_sqlite(uri: str, name: str) -> None:
     path = uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else ""
     if not path or path == ":memory:":
         return
@@ -227,8 +226,6 @@ def _check_sqlite(uri: str, name: str, create: bool = True) -> None:
         except sqlite3.Error as err:
             raise TrackingStoreError(f"`{name}`={uri!r}: cannot open {file}: {err}") from None
         _check_sqlite_lock(file, uri, name)
-    if create:
-        prepare_sqlite_store(uri)
 
 
 def _has_schema(file: Path) -> bool:

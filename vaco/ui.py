@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vaco ui: the store is already a server: open {store}")
         return 0
     try:
-        check_tracking_store(store, "--store" if args.store else None, create=False)
+        check_tracking_store(store, "--store" if args.store else None)
     except TrackingStoreError as err:
         print(f"vaco ui: error: {err}", file=sys.stderr)
         return 2

@@ -539,6 +539,6 @@ def _check_store(uri: str) -> None:
     from vaco.tracking import TrackingStoreError, check_tracking_store
 
     try:
-        check_tracking_store(uri, create=True)  # the sweep reads and writes the store next
+        check_tracking_store(uri)
     except TrackingStoreError as err:
         raise SweepError(str(err)) from None
