@@ -154,6 +154,19 @@ def test_holm_matches_the_step_down_loop():
     assert holm([0.01, 0.04, 0.03], 0.05) == ([True, False, False], [0.03, 0.06, 0.06])
 
 
+def test_holm_gives_statsmodels_adjusted_p_values():
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(8)
+    for m in (1, 2, 3, 5, 8):  # a few calls: statsmodels runs gc.collect() on each
+        p = rng.uniform(0, 0.1, m)
+        p[rng.integers(m)] = p[0]  # a tie
+        reject, adjusted, _, _ = multipletests(p, alpha=0.05, method="holm")
+        ours = holm(list(p), 0.05)
+        assert ours[0] == [bool(r) for r in reject]
+        np.testing.assert_allclose(ours[1], adjusted, rtol=0, atol=1e-15)
+
+
 # one iteration of 2 envs x 64 steps a cell: the sweep tests below run real cells, quickly
 TINY_CELL = {
     "data.init_args.num_envs": 2,

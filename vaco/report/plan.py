@@ -283,13 +283,19 @@ def nominal_levels(looks: Sequence[int], alpha: float = 0.05, spending: str = "p
 # ------------------------------------------------------------------------------ Holm
 def holm(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
     """Holm's step-down test of a family at family-wise level ``alpha``: which hypotheses are
-    rejected, and the adjusted p-values (``max_{j <= i} min(1, (m - j + 1) p_(j))`` in sorted order):
-    statsmodels' ``multipletests(method="holm")``. (The group-sequential form, :func:`sequential_holm`,
-    is not in statsmodels.)"""
-    from statsmodels.stats.multitest import multipletests
+    rejected, and the adjusted p-values (``max_{j <= i} min(1, (m - j + 1) p_(j))`` in sorted order).
 
-    reject, adjusted, _, _ = multipletests(np.asarray(pvalues, dtype=np.float64), alpha=alpha, method="holm")
-    return [bool(r) for r in reject], [float(a) for a in adjusted]
+    The same numbers as statsmodels' ``multipletests(method="holm")`` (a test checks it), written
+    here because that function runs ``gc.collect()`` on every call: seconds a call in a process
+    that holds torch and MLflow, and the report calls this once per table row. (The
+    group-sequential form, :func:`sequential_holm`, is not in statsmodels.)"""
+    p = np.asarray(pvalues, dtype=np.float64)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(scaled) if m else scaled
+    return [bool(a <= alpha) for a in adjusted], [float(a) for a in adjusted]
 
 
 # ------------------------------------------------------------------------------ Holm over looks
