@@ -146,3 +146,82 @@ def test_data_module_validates_before_any_work(tmp_path):
             GSM8kDataModule(train_path=path, test_path=path, **{field: value})
     with pytest.raises(ValueError, match="`data.prompt_template`"):
         GSM8kDataModule(train_path=path, test_path=path, prompt_template="Q: {q}")
+
+
+# ---------------------------------------------------------------- other datasets: formats, fields, rewards
+MATH_RECORDS = [
+    {"problem": "What is $\\frac{1}{2} + \\frac{1}{4}$?", "solution": "It is $\\boxed{\\frac{3}{4}}$."},
+    {"problem": "Solve $2x = 10$.", "solution": "Divide by 2: $x = \\boxed{5}$."},
+]
+
+
+def test_a_boxed_dataset_loads_with_a_field_map_and_the_boxed_reward(tmp_path):
+    from vaco.llm.reward import BoxedMath
+
+    path = write_lines(tmp_path / "math.jsonl", MATH_RECORDS)
+    data = GSM8kDataModule(
+        train_path=path, test_path=path, question_key="problem", answer_key="solution", reward=BoxedMath()
+    )
+    assert [r["target"] for r in data.train] == ["\\frac{3}{4}", "5"]
+    assert data.score(["\\boxed{0.75}", "x = 5"], [r["target"] for r in data.train]) == [1.0, 0.0]
+    # GSM8k's reward (the default) cannot read a boxed solution: one line naming the record and the key
+    with pytest.raises(
+        ValueError, match=r"^`data.train_path`: record 1 of .*math.jsonl: GSM8k cannot read its 'solution'"
+    ):
+        GSM8kDataModule(train_path=path, test_path=path, question_key="problem", answer_key="solution")
+    # the keys a record lacks are named with the options that set them
+    with pytest.raises(ValueError, match=r"needs keys 'question' and 'answer' \(data.question_key, data.answer_key\)"):
+        GSM8kDataModule(train_path=path, test_path=path, reward=BoxedMath())
+    broken = write_lines(tmp_path / "broken.jsonl", [*MATH_RECORDS, {"problem": "?", "solution": "\\boxed{1"}])
+    with pytest.raises(ValueError, match=r"record 3 of .*broken.jsonl: BoxedMath cannot read .*never closes"):
+        GSM8kDataModule(
+            train_path=broken, test_path=path, question_key="problem", answer_key="solution", reward=BoxedMath()
+        )
+
+
+def test_a_datasets_save_to_disk_folder_loads_and_a_dataset_dict_names_its_splits(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from vaco.llm.reward import BoxedMath
+
+    folder = tmp_path / "math"
+    datasets.Dataset.from_list(MATH_RECORDS).save_to_disk(str(folder))
+    data = GSM8kDataModule(
+        train_path=str(folder), test_path=str(folder), question_key="problem", answer_key="solution", reward=BoxedMath()
+    )
+    assert [r["question"] for r in data.train] == [r["problem"] for r in MATH_RECORDS]
+    both = tmp_path / "both"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(MATH_RECORDS)}).save_to_disk(str(both))
+    with pytest.raises(
+        ValueError, match=r"DatasetDict with splits \['train'\]; give one split's folder, e.g. .*both/train"
+    ):
+        GSM8kDataModule(train_path=str(both), test_path=str(folder))
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not one written by datasets' save_to_disk"):
+        GSM8kDataModule(train_path=str(tmp_path / "plain"), test_path=str(folder))
+
+
+def test_the_chat_template_wraps_prompts_when_the_tokenizer_has_one(tmp_path):
+    from vaco.llm.tokenizer import train_tokenizer
+
+    path = write_lines(tmp_path / "train.jsonl", RECORDS)
+    tokenizer = train_tokenizer([r["question"] for r in RECORDS] * 5, vocab_size=300)
+    data = GSM8kDataModule(train_path=path, test_path=path, prompt_template="Q: {question}")
+    data.tokenizer = tokenizer
+    assert data.prompt("2+2?") == "Q: 2+2?"  # no template on this tokenizer: the prompt as it is
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    assert data.prompt("2+2?") == "<|user|>Q: 2+2?<|end|><|assistant|>"
+    off = GSM8kDataModule(train_path=path, test_path=path, chat_template=False)
+    off.tokenizer = tokenizer
+    assert off.prompt("2+2?") == "Question: 2+2?\nAnswer:"
+    tokenizer.chat_template = None
+    forced = GSM8kDataModule(train_path=path, test_path=path, chat_template=True)
+    forced.tokenizer = tokenizer
+    with pytest.raises(ValueError, match="`data.chat_template` is true but the model's tokenizer has no chat template"):
+        forced.prompt("2+2?")
+    with pytest.raises(ValueError, match="`data.chat_template` must be true, false or null"):
+        GSM8kDataModule(train_path=path, test_path=path, chat_template="yes")
+    with pytest.raises(ValueError, match="`data.reward` must be a vaco.llm.reward.Reward"):
+        GSM8kDataModule(train_path=path, test_path=path, reward=len)

@@ -195,6 +195,22 @@ def test_cross_field_check_runs_before_any_generation(setting, tmp_path, mlflow_
         assert not client.search_runs([experiment.experiment_id])  # no run was created
 
 
+@pytest.mark.parametrize(
+    "devices", [("--trainer.devices", "2"), ("--trainer.devices", "0,1"), ("--trainer.num_nodes", "2")]
+)
+def test_more_than_one_device_is_refused_in_one_line_before_anything_starts(
+    setting, tmp_path, mlflow_env, capsys, devices
+):
+    with pytest.raises(SystemExit) as exit_info:
+        main(fit_args(setting, tmp_path, "--trainer.accelerator", "cpu", *devices))
+    assert exit_info.value.code == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("vaco fit: error:")]
+    assert "`trainer.devices`: the LLM learner trains on one device, this config would start 2 processes" in line
+    client = mlflow.MlflowClient(tracking_uri=mlflow_env)
+    assert not [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert not list(Path(tmp_path).glob("checkpoints/*"))
+
+
 def final_policy_state(tmp_path) -> dict[str, torch.Tensor]:
     (ckpt,) = list(Path(tmp_path).glob("checkpoints/*/last.ckpt"))
     state = torch.load(ckpt, map_location="cpu", weights_only=True)

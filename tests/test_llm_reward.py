@@ -81,3 +81,69 @@ def test_answer_span_cuts_at_the_first_stop_string():
     assert answer_span(text, stop_strings=()) == text
     assert extract_answer(text, stop_strings=()) == Fraction(3)
     assert extract_answer("####") is None and extract_answer(None) is None
+
+
+# ---------------------------------------------------------------- the \boxed{} reward
+# references as MATH stores them (a worked solution ending in a box) or as MATH-500's `answer` column
+# does (the bare answer), against completions a model writes
+MATH_SOLUTION = (
+    "If $x$ is the number of hours, then $\\frac{7}{3}x = 14$, so $x = 6$ and the rate is "
+    "$\\frac{14}{6} = \\boxed{\\frac{7}{3}}$."
+)
+
+
+@pytest.mark.parametrize(
+    "completion,reference,expected",
+    [
+        ("... so the rate is \\boxed{\\frac{7}{3}}.", MATH_SOLUTION, 1.0),
+        ("the rate is $\\boxed{\\dfrac{7}{3}}$", MATH_SOLUTION, 1.0),  # \dfrac spells \frac
+        ("\\boxed{7/3}", MATH_SOLUTION, 1.0),  # the same number written a/b
+        ("\\boxed{2.3333}", MATH_SOLUTION, 0.0),  # a rounding is not the number
+        ("the rate is 7/3", MATH_SOLUTION, 0.0),  # no box: 0
+        ("\\boxed{\\frac{7}{3}} wait, \\boxed{3}", MATH_SOLUTION, 0.0),  # the last box counts
+        ("\\boxed{3} no: \\boxed{\\frac{7}{3}}", MATH_SOLUTION, 1.0),
+        ("\\boxed{\\frac{7}{3}", MATH_SOLUTION, 0.0),  # the box never closes
+        ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
+        ("\\boxed{(3,\\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),  # spacing, \left \right
+        ("\\boxed{35}", "3,5", 0.0),  # a list is not a number with a comma in it
+        ("\\boxed{1000}", "1,000", 1.0),  # ... but digit groups are
+        ("\\boxed{\\frac12}", "0.5", 1.0),  # \frac12 is \frac{1}{2}, and 1/2 = 0.5
+        ("\\boxed{-\\frac{1}{2}}", "-0.5", 1.0),
+        ("\\boxed{x = 5}", "5", 1.0),  # an equation's value
+        ("\\boxed{10\\%}", "10", 1.0),
+        ("\\boxed{90^\\circ}", "90", 1.0),
+        ("\\boxed{\\text{(C)}}", "\\text{(C)}", 1.0),
+        ("\\boxed{(B)}", "\\text{(C)}", 0.0),
+        ("\\fbox{12}", "12", 1.0),
+        ("The answer is $\\boxed 4$.", "4", 1.0),  # \boxed without braces
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 0.0),  # no algebra: equal values spelled apart differ
+        ("", "4", 0.0),
+        (None, "4", 0.0),  # not a string: 0, no exception
+    ],
+)
+def test_boxed_math_reward_table(completion, reference, expected):
+    from vaco.llm.reward import BoxedMath
+
+    reward = BoxedMath()
+    assert reward(completion, reward.reference(reference)) == expected
+
+
+def test_a_reward_refuses_answers_it_cannot_read():
+    from vaco.llm.reward import BoxedMath, GSM8k
+
+    with pytest.raises(ValueError, match="never closes"):
+        BoxedMath().reference("so $\\boxed{\\frac{1}{2}$")
+    with pytest.raises(ValueError, match="must be a string or a number"):
+        BoxedMath().reference(None)
+    with pytest.raises(ValueError, match="####"):
+        GSM8k().reference("the answer is \\boxed{4}, with no number after a hash mark")
+    assert GSM8k()("#### 72", GSM8k().reference(GSM8K_ANSWER)) == 1.0
+
+
+def test_a_checkpoint_names_no_module_vaco_would_import():
+    from vaco.llm.reward import BoxedMath, GSM8k, shipped_reward
+
+    assert isinstance(shipped_reward(BoxedMath().definition(), "--reward"), BoxedMath)
+    assert isinstance(shipped_reward(None, "--reward"), GSM8k)  # a run recorded before rewards were a field
+    with pytest.raises(ValueError, match="`--reward os.system`"):
+        shipped_reward({"class_path": "os.system", "init_args": {}}, "--reward")

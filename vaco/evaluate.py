@@ -149,6 +149,11 @@ def _parser() -> argparse.ArgumentParser:
     llm.add_argument("--num-eval", type=int, default=None, help="score the first N test prompts (default: the run's)")
     llm.add_argument("--test-path", default=None, help="another GSM8k-format test file (default: the run's)")
     llm.add_argument("--batch-size", type=int, default=None, help="prompts decoded at once (default: the run's)")
+    llm.add_argument(
+        "--reward",
+        default=None,
+        help="the run's own reward class (module.Class, imported from here); default: the run's, if vaco ships it",
+    )
     return parser
 
 
@@ -231,7 +236,7 @@ def _evaluate_llm(ckpt: dict, args) -> int:
         raise ValueError("`--video` and `--backend` are for MuJoCo checkpoints; this is an LLM checkpoint")
     hparams = ckpt["hyper_parameters"]
     print(f"evaluating {hparams['model_path']} with the checkpoint's weights on its test split ...", flush=True)
-    settings = ("samples", "temperature", "test_path", "num_eval", "batch_size", "device", "seed")
+    settings = ("samples", "temperature", "test_path", "num_eval", "batch_size", "device", "seed", "reward")
     out = evaluate_checkpoint(ckpt, **{name: getattr(args, name) for name in settings})
     n = int(out["prompts"])
     print(

@@ -94,6 +94,7 @@ def early_checks(config) -> None:
             "says it finished (a resume would train nothing more): shorten a run with --data.init_args.total_steps"
         )
     check_writable(config)
+    check_llm_devices(config)
     population = config.get("population", 1)
     if population != 1:
         from vaco.population_module import population_seeds
@@ -113,6 +114,39 @@ def early_checks(config) -> None:
             env_spec(env_id, dict(kwargs) if kwargs else None, field="data.env_id")
         except ValueError as err:
             raise ConfigurationError(str(err)) from None
+
+
+def _device_count(trainer) -> int:
+    """How many processes Lightning would start for ``trainer.devices`` x ``trainer.num_nodes``."""
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, str) and devices.strip() not in ("auto", "-1"):
+        text = devices.strip()  # "2": two devices; "0,1" or "1,": device indices
+        devices = [p for p in text.split(",") if p.strip()] if "," in text else int(text) if text.isdigit() else 1
+    if devices in ("auto", "-1", -1):
+        accelerator = str(trainer.get("accelerator", "auto"))
+        import torch
+
+        devices = torch.cuda.device_count() if accelerator in ("auto", "gpu", "cuda") else 1
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    nodes = trainer.get("num_nodes", 1)
+    return max(int(devices), 1) * (int(nodes) if isinstance(nodes, int) else 1)
+
+
+def check_llm_devices(config) -> None:
+    """The LLM learner trains in one process: more devices are refused before anything starts."""
+    model = config.get("model")
+    path = model.get("class_path", "") if hasattr(model, "get") else ""
+    trainer = config.get("trainer")
+    if not (isinstance(path, str) and path.rsplit(".", 1)[-1] == "RLVRModule" and hasattr(trainer, "get")):
+        return
+    count = _device_count(trainer)
+    if count > 1:
+        raise ConfigurationError(
+            f"`trainer.devices`: the LLM learner trains on one device, this config would start {count} processes "
+            "(trainer.devices x trainer.num_nodes); set --trainer.devices 1 (one process generates and trains; "
+            "data-parallel RLVR is not built)"
+        )
 
 
 def config_error(err: Exception) -> str:

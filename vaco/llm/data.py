@@ -1,9 +1,12 @@
-"""GSM8k-format data: plain JSONL/JSON/parquet readers and the LightningDataModule of prompt minibatches.
+"""Problems with verifiable answers: readers for local files and the LightningDataModule of prompt minibatches.
 
-A GSM8k record is ``{"question": str, "answer": "<reasoning>\\n#### <number>"}`` (the files of
-``openai/gsm8k``: ``train.jsonl``/``test.jsonl``, or the hub's parquet shards). The data module
-yields one item per *generation batch*: N prompt minibatches of ``prompts_per_minibatch`` prompts
-each, N being the model's ``num_minibatches``; there are ``num_steps / N`` items in a run.
+A record holds a question and an answer under keys the config names (``question_key``,
+``answer_key``; GSM8k's ``{"question", "answer": "<reasoning>\\n#### <number>"}`` by default). A
+file is JSONL, JSON (a list of records), parquet, or a folder written by ``datasets``'
+``Dataset.save_to_disk``. The reward (``data.reward``, :mod:`vaco.llm.reward`) reads every answer
+when the data loads. The data module yields one item per *generation batch*: N prompt
+minibatches of ``prompts_per_minibatch`` prompts each, N being the model's ``num_minibatches``;
+there are ``num_steps / N`` items in a run.
 """
 
 from __future__ import annotations
@@ -17,9 +20,18 @@ from typing import Any
 import lightning as L
 import torch
 
-from vaco.llm.reward import reference_answer
+from vaco.llm.reward import GSM8k, Reward
 
-__all__ = ["DEFAULT_PROMPT_TEMPLATE", "format_prompt", "read_gsm8k", "PromptStream", "GSM8kDataModule"]
+__all__ = [
+    "DEFAULT_PROMPT_TEMPLATE",
+    "format_prompt",
+    "read_problems",
+    "read_gsm8k",
+    "PromptStream",
+    "GSM8kDataModule",
+]
+
+FORMATS = "a .jsonl, .json or .parquet file, or a folder written by datasets' save_to_disk"
 
 DEFAULT_PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
@@ -31,9 +43,30 @@ def format_prompt(template: str, question: str) -> str:
     return template.replace("{question}", question)
 
 
+def _read_saved_dataset(path: str, field: str) -> list[dict]:
+    """The rows of a ``datasets`` ``Dataset.save_to_disk`` folder (arrow files; no code runs)."""
+    if os.path.isfile(os.path.join(path, "dataset_dict.json")):
+        splits = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+        raise ValueError(
+            f"`{field}`: {path} holds a DatasetDict with splits {splits}; give one split's folder, "
+            f"e.g. {os.path.join(path, splits[0] if splits else 'train')}"
+        )
+    if not os.path.isfile(os.path.join(path, "state.json")):
+        raise ValueError(f"`{field}`: {path} is a folder but not one written by datasets' save_to_disk (no state.json)")
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(
+            f"`{field}`: reading the datasets folder {path} needs the `datasets` package: pip install -e '.[llm]'"
+        ) from None
+    return datasets.load_from_disk(path, keep_in_memory=True).to_list()
+
+
 def _read_records(path: str, field: str) -> list[dict]:
     if not isinstance(path, str) or not path:
-        raise ValueError(f"`{field}` must be the path of a GSM8k .jsonl, .json or .parquet file, got {path!r}")
+        raise ValueError(f"`{field}` must be the path of {FORMATS}, got {path!r}")
+    if os.path.isdir(path):
+        return _read_saved_dataset(path, field)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"`{field}`: no file {path!r}")
     if path.endswith(".parquet"):
@@ -56,17 +89,22 @@ def _read_records(path: str, field: str) -> list[dict]:
         if not isinstance(records, list):
             raise ValueError(f"`{field}`: {path} must hold a JSON list of records")
         return records
-    raise ValueError(f"`{field}`: {path!r} must end in .jsonl, .json or .parquet")
+    raise ValueError(f"`{field}`: {path!r} must be {FORMATS}")
 
 
-def read_gsm8k(
-    path: str, field: str = "data.train_path", question_key: str = "question", answer_key: str = "answer"
+def read_problems(
+    path: str,
+    field: str = "data.train_path",
+    question_key: str = "question",
+    answer_key: str = "answer",
+    reward: Reward | None = None,
 ) -> list[dict]:
-    """Records ``{"question", "answer", "target"}`` (``target``: the reference number) of a GSM8k file.
+    """Records ``{"question", "answer", "target"}`` of a file (``target``: ``reward.reference(answer)``).
 
     Raises (naming ``field`` and the record): a missing file, an unknown format, a record without
-    the question or answer key, an answer without ``#### <number>``.
+    the question or answer key, an answer the reward cannot read.
     """
+    reward = GSM8k() if reward is None else reward
     records = _read_records(path, field)
     if not records:
         raise ValueError(f"`{field}`: {path} holds no records")
@@ -75,14 +113,24 @@ def read_gsm8k(
         if not isinstance(record, dict) or question_key not in record or answer_key not in record:
             keys = sorted(record) if isinstance(record, dict) else type(record).__name__
             raise ValueError(
-                f"`{field}`: record {number} of {path} needs keys {question_key!r} and {answer_key!r}, has {keys}"
+                f"`{field}`: record {number} of {path} needs keys {question_key!r} and {answer_key!r} "
+                f"(data.question_key, data.answer_key), has {keys}"
             )
         try:
-            target = reference_answer(record[answer_key])
+            target = reward.reference(record[answer_key])
         except ValueError as err:
-            raise ValueError(f"`{field}`: record {number} of {path}: {err}") from None
+            raise ValueError(
+                f"`{field}`: record {number} of {path}: {type(reward).__name__} cannot read its {answer_key!r}: {err}"
+            ) from None
         out.append({"question": str(record[question_key]), "answer": record[answer_key], "target": target})
     return out
+
+
+def read_gsm8k(
+    path: str, field: str = "data.train_path", question_key: str = "question", answer_key: str = "answer"
+) -> list[dict]:
+    """:func:`read_problems` with GSM8k's reward (``target``: the number after ``####``)."""
+    return read_problems(path, field, question_key, answer_key, GSM8k())
 
 
 class PromptStream:
@@ -138,11 +186,12 @@ class PromptStream:
 
 
 class GSM8kDataModule(L.LightningDataModule):
-    """Prompts of a GSM8k-format train file for RL, and a held-out test file for ``eval/accuracy``.
+    """Prompts of a train file for RL, and a held-out test file for ``eval/accuracy`` (GSM8k's format by default).
 
     Args:
-        train_path: GSM8k train file (``.jsonl``, ``.json`` or ``.parquet``; keys below).
-        test_path: GSM8k test file, scored by greedy decoding.
+        train_path: the train problems: a ``.jsonl``, ``.json`` or ``.parquet`` file, or a folder
+            written by ``datasets``' ``Dataset.save_to_disk`` (keys below).
+        test_path: the test problems (the same formats), scored by greedy decoding.
         prompts_per_minibatch: prompts per optimiser step (the paper: 32; each gets G completions).
         num_steps: optimiser steps of the run (the paper: 256; with N minibatches per generation
             batch there are ``num_steps / N`` generation batches). Episodes = num_steps x prompts x G.
@@ -150,12 +199,29 @@ class GSM8kDataModule(L.LightningDataModule):
             the start and the end). Evaluation happens between generation batches.
         num_eval: evaluate on the first ``num_eval`` test problems (default: all).
         prompt_template: how a question becomes a prompt; ``{question}`` is replaced.
-        question_key, answer_key: the record's keys (GSM8k: ``question``, ``answer``).
+        question_key, answer_key: the record's keys (GSM8k: ``question``, ``answer``; MATH:
+            ``problem``, ``solution``).
+        reward: the verifiable reward (``class_path`` in YAML; :mod:`vaco.llm.reward`):
+            ``vaco.llm.reward.GSM8k`` (default), ``vaco.llm.reward.BoxedMath``, or a subclass of
+            ``vaco.llm.reward.Reward`` in your own module. It reads every answer at load time.
+        chat_template: wrap each prompt (after ``prompt_template``) as one user turn of the
+            tokenizer's chat template, with the assistant's turn opened (``add_generation_prompt``).
+            Default ``null``: when the tokenizer has a template; ``false``: never; ``true``: always
+            (a tokenizer without one is refused).
         seed: shuffling seed (linked from ``seed_everything`` by the CLI).
     """
 
     # what a resumed run may not change (the learner adds its own); see RLVRModule.run_definition
-    defining_fields = ("train_path", "prompts_per_minibatch", "prompt_template", "question_key", "answer_key", "seed")
+    defining_fields = (
+        "train_path",
+        "prompts_per_minibatch",
+        "prompt_template",
+        "question_key",
+        "answer_key",
+        "reward",
+        "chat_template",
+        "seed",
+    )
 
     def __init__(
         self,
@@ -168,6 +234,8 @@ class GSM8kDataModule(L.LightningDataModule):
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
         question_key: str = "question",
         answer_key: str = "answer",
+        reward: Reward | None = None,
+        chat_template: bool | None = None,
         seed: int = 1,
     ) -> None:
         super().__init__()
@@ -183,12 +251,21 @@ class GSM8kDataModule(L.LightningDataModule):
         if not (isinstance(prompt_template, str) and "{question}" in prompt_template):
             raise ValueError(f"`data.prompt_template` must contain '{{question}}', got {prompt_template!r}")
         for name, path in (("train_path", train_path), ("test_path", test_path)):
-            if not (isinstance(path, str) and os.path.isfile(path)):
+            if not (isinstance(path, str) and os.path.exists(path)):
                 raise FileNotFoundError(
-                    f"`data.{name}`: no file {path!r}. Give a GSM8k .jsonl/.json/.parquet file, or create the "
-                    "CPU setting's files with `python scripts/llm_prepare.py`."
+                    f"`data.{name}`: no file {path!r}. Give {FORMATS}, or create the CPU setting's GSM8k files "
+                    "with `python scripts/llm_prepare.py`."
                 )
-        self.save_hyperparameters()
+        reward = GSM8k() if reward is None else reward
+        if not isinstance(reward, Reward):
+            raise ValueError(
+                f"`data.reward` must be a vaco.llm.reward.Reward (a class_path to a subclass), got {type(reward).__name__}"
+            )
+        if chat_template not in (None, True, False):
+            raise ValueError(f"`data.chat_template` must be true, false or null, got {chat_template!r}")
+        self.save_hyperparameters(ignore=["reward"])
+        self.hparams["reward"] = reward.definition()  # plain values: the checkpoint holds no object
+        self.reward, self.chat_template = reward, chat_template
         self.train_path, self.test_path = train_path, test_path
         self.prompts_per_minibatch, self.num_steps = prompts_per_minibatch, num_steps
         self.eval_every, self.num_eval = eval_every, num_eval
@@ -199,13 +276,15 @@ class GSM8kDataModule(L.LightningDataModule):
         self.stream: PromptStream | None = None
         self._position = 0
         self.learner = None  # bound by the learner's setup (bind)
+        self.tokenizer = None  # the learner's, once its model is loaded (or set by vaco evaluate)
+        # read now: a file the reward cannot read is refused before any model loads
+        self.train = read_problems(train_path, "data.train_path", question_key, answer_key, reward)
+        self.test = read_problems(test_path, "data.test_path", question_key, answer_key, reward)
+        if num_eval is not None:
+            self.test = self.test[:num_eval]
 
     def setup(self, stage: str) -> None:
-        if self.train is None:
-            self.train = read_gsm8k(self.train_path, "data.train_path", self.question_key, self.answer_key)
-            self.test = read_gsm8k(self.test_path, "data.test_path", self.question_key, self.answer_key)
-            if self.num_eval is not None:
-                self.test = self.test[: self.num_eval]
+        """The problems were read by ``__init__``."""
 
     def bind(self, learner) -> None:
         """Where the learner and this data module meet (the learner's ``setup`` calls it): the
@@ -214,8 +293,34 @@ class GSM8kDataModule(L.LightningDataModule):
         learner.check_data(self)
         self.learner = learner
 
+    def _tokenizer(self):
+        if self.tokenizer is None and self.learner is not None:
+            self.tokenizer = getattr(self.learner, "tokenizer", None)
+        return self.tokenizer
+
+    def uses_chat_template(self) -> bool:
+        """Whether prompts go through the tokenizer's chat template (``chat_template`` and the tokenizer)."""
+        tokenizer = self._tokenizer()
+        has_one = bool(getattr(tokenizer, "chat_template", None))
+        if self.chat_template is True and tokenizer is not None and not has_one:
+            raise ValueError(
+                "`data.chat_template` is true but the model's tokenizer has no chat template: set it to false "
+                "or null, or add `chat_template` to the tokenizer's files"
+            )
+        return has_one if self.chat_template is None else bool(self.chat_template)
+
     def prompt(self, question: str) -> str:
-        return format_prompt(self.prompt_template, question)
+        text = format_prompt(self.prompt_template, question)
+        if not self.uses_chat_template():
+            return text
+        # transformers renders the template in its sandboxed Jinja environment
+        return self._tokenizer().apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+
+    def score(self, completions: Sequence[str], targets: Sequence[Any]) -> list[float]:
+        """The reward of each completion's answer span against its target."""
+        return [float(self.reward(c, t)) for c, t in zip(completions, targets)]
 
     def train_dataloader(self) -> PromptStream:
         # N (minibatches per generation batch) is the model's: it sets the forward lag

@@ -1,7 +1,7 @@
 """Scoring a policy on GSM8k-format prompts: greedy accuracy and pass@k.
 
 :func:`answer` decodes a list of prompts (greedy, or sampled at a temperature), cuts each
-completion at its first stop string and scores it with :func:`vaco.llm.reward.gsm8k_reward`: what
+completion at its first stop string and scores it with the data's reward (:mod:`vaco.llm.reward`): what
 the learner's in-run evaluation does (``RLVRModule.evaluate``) and what ``vaco evaluate --ckpt``
 does with an LLM checkpoint (:func:`evaluate_checkpoint`).
 """
@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from vaco.checkpoint import is_llm_checkpoint  # noqa: F401  (re-exported: the LLM track's public name)
 from vaco.llm.policy import cut_at_stop_strings, encode_prompts, generate
-from vaco.llm.reward import gsm8k_reward
+from vaco.llm.reward import GSM8k, answer_span
 
 __all__ = ["Answers", "answer", "pass_at_k", "evaluate_checkpoint", "is_llm_checkpoint"]
 
@@ -47,8 +48,11 @@ def answer(
     samples: int = 1,
     generator: torch.Generator | None = None,
     should_stop: Callable[[], bool] | None = None,
+    reward: Callable[[str, Any], float] | None = None,
 ) -> Answers:
-    """Decode ``samples`` completions of each prompt (``temperature`` 0: greedy) and score them."""
+    """Decode ``samples`` completions of each prompt (``temperature`` 0: greedy) and score each
+    answer span with ``reward`` (:class:`vaco.llm.reward.GSM8k` by default)."""
+    reward = GSM8k() if reward is None else reward
     prompts = [p for p in prompts for _ in range(samples)]
     targets = [t for t in targets for _ in range(samples)]
     was_training = policy.training
@@ -75,7 +79,7 @@ def answer(
         cut, _ = cut_at_stop_strings(tokenizer, out["completion_ids"], out["completion_mask"], stop_strings)
         completion_ids = out["completion_ids"].masked_fill(~cut, tokenizer.pad_token_id)
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        rewards += [gsm8k_reward(x, t, stop_strings) for x, t in zip(texts, targets)]
+        rewards += [float(reward(answer_span(x, stop_strings), t)) for x, t in zip(texts, targets)]
         lengths += cut.sum(-1).tolist()
     finally:
         policy.train(was_training)
@@ -99,11 +103,15 @@ def evaluate_checkpoint(
     batch_size: int | None = None,
     device: str = "cpu",
     seed: int = 0,
+    reward: str | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy of an LLM checkpoint's policy on its run's test split (``eval/accuracy``, as
     in the run), and with ``samples`` = k > 0, pass@k and the mean accuracy of k completions sampled
     at ``temperature``. The base model's files (tokenizer, config) come from the run's
-    ``model_path``; the weights from the checkpoint. Raises ``ValueError`` naming the field."""
+    ``model_path``; the weights from the checkpoint. The run's reward is rebuilt when vaco ships it;
+    ``reward`` (a class path, ``--reward``) names the run's own reward class, imported from the
+    working directory (a checkpoint alone never makes vaco import a module). Raises ``ValueError``
+    naming the field."""
     from vaco.llm.data import GSM8kDataModule
     from vaco.llm.policy import check_model_dir, load_causal_lm, load_tokenizer, resolve_compute_dtype
     from vaco.llm.reward import STOP_STRINGS
@@ -117,12 +125,13 @@ def evaluate_checkpoint(
     if num_eval is not None:
         data_hparams["num_eval"] = num_eval
     check_model_dir(hparams["model_path"], "the checkpoint's model.model_path")
+    data_hparams["reward"] = _reward(data_hparams.get("reward"), reward)
     data = GSM8kDataModule(**data_hparams)
-    data.setup("validate")
+    tokenizer = load_tokenizer(hparams["model_path"])
+    data.tokenizer = tokenizer  # the chat template, as the run applied it
     prompts, targets = data.test_set()
 
     device = torch.device(device)
-    tokenizer = load_tokenizer(hparams["model_path"])
     policy = load_causal_lm(hparams["model_path"], "float32").to(device)
     state = {k[len("policy.") :]: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
     policy.load_state_dict(state)
@@ -141,7 +150,7 @@ def evaluate_checkpoint(
         device=device,
         autocast=autocast,
     )
-    greedy = answer(policy, tokenizer, prompts, targets, **common)
+    greedy = answer(policy, tokenizer, prompts, targets, reward=data.reward, **common)
     out = {
         "prompts": float(len(prompts)),
         "eval/accuracy": sum(greedy.rewards) / len(greedy.rewards),
@@ -158,8 +167,32 @@ def evaluate_checkpoint(
             temperature=temperature,
             samples=samples,
             generator=generator,
+            reward=data.reward,
             **common,
         )
         out[f"eval/pass@{samples}"] = pass_at_k(sampled.rewards, samples)
         out["eval/sample_accuracy"] = sum(sampled.rewards) / len(sampled.rewards)
     return out
+
+
+def _reward(definition, class_path: str | None):
+    """The run's reward: a shipped one from its definition, or ``class_path`` (``--reward``) imported."""
+    from vaco.llm.reward import Reward, shipped_reward
+
+    if class_path is None:
+        return shipped_reward(definition, "--reward")
+    import importlib
+    import os
+    import sys
+
+    module_name, _, name = class_path.rpartition(".")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `vaco fit` finds a module in the directory it runs in
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"`--reward`: cannot import {class_path!r} ({err})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Reward)):
+        raise ValueError(f"`--reward`: {class_path} is not a subclass of vaco.llm.reward.Reward")
+    saved = definition if isinstance(definition, dict) and definition.get("class_path") == class_path else {}
+    return cls(**saved.get("init_args", {}))

@@ -1,4 +1,14 @@
-"""The verifiable reward of GSM8k (Cobbe et al. 2021, arXiv:2110.14168): 1 if the answer is right, else 0.
+"""Verifiable rewards: a :class:`Reward` scores a completion against its problem's reference answer.
+
+A reward is a class given by ``class_path`` under ``data.init_args.reward`` (as an objective is;
+a module in the directory ``vaco`` runs in works too). Two ship: :class:`GSM8k` (the default, the
+paper's) and :class:`BoxedMath` (a ``\\boxed{...}`` answer, MATH-style). A reward has two methods:
+``reference(answer)`` reads a dataset record's answer once, when the data loads (a ``ValueError``
+there refuses the file in one line naming the record), and ``__call__(completion, reference)``
+scores the completion's *answer span* (the text before its first stop string) against what
+``reference`` returned.
+
+GSM8k (Cobbe et al. 2021, arXiv:2110.14168): 1 if the answer is right, else 0.
 
 The reference answer is the number after the last ``####`` (GSM8k's answer format). The model's
 answer is read from the *answer span* of its completion: the text before the first stop string
@@ -14,6 +24,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
+from typing import Any
 
 __all__ = [
     "STOP_STRINGS",
@@ -23,6 +34,12 @@ __all__ = [
     "parse_number",
     "reference_answer",
     "gsm8k_reward",
+    "Reward",
+    "GSM8k",
+    "BoxedMath",
+    "last_boxed",
+    "normalise_math",
+    "shipped_reward",
 ]
 
 #: where a completion's answer ends: a new question (the few-shot / base-model run-on) or a chat
@@ -106,3 +123,159 @@ def gsm8k_reward(
     target = reference if isinstance(reference, Fraction) else reference_answer(reference)
     answer = extract_answer(completion, stop_strings)
     return 1.0 if answer is not None and answer == target else 0.0
+
+
+# ------------------------------------------------------------------------------ reward classes
+class Reward:
+    """A verifiable reward: subclass it and override :meth:`__call__` (and :meth:`reference` if
+    the dataset's answers need reading).
+
+    ``reference(answer)`` runs once per record when the data loads; what it returns is what
+    ``__call__`` receives as ``reference``. Raise ``ValueError`` there for an answer the reward
+    cannot use: the data module refuses the file in one line naming the record.
+    ``__call__(completion, reference)`` gets the completion's answer span (the generated text
+    before its first stop string, ``model.stop_strings``) and returns a float; it must not raise
+    on any completion (a model writes anything).
+    """
+
+    def reference(self, answer: Any) -> Any:
+        return answer
+
+    def __call__(self, completion: str, reference: Any) -> float:
+        raise NotImplementedError(f"{type(self).__name__} must define __call__(completion, reference) -> float")
+
+    def definition(self) -> dict[str, Any]:
+        """What the run records (its checkpoint, its definition): the class path and the plain
+        settings in ``vars(self)``."""
+        settings = {k: v for k, v in vars(self).items() if isinstance(v, (bool, int, float, str, type(None)))}
+        return {"class_path": class_path_of(type(self)), "init_args": settings}
+
+    def __repr__(self) -> str:
+        return f"{class_path_of(type(self))}()"
+
+
+def class_path_of(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def shipped_reward(definition: Any, field: str) -> Reward:
+    """The reward a checkpoint records, rebuilt only when it is one vaco ships: a checkpoint names
+    no module vaco would import (``field``: the option that names another class instead)."""
+    if definition is None:  # a run from before rewards were a field: GSM8k's
+        return GSM8k()
+    path = definition.get("class_path") if isinstance(definition, dict) else None
+    shipped = {class_path_of(cls): cls for cls in (GSM8k, BoxedMath)}
+    if path not in shipped:
+        raise ValueError(
+            f"the checkpoint's run scored with the reward {path!r}, not one vaco ships; vaco imports no module a "
+            f"checkpoint names: give it with `{field} {path}` to load it from your code"
+        )
+    return shipped[path](**definition.get("init_args", {}))
+
+
+class GSM8k(Reward):
+    """GSM8k's reward (the default): the reference is the number after the answer's last ``####``;
+    a completion scores 1 if its ``####``-marked number, else its last number, equals it exactly
+    (:func:`gsm8k_reward`)."""
+
+    def reference(self, answer: Any) -> Fraction:
+        return reference_answer(answer)
+
+    def __call__(self, completion: str, reference: Fraction) -> float:
+        return gsm8k_reward(completion, reference, ())
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced;
+    ``\\boxed 5`` (no braces) gives ``5``. None if there is none or its braces never close."""
+    if not isinstance(text, str):
+        return None
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    rest = text[start + (6 if text.startswith("\\boxed", start) else 5) :]
+    if rest.startswith(" "):  # \boxed 5: up to the next space or $
+        return re.split(r"[\s$]", rest.lstrip(), maxsplit=1)[0] or None
+    if not rest.startswith("{"):
+        return None
+    depth = 0
+    for i, char in enumerate(rest):
+        depth += (char == "{") - (char == "}")
+        if depth == 0:
+            return rest[1:i]
+    return None
+
+
+_TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+_FRAC = re.compile(r"\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}")
+_FRAC_SHORT = re.compile(r"\\[dt]?frac(\d)(\d)")
+_SPACING = re.compile(r"\\[,;:! ]|\\q?quad|\\left|\\right|\\displaystyle")
+
+
+def normalise_math(answer: str) -> str:
+    """A LaTeX answer in a canonical spelling, for exact comparison: spacing, ``\\left``/``\\right``,
+    ``$``, degree marks, ``\\%``, a trailing period and ``\\text{...}`` wrappers go; ``\\dfrac`` and
+    ``\\tfrac`` become ``\\frac`` and ``\\frac12`` becomes ``\\frac{1}{2}``; ``x = 5`` keeps ``5``;
+    commas between digit groups go (``1,000``). The rules follow Hendrycks et al.'s MATH grader as
+    verl's ``verl/utils/reward_score/math.py`` (``strip_string``) carries it."""
+    s = str(answer).strip()
+    s = _TEXT_WRAPPERS.sub(r"\1", s)
+    s = _SPACING.sub("", s)
+    s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
+    s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\circ", "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _FRAC_SHORT.sub(r"\\frac{\1}{\2}", s)
+    s = s.replace(" ", "").rstrip(".")
+    if re.fullmatch(r"[A-Za-z]\w*=.+", s):  # "x=5": the value
+        s = s.split("=", 1)[1]
+    s = _THOUSANDS.sub("", s) if re.fullmatch(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?", s) else s
+    return s
+
+
+def _math_value(answer: str) -> Fraction | None:
+    """A normalised answer as an exact number when it is one: ``0.5``, ``-3``, ``\\frac{1}{2}``, ``1/2``."""
+    if "," in answer:  # a list or an interval, never one number here (1,000 lost its comma above)
+        return None
+    number = parse_number(answer)
+    if number is not None:
+        return number
+    match = _FRAC.fullmatch(answer.lstrip("-")) or re.fullmatch(r"(\d+)/(\d+)", answer.lstrip("-"))
+    if match:
+        top, bottom = parse_number(match.group(1)), parse_number(match.group(2))
+        if top is not None and bottom:
+            return (-1 if answer.startswith("-") else 1) * top / bottom
+    return None
+
+
+class BoxedMath(Reward):
+    """A ``\\boxed{...}`` answer (MATH, Hendrycks et al. 2021, and most reasoning datasets since).
+
+    The reference is the last ``\\boxed{...}`` of the record's answer (a MATH solution) or, when it
+    has none, the whole answer (a MATH-500 style ``answer`` column such as ``\\frac{14}{3}``). A
+    completion scores 1 if its last ``\\boxed{...}`` equals the reference after
+    :func:`normalise_math`, or when both are numbers (``0.5``, ``\\frac12``, ``1/2``) that are equal;
+    a completion with no box scores 0. No symbolic algebra: ``2\\sqrt{2}`` and ``\\sqrt{8}`` differ
+    (a ``math-verify`` reward is a subclass away).
+    """
+
+    def reference(self, answer: Any) -> str:
+        if not isinstance(answer, (str, int, float)) or isinstance(answer, bool):
+            raise ValueError(f"a math answer must be a string or a number, got {type(answer).__name__}")
+        text = str(answer)
+        boxed = last_boxed(text) if ("\\boxed" in text or "\\fbox" in text) else text
+        if boxed is None:
+            raise ValueError(f"the answer's last \\boxed{{...}} never closes: {text[-60:]!r}")
+        target = normalise_math(boxed)
+        if not target:
+            raise ValueError(f"the answer is empty after normalising: {text[-60:]!r}")
+        return target
+
+    def __call__(self, completion: str, reference: str) -> float:
+        boxed = last_boxed(completion)
+        if boxed is None:
+            return 0.0
+        answer = normalise_math(boxed)
+        if answer == reference:
+            return 1.0
+        mine, theirs = _math_value(answer), _math_value(reference)
+        return 1.0 if mine is not None and mine == theirs else 0.0

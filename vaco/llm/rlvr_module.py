@@ -41,7 +41,7 @@ from vaco.llm.policy import (
     load_tokenizer,
     resolve_compute_dtype,
 )
-from vaco.llm.reward import STOP_STRINGS, gsm8k_reward
+from vaco.llm.reward import STOP_STRINGS, answer_span
 from vaco.objectives import Objective, metric_name
 from vaco.objectives.objective_math import total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
@@ -457,9 +457,8 @@ class RLVRModule(Learner):
         out = self._cut(generated)
         texts = self.tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True)
         targets = [t for t in batch["target"] for _ in range(G)]
-        reward = torch.tensor(
-            [gsm8k_reward(x, t, self.stop_strings) for x, t in zip(texts, targets)], device=self.device
-        ).view(-1, G)
+        spans = [answer_span(x, self.stop_strings) for x in texts]
+        reward = torch.tensor(self.data.score(spans, targets), device=self.device).view(-1, G)
         groups = self.advantage(TensorDict({"reward": reward}, batch_size=reward.shape))
         mask = out["completion_mask"]
         behavior_log_prob, rescore_tv = out["behavior_log_prob"], None
@@ -607,6 +606,7 @@ class RLVRModule(Learner):
             device=self.device,
             autocast=self.autocast,
             should_stop=should_stop,
+            reward=self.data.reward,
         )
         self.last_eval_accuracy = sum(greedy.rewards) / len(greedy.rewards)
         return {
