@@ -259,3 +259,71 @@ def test_the_llm_grid_is_a_sweep_and_its_report_is_rliables(tmp_path, tiny_setti
     assert "drop(None)" not in summary and "than None" not in summary  # no baseline: no sentence about one
     finals = re.findall(r"\| gsm8k \| \w+ \| \d \| (-?\d+\.\d+) \+- ", summary)
     assert finals and all(len(x.split(".")[1]) == 3 for x in finals)  # an accuracy in [0, 1]: 3 decimals
+
+
+def _doc_files(name: str) -> dict[str, str]:
+    """The ``<!-- file: NAME -->`` blocks of docs/``name``, as written."""
+    text = (CONFIGS.parents[1] / "docs" / name).read_text()
+    return dict(re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, flags=re.S))
+
+
+@pytest.mark.slow
+def test_a_users_reward_module_and_a_boxed_dataset_run_from_the_docs_files(tmp_path, tiny_setting):
+    """docs/llm.md's reward module and config, as written, on a \\boxed{} version of the tiny setting's
+    problems (the doc's field names, JSONL): a short fit scores with the
+    user's class; `vaco evaluate` rebuilds it only when named with --reward."""
+    import json
+
+    files = _doc_files("llm.md")
+    assert set(files) == {"my_rewards.py", "my_math.yaml"}
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    math_dir = tmp_path / "data" / "math"
+    math_dir.mkdir(parents=True)
+    for split in ("train", "test"):
+        rows = [json.loads(x) for x in (tiny_setting / f"{split}.jsonl").read_text().splitlines()]
+        boxed = [
+            {
+                "problem": r["question"],
+                "solution": re.sub(r"#### *(\S+)", r"so the answer is $\\boxed{\1}$", r["answer"]),
+            }
+            for r in rows
+        ]
+        (math_dir / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in boxed))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    fit = [
+        "fit",
+        "--config",
+        str(CONFIGS / "env" / "gsm8k_cpu.yaml"),
+        "--config",
+        str(CONFIGS / "algo" / "vaco_grpo.yaml"),
+        "--config",
+        "my_math.yaml",
+        "--model.init_args.model_path",
+        str(tiny_setting / "model"),
+        "--data.init_args.num_steps",
+        "2",
+        "--data.init_args.eval_every",
+        "0",
+        "--data.init_args.num_eval",
+        "8",
+        "--data.init_args.prompts_per_minibatch",
+        "2",
+        "--model.init_args.completions_per_prompt",
+        "4",
+    ]
+    out = _vaco(*fit, cwd=tmp_path, uri=uri)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("vaco-llm-cpu").experiment_id])
+    assert run.info.status == "FINISHED" and "train/reward" in run.data.metrics
+    (ckpt,) = tmp_path.glob("checkpoints/*/last.ckpt")
+    refused = _vaco("evaluate", "--ckpt", str(ckpt), cwd=tmp_path, uri=uri, timeout=300)
+    assert refused.returncode == 2 and "give it with `--reward my_rewards.BoxedExact`" in refused.stderr
+    scored = _vaco("evaluate", "--ckpt", str(ckpt), "--reward", "my_rewards.BoxedExact", cwd=tmp_path, uri=uri)
+    assert scored.returncode == 0 and re.search(r"greedy accuracy [0-9.]+ on 8 prompts", scored.stdout), scored.stderr
+
+    # the GSM8k reward cannot read a boxed solution: one line naming the record, before the model loads
+    wrong = _vaco(*fit, "--data.init_args.reward", "vaco.llm.reward.GSM8k", cwd=tmp_path, uri=uri, timeout=300)
+    assert wrong.returncode == 2, wrong.stderr[-2000:]
+    assert "`data.train_path`: record 1 of data/math/train.jsonl: GSM8k cannot read its 'solution'" in wrong.stderr
