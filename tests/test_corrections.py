@@ -27,8 +27,20 @@ from tensordict import TensorDict
 
 from helpers.runs import build_run, fit_in_process
 from vaco.advantages import GAE
-from vaco.objectives import APPO, CISPO, DPPOTV, GSPO, MIS, PPOEWMA, TIS, DecoupledPPO, SequenceMIS, SequenceTIS
-from vaco.objectives.objective_math import effective_sample_size, masked_quantile
+from vaco.objectives import (
+    APPO,
+    CISPO,
+    DPPOTV,
+    GSPO,
+    MIS,
+    PPOEWMA,
+    TIS,
+    DecoupledPPO,
+    OpenInstructRho,
+    SequenceMIS,
+    SequenceTIS,
+)
+from vaco.objectives.objective_math import effective_sample_size, masked_quantile, sequence_tv_filter_mask
 from vaco.proximal import EWMAPolicy
 
 KEYS = ("log_prob", "behavior_log_prob", "proximal_log_prob", "advantage")
@@ -419,6 +431,114 @@ def test_gspo_is_verls_sequence_ratio_in_token_form(token_batches, float64, low,
         assert float(ours[2]["clip_fraction"]) == pytest.approx(float(fraction))
         clipped += float(fraction)
     assert clipped > 0
+
+
+def open_instruct_rho_dapo(new_logprobs, old_logprob, vllm_logprobs, advantages, response_mask, cfg):
+    """allenai/open-instruct, open_instruct/grpo_utils.py: compute_rho_correction (rho_mask_tv_divergence)
+    then compute_grpo_loss (loss_fn dapo) and its masked_mean over the response tokens, in float64."""
+    logprob_diff = torch.where(
+        response_mask, (old_logprob - vllm_logprobs).clamp(-10.0, 10.0), torch.zeros_like(old_logprob)
+    )
+    rho = torch.exp(logprob_diff)
+
+    def seq_mean(values):
+        valid = response_mask.double()
+        return ((values * valid).sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1.0)).expand_as(values)
+
+    rho_effective = torch.exp(seq_mean(logprob_diff)) if cfg["rho_mask_sequence_level"] else rho
+    tv_sequence_level = seq_mean(torch.abs(rho - 1.0))
+    lower, upper = cfg["rho_mask_lower_bound"], cfg["rho_mask_upper_bound"]
+    none = torch.zeros_like(response_mask)
+    tv_dropped_low = (tv_sequence_level < lower) & response_mask if lower > 0.0 else none
+    tv_dropped_high = (tv_sequence_level > upper) & response_mask if upper > 0.0 else none
+    tokens_increase_tv = torch.sign(logprob_diff) * advantages > 0
+    dropped_low, dropped_high = tv_dropped_low & tokens_increase_tv, tv_dropped_high & tokens_increase_tv
+    in_range = response_mask & ~dropped_low & ~dropped_high
+    rho_clamped = rho_effective
+    if cfg["rho_clamp_lower_bound"] > 0.0:
+        rho_clamped = torch.clamp(rho_clamped, min=cfg["rho_clamp_lower_bound"])
+    if cfg["rho_clamp_upper_bound"] > 0.0:
+        rho_clamped = torch.clamp(rho_clamped, max=cfg["rho_clamp_upper_bound"])
+    rho_weights = torch.where(in_range, rho_clamped, torch.zeros_like(rho_clamped))
+
+    ratio = torch.exp(new_logprobs - old_logprob)
+    pg_losses = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cfg["clip_lower"], 1.0 + cfg["clip_higher"])
+    clipfrac = (pg_losses2 > pg_losses).double()
+    pg_loss = torch.max(pg_losses, pg_losses2) * rho_weights
+    clipfrac = clipfrac * (rho_weights != 0).double()
+    mask = response_mask.double()
+    drop = (dropped_low | dropped_high).double()
+    return (pg_loss * mask).sum() / mask.sum(), (drop * mask).sum() / mask.sum(), (clipfrac * mask).sum() / mask.sum()
+
+
+OPEN_INSTRUCT = {  # GRPOExperimentConfig's defaults, the mask's upper bound set
+    "rho_clamp_lower_bound": 0.0,
+    "rho_clamp_upper_bound": 2.0,
+    "rho_mask_lower_bound": 0.0,
+    "rho_mask_upper_bound": 0.05,
+    "rho_mask_sequence_level": False,
+    "clip_lower": 0.2,
+    "clip_higher": 0.272,
+}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"rho_mask_lower_bound": 0.02},
+        {"rho_mask_sequence_level": True},
+        {"rho_clamp_lower_bound": 0.9, "rho_clamp_upper_bound": 1.05},
+    ],
+    ids=["defaults", "lower-bound", "sequence-weight", "clamped"],
+)
+def test_the_open_instruct_arm_is_compute_rho_correction_on_vacos_ratio(token_batches, float64, changes):
+    """open-instruct's rule with rho := pi_theta / beta (detached) and pi_old := beta: loss, gradient,
+    dropped and clipped fractions on real log-probs; its mask is vaco_grpo_seq's at upper = delta."""
+    cfg = {**OPEN_INSTRUCT, **changes}
+    dropped, capped = 0.0, 0
+    for rows in token_batches:
+        # the captured ratios spread wide; halve the log-ratio so some completions sit under the bound
+        rows = {**rows, "log_prob": rows["behavior_log_prob"] + 0.5 * (rows["log_prob"] - rows["behavior_log_prob"])}
+        mb = _token(rows)
+        objective = OpenInstructRho(
+            upper=cfg["rho_mask_upper_bound"],
+            lower=cfg["rho_mask_lower_bound"],
+            clamp_low=cfg["rho_clamp_lower_bound"],
+            clamp_high=cfg["rho_clamp_upper_bound"],
+            clip_epsilon=cfg["clip_lower"],
+            clip_epsilon_high=cfg["clip_higher"],
+            sequence_level=cfg["rho_mask_sequence_level"],
+            normalize_advantage=False,
+        )
+        ours = _vaco(objective, mb)
+        behaviour = mb["behavior_log_prob"]
+        loss, drop, clip = open_instruct_rho_dapo(
+            mb["log_prob"],
+            behaviour,
+            behaviour - (mb["log_prob"] - behaviour).detach(),
+            mb["advantage"],
+            mb["mask"],
+            cfg,
+        )
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["filter_fraction"]) == pytest.approx(float(drop), abs=1e-12)
+        assert float(ours[2]["clip_fraction"]) == pytest.approx(float(clip), abs=1e-12)
+        dropped += float(drop)
+        ratio = (mb["log_prob"] - behaviour).detach().exp()
+        capped += int(
+            (((ratio > cfg["rho_clamp_upper_bound"]) | (ratio < cfg["rho_clamp_lower_bound"])) & mb["mask"]).sum()
+        )
+        if not changes:  # the same tokens as vaco_grpo_seq's at delta = upper
+            keep, _ = sequence_tv_filter_mask(
+                (mb["log_prob"] - behaviour).detach(),
+                mb["advantage"],
+                delta=cfg["rho_mask_upper_bound"],
+                mask=mb["mask"],
+            )
+            assert float(((~keep) & mb["mask"]).double().sum() / mb["mask"].sum()) == pytest.approx(float(drop))
+    assert dropped > 0 and (capped > 0 or "rho_clamp_upper_bound" not in changes)  # the mask acts; a tight clamp too
 
 
 # ---------------------------------------------------------------- every correction through `vaco fit`

@@ -12,6 +12,7 @@ from vaco.objectives.impala import IMPALA
 from vaco.objectives.importance import MIS, TIS, SequenceMIS, SequenceTIS
 from vaco.objectives.kl import PPOKL
 from vaco.objectives.ppo_ewma import PPOEWMA
+from vaco.objectives.rho_correction import OpenInstructRho
 from vaco.objectives.spo import SPO
 from vaco.objectives.tv_filter import SequenceTVFilter, TVFilter
 
@@ -35,4 +36,5 @@ __all__ = [
     "DPPOTV",
     "APPO",
     "GSPO",
+    "OpenInstructRho",
 ]

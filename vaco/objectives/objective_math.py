@@ -147,7 +147,7 @@ def sequence_tv_filter_mask(
     delta: float,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sequence-level TV filter of open-instruct's ``vaco`` option (the rule of its PR 1681):
+    """The sequence-level TV filter: the mask of open-instruct's ``rho_mask_tv_divergence`` (its PR 1681):
     each sequence (a row of ``[B, L]`` tokens) has its own divergence, ``tv_i = 0.5 * mean_t |r_it - 1|``
     over its valid tokens; in a row with ``tv_i > delta / 2`` the tokens whose gradient would raise
     it (``A * sign(r - 1) > 0``) lose their gradient. Rows under the threshold keep every token,

@@ -102,8 +102,10 @@ class TVFilter(Objective):
 
 
 class SequenceTVFilter(TVFilter):
-    """The TV filter with one test per completion (``level="sequence"``): the rule of the
-    ``vaco`` option in allenai/open-instruct, a co-author's LLM version of the paper's filter.
+    """The TV filter with one test per completion (``level="sequence"``): the mask of
+    allenai/open-instruct's ``rho_mask_tv_divergence``, a co-author's LLM version of the paper's
+    filter, on the paper's loss (open-instruct's whole rule, with its DAPO clip and truncated
+    weights, is :class:`~vaco.objectives.rho_correction.OpenInstructRho`).
 
     It differs from the paper's in where the test is made: each completion's own mean
     ``0.5 * |r - 1|`` over its tokens against ``delta / 2``, so a drifting completion is filtered
