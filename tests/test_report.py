@@ -55,11 +55,19 @@ def test_score_matrix_is_runs_by_tasks_cut_to_the_smallest_count():
     assert m.shape == (2, 2) and m.tolist() == [[1, 4], [2, 5]]
 
 
+_AGGREGATE_FNS = (
+    metrics.aggregate_median,
+    metrics.aggregate_iqm,
+    metrics.aggregate_mean,
+    metrics.aggregate_optimality_gap,
+)
+
+
 def test_aggregates_and_intervals_equal_rliable_called_directly():
     rng = np.random.default_rng(1)
     scores = {
         "vaco K=4": rng.uniform(0.3, 1.0, size=(5, 3)),
-        "ppo_clip K=4": rng.uniform(0.0, 0.8, size=(4, 3)),
+        "ppo_clip K=4": rng.uniform(0.0, 0.8, size=(6, 3)),
     }
     ours = R.aggregate_estimates(scores, reps=300, seed=7, min_runs=3)
 
@@ -87,6 +95,28 @@ def test_aggregates_and_intervals_equal_rliable_called_directly():
         assert ours[key].point[3] == pytest.approx(float(np.mean(1 - np.minimum(scores[key], 1))), abs=1e-12)
 
 
+@pytest.mark.parametrize("runs", [3, 4])
+def test_too_few_runs_for_a_bootstrap_give_the_runs_range_and_say_so(runs):
+    rng = np.random.default_rng(runs)
+    scores = {"a": rng.uniform(size=(runs, 2))}
+    est = R.aggregate_estimates(scores, reps=100, min_runs=3)["a"]
+    single = np.array([[f(scores["a"][i : i + 1]) for f in _AGGREGATE_FNS] for i in range(runs)])
+    assert est.kind == "range" and est.runs_per_task == runs
+    np.testing.assert_allclose(est.interval, [single.min(0), single.max(0)], rtol=0, atol=1e-12)
+    assert "(range " in R.markdown.ci_text(est) and f"{runs} runs)" in R.markdown.ci_text(est)
+
+
+def test_a_bootstrap_of_three_runs_is_their_range():
+    """Why three runs show a range: rliable's 95% percentile interval of one task's three runs is
+    the range of their values (each run alone is drawn three times with probability 1/27 > 2.5%)."""
+    values = np.array([[0.2], [0.5], [0.9]])
+    np.random.seed(0)
+    _, intervals = library.get_interval_estimates(
+        {"a": values}, lambda x: np.array([metrics.aggregate_mean(x)]), reps=2000
+    )
+    np.testing.assert_allclose(np.asarray(intervals["a"]).ravel(), [0.2, 0.9], atol=1e-12)
+
+
 def test_too_few_runs_give_a_point_and_no_interval():
     scores = {"a": np.array([[0.2, 0.6], [0.4, 0.9]])}
     est = R.aggregate_estimates(scores, reps=100, min_runs=3)["a"]
@@ -97,7 +127,7 @@ def test_too_few_runs_give_a_point_and_no_interval():
 
 def test_curve_iqm_and_auc_equal_rliable_and_a_trapezoid_loop():
     rng = np.random.default_rng(2)
-    curves = {"vaco": rng.uniform(size=(4, 2, 6)), "spo": rng.uniform(size=(3, 2, 6))}
+    curves = {"vaco": rng.uniform(size=(6, 2, 6)), "spo": rng.uniform(size=(5, 2, 6))}
     ours = R.curve_iqm(curves, reps=200, seed=3)
     np.random.seed(3)
     points, intervals = library.get_interval_estimates(

@@ -14,7 +14,7 @@ import numpy as np
 
 from vaco.report.ablations import Ablation, ablation_scores
 from vaco.report.runs import Run
-from vaco.report.scores import AGGREGATES, Estimate, Report, common_grid, resample
+from vaco.report.scores import AGGREGATES, RANGE_BELOW, Estimate, Report, common_grid, resample
 from vaco.report.tables import (
     Profiles,
     SampleEfficiency,
@@ -69,9 +69,15 @@ def _sample_sd(values: np.ndarray) -> np.ndarray:
 
 def _no_interval_note(estimates: Mapping[str, Estimate], min_runs: int) -> str:
     few = sorted({e.runs_per_task for e in estimates.values() if e.interval is None})
-    if not few:
-        return ""
-    return f"point estimates only where runs per task < {min_runs} ({', '.join(map(str, few))})"
+    ranges = sorted({e.runs_per_task for e in estimates.values() if e.interval is not None and e.kind == "range"})
+    notes = []
+    if few:
+        notes.append(f"point estimates only where runs per task < {min_runs} ({', '.join(map(str, few))})")
+    if ranges:
+        notes.append(
+            f"bars are the runs' range, not a CI, where runs per task < {RANGE_BELOW} ({', '.join(map(str, ranges))})"
+        )
+    return "; ".join(notes)
 
 
 def _k_series(groups: Mapping[str, Sequence[Run]], name: Callable[[Run], str]) -> dict[str, list[tuple[int, str]]]:

@@ -16,6 +16,8 @@ def ci_text(e: Estimate | None, i: int = 0) -> str:
         return "-"
     if e.interval is None:
         return f"{e.point[i]:.3f} (no CI)"
+    if e.kind == "range":
+        return f"{e.point[i]:.3f} (range {e.interval[0, i]:.3f} to {e.interval[1, i]:.3f}, {e.runs_per_task} runs)"
     return f"{e.point[i]:.3f} [{e.interval[0, i]:.3f}, {e.interval[1, i]:.3f}]"
 
 

@@ -127,14 +127,24 @@ def score_matrix(values_by_task: Mapping[str, Sequence], tasks: Sequence[str]) -
     return np.stack([np.asarray(list(values_by_task[t])[:n], dtype=np.float64) for t in tasks], axis=1)
 
 
+#: runs per task below which an interval is the runs' range, not a bootstrap interval. With n runs a
+#: task a stratified bootstrap has C(2n - 1, n) distinct resamples a task (10 at n = 3, 35 at n = 4):
+#: at n = 3 its 95% percentile interval is the range of the single-run values (each run alone is
+#: drawn three times with probability 1/27 > 2.5%), so it is shown, and called, the range.
+RANGE_BELOW = 5
+
+
 @dataclasses.dataclass
 class Estimate:
-    """Point estimates of some aggregates and, when there were enough runs, their 95% intervals."""
+    """Point estimates of some aggregates and, when there were enough runs, their intervals: a 95%
+    bootstrap interval (``kind`` "bootstrap"), or with fewer than :data:`RANGE_BELOW` runs per
+    task the range of the aggregate over the runs taken one at a time (``kind`` "range")."""
 
     point: np.ndarray  # [metrics] or [points]
     interval: np.ndarray | None  # [2, metrics] or [2, points]; None: too few runs per task
     runs_per_task: int
     tasks: int
+    kind: str = "bootstrap"
 
     def bounds(self) -> np.ndarray:
         """The interval, or the point twice (what a plot draws when there is no interval)."""
@@ -146,10 +156,15 @@ def _estimates(score_dict, func, reps: int, seed: int, min_runs: int) -> dict[st
 
     out, enough = {}, {}
     for key, scores in score_dict.items():
-        if scores.shape[0] >= min_runs:
+        n = scores.shape[0]
+        if n >= max(min_runs, RANGE_BELOW):
             enough[key] = scores
+        elif n >= min_runs:  # too few for a bootstrap: the runs' range, called so
+            single = np.stack([np.atleast_1d(func(scores[i : i + 1])) for i in range(n)])
+            interval = np.stack([single.min(0), single.max(0)])
+            out[key] = Estimate(np.atleast_1d(func(scores)), interval, n, scores.shape[1], "range")
         else:
-            out[key] = Estimate(np.atleast_1d(func(scores)), None, scores.shape[0], scores.shape[1])
+            out[key] = Estimate(np.atleast_1d(func(scores)), None, n, scores.shape[1])
     if enough:
         np.random.seed(seed)  # rliable's StratifiedBootstrap draws from the global numpy RNG
         points, intervals = library.get_interval_estimates(enough, func, reps=reps)

@@ -39,7 +39,7 @@ from vaco.report.figures import (
 from vaco.report.markdown import ci_text, markdown_table, sample_sd
 from vaco.report.robustness import FEW_RESAMPLES, Robustness, distinct_resamples, robustness
 from vaco.report.robustness_summary import design_section, robustness_section
-from vaco.report.scores import AGGREGATES, MAX_CURVE_POINTS, Estimate, Report, is_variant
+from vaco.report.scores import AGGREGATES, MAX_CURVE_POINTS, RANGE_BELOW, Estimate, Report, is_variant
 from vaco.report.sensitivity import Sensitivity, sensitivity
 from vaco.report.tables import (
     aggregate_scores,
@@ -86,14 +86,26 @@ FIGURES = (
 
 def _interval_sentence(estimates: Mapping[str, Estimate], min_runs: int) -> str:
     few = {k: e.runs_per_task for k, e in estimates.items() if e.interval is None}
-    if not few:
+    ranged = {k: e.runs_per_task for k, e in estimates.items() if e.interval is not None and e.kind == "range"}
+    sentences = []
+    if not few and not ranged:
         return "Every group has enough runs for a 95% interval."
-    return (
-        f"Too few runs for an interval in {len(few)} of {len(estimates)} groups "
-        f"({', '.join(f'{k}: {n} run(s) per task' for k, n in list(few.items())[:8])}"
-        f"{', ...' if len(few) > 8 else ''}); those show point estimates only, and an interval needs "
-        f"at least {min_runs} runs per task."
-    )
+    if few:
+        sentences.append(
+            f"Too few runs for an interval in {len(few)} of {len(estimates)} groups "
+            f"({', '.join(f'{k}: {n} run(s) per task' for k, n in list(few.items())[:8])}"
+            f"{', ...' if len(few) > 8 else ''}); those show point estimates only, and an interval needs "
+            f"at least {min_runs} runs per task."
+        )
+    if ranged:
+        counts = sorted(set(ranged.values()))
+        sentences.append(
+            f"Too few runs for a bootstrap in {len(ranged)} of {len(estimates)} groups "
+            f"({', '.join(map(str, counts))} run(s) per task): their brackets are the range of the statistic over "
+            f"the runs taken one at a time, not a confidence interval (a 95% bootstrap interval needs at least "
+            f"{RANGE_BELOW} runs per task; with 3 it is that range). Compare such groups run by run, paired by seed."
+        )
+    return " ".join(sentences)
 
 
 class _Figures:

@@ -101,7 +101,11 @@ def iqm_of(scores: Scores) -> Scores:
     return Scores(
         {
             k: Estimate(
-                e.point[i : i + 1], None if e.interval is None else e.interval[:, i : i + 1], e.runs_per_task, e.tasks
+                e.point[i : i + 1],
+                None if e.interval is None else e.interval[:, i : i + 1],
+                e.runs_per_task,
+                e.tasks,
+                e.kind,
             )
             for k, e in scores.estimates.items()
         },
