@@ -12,8 +12,14 @@ measured on the machine in question, each given with its source:
   batch (``benchmarks/llm_decoding.py``'s ``decoders.<decoder>.tokens_per_second`` for the run's
   ``model.decoder``, at its ``--slots``);
 - ``completion_tokens``: the mean completion length in tokens (a run's ``train/completion_length``);
-- ``update_seconds_per_step``: one optimiser step on a minibatch, re-scoring and the filter's pass
-  included (a run's ``perf/update_seconds`` over its steps);
+- ``update_seconds_per_step``: one optimiser step on a minibatch, its forward and backward
+  (a run's ``perf/update_seconds`` over its steps; re-scoring and the filter's pass are not in it);
+- ``rescore_seconds_per_step``: the no-grad training forward that re-scores one minibatch's
+  completions as the behaviour log-probs (``model.rescore_behavior``, on by default; in a run it
+  is timed with generation, ``perf/generation_seconds``);
+- ``tv_pass_seconds_per_step``: the no-grad pass over a minibatch that measures its TV before a
+  micro-batched backward: only an objective that tests the whole minibatch (VACO-GRPO's filter,
+  ``needs_minibatch_tv``) with ``model.micro_batch_size`` below the minibatch's sequences pays it;
 - ``eval_tokens_per_second`` and ``eval_completion_tokens``: the same for the greedy evaluation;
 - ``checkpoint_gb`` and ``checkpoint_write_gb_per_second``: a checkpoint's size and how fast the
   run's disk writes it;
@@ -23,7 +29,9 @@ Per cell (N minibatches per generation batch, ``num_steps`` optimiser steps of `
 completions): every step's completions are generated once, whatever N (``num_steps * P * G``
 completions); ``num_steps / N`` generation batches, a checkpoint every ``every_n_iterations`` of
 them and at the end; an evaluation at the start, then after each generation batch that passes a
-multiple of ``eval_every`` steps or ends the run, of ``test_size`` prompts. The result prints per N and for the grid run one cell at a time, marked projected.
+multiple of ``eval_every`` steps or ends the run, of ``test_size`` prompts; every minibatch
+re-scored once (when ``rescore_behavior``) and, for an algorithm that needs it, measured once more.
+The result prints per algorithm and N, and for the grid run one cell at a time, marked projected.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ FIGURES = (
     "decode_tokens_per_second",
     "completion_tokens",
     "update_seconds_per_step",
+    "rescore_seconds_per_step",
+    "tv_pass_seconds_per_step",
     "eval_tokens_per_second",
     "eval_completion_tokens",
     "checkpoint_gb",
@@ -57,11 +67,14 @@ class Cell:
     completions_per_prompt: int
     eval_every: int
     checkpoint_every: int
+    rescore: bool = True
+    micro_batched: bool = False
     test_size: int = GSM8K_TEST
 
 
-def cell_seconds(cell: Cell, n: int, figures: dict[str, float]) -> dict[str, float]:
-    """The projected seconds of one cell with ``n`` minibatches per generation batch, by part."""
+def cell_seconds(cell: Cell, n: int, figures: dict[str, float], tv_pass: bool = False) -> dict[str, float]:
+    """The projected seconds of one cell with ``n`` minibatches per generation batch, by part;
+    ``tv_pass``: the algorithm measures a micro-batched minibatch's TV in a pass of its own."""
     completions = cell.num_steps * cell.prompts_per_minibatch * cell.completions_per_prompt
     generation_batches = math.ceil(cell.num_steps / n)
     # vaco.llm.RLVRModule: the supervised start at step 0, then after each generation batch that
@@ -75,6 +88,8 @@ def cell_seconds(cell: Cell, n: int, figures: dict[str, float]) -> dict[str, flo
     return {
         "generation": completions * figures["completion_tokens"] / figures["decode_tokens_per_second"],
         "update": cell.num_steps * figures["update_seconds_per_step"],
+        "rescore": cell.num_steps * figures["rescore_seconds_per_step"] if cell.rescore else 0.0,
+        "tv pass": cell.num_steps * figures["tv_pass_seconds_per_step"] if tv_pass and cell.micro_batched else 0.0,
         "evaluation": evaluations
         * cell.test_size
         * figures["eval_completion_tokens"]
@@ -98,8 +113,21 @@ def read_figures(path: Path) -> tuple[dict[str, float], dict[str, str]]:
     return values, sources
 
 
-def grid_of(sweep_path: Path) -> tuple[Cell, list[int], int]:
-    """The cell's sizes, the N axis and the number of cells per N, from the sweep and its config."""
+def needs_tv_pass(sweep_path: Path, sweep: dict, algorithm: str) -> bool:
+    """Whether ``algorithm``'s objective tests the whole minibatch (its config's class)."""
+    import importlib
+
+    import yaml
+
+    config = yaml.safe_load((sweep_path.parent / sweep["configs_dir"] / "algo" / f"{algorithm}.yaml").read_text())
+    module, _, name = config["model"]["init_args"]["objective"]["class_path"].rpartition(".")
+    objective = getattr(importlib.import_module(module), name)
+    init = config["model"]["init_args"]["objective"].get("init_args", {})
+    return bool(objective(**init).needs_minibatch_tv)
+
+
+def grid_of(sweep_path: Path) -> tuple[Cell, list[int], dict[str, bool], int]:
+    """The cell's sizes, the N axis, each algorithm's TV pass and the cells per (algorithm, N)."""
     import yaml
 
     sweep = yaml.safe_load(sweep_path.read_text())
@@ -113,10 +141,14 @@ def grid_of(sweep_path: Path) -> tuple[Cell, list[int], int]:
         completions_per_prompt=model["completions_per_prompt"],
         eval_every=data["eval_every"],
         checkpoint_every=env["checkpoint"]["every_n_iterations"],
+        rescore=model.get("rescore_behavior", True),
+        micro_batched=(model.get("micro_batch_size") or math.inf)
+        < data["prompts_per_minibatch"] * model["completions_per_prompt"],
     )
     algorithms = sweep["grid"]["main"]["algorithm"]
-    per_n = len(algorithms if isinstance(algorithms, list) else [algorithms]) * len(sweep["defaults"]["seed"])
-    return cell, list(sweep["defaults"]["K"]), per_n
+    algorithms = algorithms if isinstance(algorithms, list) else [algorithms]
+    passes = {a: needs_tv_pass(sweep_path, sweep, a) for a in algorithms}
+    return cell, list(sweep["defaults"]["K"]), passes, len(sweep["defaults"]["seed"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,17 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", type=Path, default=Path("configs/sweeps/llm_gsm8k.yaml"))
     args = parser.parse_args(argv)
     figures, sources = read_figures(args.inputs)
-    cell, ns, per_n = grid_of(args.sweep)
-    print(f"PROJECTED (not measured): {args.sweep}, {per_n} cells per N, one at a time, from:")
+    cell, ns, passes, seeds = grid_of(args.sweep)
+    print(f"PROJECTED (not measured): {args.sweep}, {seeds} seeds per (algorithm, N), one cell at a time, from:")
     for name in FIGURES:
         print(f"  {name} = {figures[name]:g}  ({sources[name]})")
     total = 0.0
-    for n in ns:
-        parts = cell_seconds(cell, n, figures)
-        seconds = sum(parts.values())
-        total += per_n * seconds
-        shares = ", ".join(f"{k} {v / seconds:.0%}" for k, v in parts.items())
-        print(f"  N = {n:>2}: {seconds / 3600:.2f} h a cell ({shares})")
+    for algorithm, tv_pass in passes.items():
+        for n in ns:
+            parts = cell_seconds(cell, n, figures, tv_pass)
+            seconds = sum(parts.values())
+            total += seeds * seconds
+            shares = ", ".join(f"{k} {v / seconds:.0%}" for k, v in parts.items() if v)
+            print(f"  {algorithm} N = {n:>2}: {seconds / 3600:.2f} h a cell ({shares})")
     print(f"the grid: {total / 3600:.1f} h ({total / 86400:.2f} days) projected")
     return 0
 

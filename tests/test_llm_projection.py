@@ -16,6 +16,8 @@ FIGURES = {
     "decode_tokens_per_second": 1000.0,
     "completion_tokens": 200.0,
     "update_seconds_per_step": 2.0,
+    "rescore_seconds_per_step": 0.3,
+    "tv_pass_seconds_per_step": 0.5,
     "eval_tokens_per_second": 2000.0,
     "eval_completion_tokens": 100.0,
     "checkpoint_gb": 6.0,
@@ -34,11 +36,13 @@ def _run(*args):
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, cwd=REPO)
 
 
-def _expected_hours(n: int) -> float:
+def _expected_hours(n: int, algorithm: str) -> float:
     """One cell of configs/sweeps/llm_gsm8k.yaml (256 steps of 32 prompts x 8 completions, an
-    evaluation every 32 steps and at the start, a checkpoint every 8 generation batches), by hand."""
+    evaluation every 32 steps and at the start, a checkpoint every 8 generation batches; every
+    minibatch re-scored; micro-batches of 8 sequences, so VACO-GRPO's filter measures each
+    minibatch's TV in a pass of its own), by hand."""
     generation = 256 * 32 * 8 * 200 / 1000
-    update = 256 * 2.0
+    update = 256 * 2.0 + 256 * 0.3 + (256 * 0.5 if algorithm == "vaco_grpo" else 0.0)
     batches = 256 // n
     evaluations = 1 + min(batches, 256 // 32)  # a batch of N <= 32 steps passes at most one multiple of 32
     evaluation = evaluations * 1319 * 100 / 2000
@@ -52,10 +56,13 @@ def test_the_projection_multiplies_out_the_grid_from_its_sweep_file(tmp_path):
     assert out.stdout.startswith("PROJECTED (not measured)")
     assert "a test's chosen number" in out.stdout  # every figure's source is printed
     total = 0.0
-    for n in (1, 2, 4, 8, 16, 32):
-        hours = _expected_hours(n)
-        assert f"N = {n:>2}: {hours:.2f} h a cell" in out.stdout, (n, hours, out.stdout)
-        total += 6 * hours  # 2 algorithms x 3 seeds
+    for algorithm in ("grpo", "vaco_grpo"):
+        for n in (1, 2, 4, 8, 16, 32):
+            hours = _expected_hours(n, algorithm)
+            assert f"{algorithm} N = {n:>2}: {hours:.2f} h a cell" in out.stdout, (n, hours, out.stdout)
+            total += 3 * hours  # 3 seeds
+    assert "tv pass" in out.stdout.split("vaco_grpo N =  1")[1].splitlines()[0]
+    assert "tv pass" not in out.stdout.split("grpo N =  1")[1].splitlines()[0]
     assert f"the grid: {total:.1f} h ({total / 24:.2f} days) projected" in out.stdout
 
 
