@@ -45,9 +45,25 @@ step "vaco fit --print_config"; "$VACO" fit --config configs/env/hopper.yaml --c
 step "vaco ui starts, serves and stops on Ctrl-C"
 "$VACO" ui --port 5077 > ui.log 2>&1 &
 ui=$!
-up() { "$ROOT/$VENV/bin/python" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:5077/', timeout=5)" 2>/dev/null; }
+trap 'kill -INT $ui 2>/dev/null || true' EXIT  # a failing step below leaves no server behind
+# the address it prints carries the token; the same address without it is refused (the owner's only)
+address() { grep -o 'http://127.0.0.1:5077/?vaco_token=[^# ]*' ui.log | head -1; }
+# (the token's address sets a cookie and redirects to the page: an opener that keeps cookies follows it)
+up() {
+  [ -n "$(address)" ] && "$ROOT/$VENV/bin/python" -c "import sys, urllib.request as u
+u.build_opener(u.HTTPCookieProcessor()).open(sys.argv[1], timeout=5)" "$(address)" 2>/dev/null
+}
 for _ in $(seq 120); do up && break; sleep 1; done
 up || { cat ui.log; exit 1; }
+"$ROOT/$VENV/bin/python" - <<'PY' || { cat ui.log; exit 1; }
+import urllib.error, urllib.request
+try:
+    urllib.request.urlopen("http://127.0.0.1:5077/", timeout=5)
+except urllib.error.HTTPError as err:
+    assert err.code in (401, 403), err.code
+else:
+    raise SystemExit("vaco ui served a request without its token")
+PY
 kill -INT $ui; wait $ui || true
 step "vaco report on the runs"; "$VACO" report --experiment "$(grep -o "experiment '[^']*'" fit.log | head -1 | cut -d\' -f2)" \
   --no-sensitivity --reps 50 --out report > report.log 2>&1 || { cat report.log; exit 1; }

@@ -94,7 +94,7 @@ def test_on_the_committed_runs_with_labels_swapped_the_sequential_rule_keeps_its
     from vaco import report as R
     from vaco.report.decision import bootstrap_p
     from vaco.report.report_cli import read_data_files
-    from vaco.report.robustness import _iqm, paired_bootstrap, paired_cells
+    from vaco.report.robustness import iqm, paired_bootstrap, paired_cells
 
     runs, _ = read_data_files([str(REPO / "docs" / "data" / "lag_2x2.csv.gz")])
     report = R.build_report("null", runs, reps=10, seed=0)
@@ -103,7 +103,7 @@ def test_on_the_committed_runs_with_labels_swapped_the_sequential_rule_keeps_its
     assert mats[0].shape == (36, 2)
     # the vectorised bootstrap is the report's own, resample for resample
     mine = _bootstrap_differences(mats, 50, seed=3)
-    theirs = paired_bootstrap(mats, lambda xr, xk, yr, yk: (_iqm(yr) - _iqm(yk)) - (_iqm(xr) - _iqm(xk)), 50, 3)
+    theirs = paired_bootstrap(mats, lambda xr, xk, yr, yk: (iqm(yr) - iqm(yk)) - (iqm(xr) - iqm(xk)), 50, 3)
     np.testing.assert_allclose(mine, theirs[:, 0], rtol=0, atol=1e-12)
 
     looks, alpha, reps, studies = [10, 20, 28, 36], 0.05, 500, 600

@@ -166,7 +166,8 @@ def test_the_vectorised_bootstrap_p_is_the_reports():
     from vaco.report.robustness import paired_bootstrap
 
     cells = [c for c in committed_units()[:2].reshape(4, 12, 2)]
-    samples = paired_bootstrap(cells, lambda *c: _difference64(*c), reps=300, seed=4)[:, 0]
+    batched = lambda *c: np.array([_difference64(*(x[i] for x in c)) for i in range(c[0].shape[0])])  # noqa: E731
+    samples = paired_bootstrap(cells, batched, reps=300, seed=4)[:, 0]
     assert Z.bootstrap_p(cells, 0.05, reps=300, seed=4) == pytest.approx(percentile_p(samples, 0.05), abs=1e-15)
 
 

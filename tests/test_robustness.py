@@ -172,7 +172,9 @@ def test_the_paired_bootstrap_draws_one_set_of_seeds_per_task_for_every_cell():
     """A loop that draws the same indices by hand: the four cells move together."""
     rng = np.random.default_rng(7)
     a, b = rng.normal(size=(5, 2)), rng.normal(size=(5, 2))
-    samples = R.paired_bootstrap([a, b], lambda p, q: np.array([(p - q).sum(), p.sum()]), reps=50, seed=11)
+    samples = R.paired_bootstrap(
+        [a, b], lambda p, q: np.stack([(p - q).sum(axis=(-2, -1)), p.sum(axis=(-2, -1))], axis=-1), reps=50, seed=11
+    )
     draw = np.random.default_rng(11)
     for rep in range(50):
         rows = draw.integers(0, 5, size=(5, 2))
@@ -181,8 +183,24 @@ def test_the_paired_bootstrap_draws_one_set_of_seeds_per_task_for_every_cell():
         assert samples[rep, 0] == pytest.approx(diff, abs=1e-12)
         assert samples[rep, 1] == pytest.approx(total, abs=1e-12)
     # pairing matters: b = a + 1 exactly, so every paired resample of mean(a - b) is -1
-    paired = R.paired_bootstrap([a, a + 1.0], lambda p, q: np.array([(p - q).mean()]), reps=200, seed=0)
-    assert np.allclose(paired, -1.0)
+    paired = R.paired_bootstrap([a, a + 1.0], lambda p, q: (p - q).mean(axis=(-2, -1)), reps=200, seed=0)
+    assert paired.shape == (200, 1) and np.allclose(paired, -1.0)
+
+
+def test_the_batched_iqm_and_p_smaller_are_rliables_on_each_resample():
+    """The statistics the bootstrap computes for all resamples at once equal rliable's called on one
+    resample at a time (scipy's trim_mean; Mann-Whitney U over pairs, ties a half)."""
+    from rliable import metrics
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(20, 7, 3)).round(1)  # rounded: ties between runs
+    y = rng.normal(size=(20, 7, 3)).round(1)
+    from vaco.report.robustness import iqm, p_smaller
+
+    batched_iqm, batched_p = iqm(x), p_smaller(x, y)
+    for i in range(20):
+        assert batched_iqm[i] == pytest.approx(metrics.aggregate_iqm(x[i]), abs=1e-12)
+        assert batched_p[i] == pytest.approx(metrics.probability_of_improvement(-x[i], -y[i]), abs=1e-12)
 
 
 def test_distinct_resamples_are_multisets_counted_by_hand():

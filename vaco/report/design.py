@@ -32,7 +32,7 @@ import numpy as np
 
 from vaco.report.ablations import step_size_matching
 from vaco.report.decision import Verdict, decide
-from vaco.report.robustness import paired_bootstrap, paired_cells
+from vaco.report.robustness import iqm, paired_bootstrap, paired_cells
 from vaco.report.scores import Report
 
 __all__ = ["CONTRASTS", "WEIGHTS", "Contrast", "Design", "design_cells", "two_by_two"]
@@ -52,10 +52,8 @@ WEIGHTS = np.array(list(CONTRASTS.values()))  # contrasts x arms
 
 def _combine(*cells: np.ndarray) -> np.ndarray:
     """The contrasts of the four arms' IQM drops; ``cells``: (arm, K_ref), (arm, K) for each arm."""
-    from rliable import metrics
-
-    drops = [metrics.aggregate_iqm(cells[2 * i]) - metrics.aggregate_iqm(cells[2 * i + 1]) for i in range(4)]
-    return WEIGHTS @ np.array(drops)
+    drops = np.stack([iqm(cells[2 * i]) - iqm(cells[2 * i + 1]) for i in range(4)], axis=-1)
+    return drops @ WEIGHTS.T  # (..., contrasts), for every leading (resample) index
 
 
 @dataclasses.dataclass

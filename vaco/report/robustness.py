@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from vaco.report.decision import Verdict, decide
+from vaco.report.randomisation import iqm as _batched_iqm
 from vaco.report.scores import Report
 from vaco.report.tables import improvement_baseline
 
@@ -58,31 +59,44 @@ def distinct_resamples(n: int) -> int:
     return math.comb(2 * n - 1, n) if n > 0 else 0
 
 
-def _iqm(x: np.ndarray) -> float:
-    from rliable import metrics
+def iqm(x: np.ndarray) -> np.ndarray:
+    """rliable's ``aggregate_iqm`` (scipy's ``trim_mean(x, 0.25, axis=None)``) over the last two axes
+    (seeds x tasks), for every leading index at once (:func:`vaco.report.randomisation.iqm`)."""
+    return _batched_iqm(np.asarray(x, dtype=np.float64))
 
-    return float(metrics.aggregate_iqm(x))
+
+def _iqm(x: np.ndarray) -> float:
+    return float(iqm(x))
+
+
+def p_smaller(drop_x: np.ndarray, drop_y: np.ndarray) -> np.ndarray:
+    """P(a run of X drops less than a run of Y): rliable's probability of improvement on ``-drop``
+    (per task, the Mann-Whitney U of X's runs over Y's divided by their pairs, ties counting one
+    half; averaged over tasks), over the last two axes (runs x tasks) for every leading index."""
+    x, y = -np.asarray(drop_x, dtype=np.float64), -np.asarray(drop_y, dtype=np.float64)
+    a, b = x[..., :, None, :], y[..., None, :, :]
+    per_task = (a > b).mean(axis=(-3, -2)) + 0.5 * (a == b).mean(axis=(-3, -2))
+    return per_task.mean(axis=-1)
 
 
 def _p_smaller(drop_x: np.ndarray, drop_y: np.ndarray) -> float:
-    """P(a run of X drops less than a run of Y), rliable's probability of improvement on -drop."""
-    from rliable import metrics
-
-    return float(metrics.probability_of_improvement(-drop_x, -drop_y))
+    return float(p_smaller(drop_x, drop_y))
 
 
 def paired_bootstrap(cells: Sequence[np.ndarray], func, reps: int, seed: int) -> np.ndarray:
     """``func(*cells)`` on ``reps`` paired stratified resamples: every cell is a (seeds x tasks)
     matrix with rows aligned by seed; per resample and task, one draw of row indices (with
-    replacement) is applied to every cell. Returns the (reps x outputs) resampled statistics."""
+    replacement) is applied to every cell. Returns the (reps x outputs) resampled statistics.
+
+    ``func`` is called once, on cells of shape (reps x seeds x tasks): it computes its statistic
+    over the last two axes for every leading index (:func:`iqm`, :func:`p_smaller`). The draws are
+    one block of ``rng.integers``, the same stream as ``reps`` draws of (seeds x tasks) in turn."""
     n, tasks = cells[0].shape
     rng = np.random.default_rng(seed)
-    columns = np.arange(tasks)[None, :]
-    out = []
-    for _ in range(reps):
-        rows = rng.integers(0, n, size=(n, tasks))
-        out.append(np.atleast_1d(func(*(c[rows, columns] for c in cells))))
-    return np.asarray(out, dtype=np.float64)
+    rows = rng.integers(0, n, size=(reps, n, tasks))
+    columns = np.arange(tasks)[None, None, :]
+    out = np.asarray(func(*(c[rows, columns] for c in cells)), dtype=np.float64)
+    return out.reshape(reps, -1)
 
 
 def _interval(samples: np.ndarray) -> np.ndarray:
@@ -314,8 +328,9 @@ def _drop(report: Report, main, algo: str, k_ref: int, K: int, seeds, notes, sma
         )
 
     def drop_ratio(a, b):
-        lo, hi = _iqm(a), _iqm(b)
-        return np.array([lo - hi, hi / lo if lo > 0 else math.nan])
+        lo, hi = iqm(a), iqm(b)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.stack([lo - hi, np.where(lo > 0, hi / np.where(lo > 0, lo, 1.0), math.nan)], axis=-1)
 
     point = drop_ratio(ref, cur)
     interval = samples = None
@@ -352,7 +367,7 @@ def difference_of_drops(
         return None
 
     def interaction(xr, xk, yr, yk):
-        return np.array([(_iqm(yr) - _iqm(yk)) - (_iqm(xr) - _iqm(xk)), _p_smaller(xr - xk, yr - yk)])
+        return np.stack([(iqm(yr) - iqm(yk)) - (iqm(xr) - iqm(xk)), p_smaller(xr - xk, yr - yk)], axis=-1)
 
     point = interaction(*mats)
     interval = samples = None

@@ -33,7 +33,7 @@ import numpy as np
 
 from vaco.report.decision import Verdict, decide
 from vaco.report.design import CONTRASTS, WEIGHTS, Design, design_cells
-from vaco.report.robustness import Robustness, paired_bootstrap, paired_cells
+from vaco.report.robustness import Robustness, iqm, paired_bootstrap, paired_cells
 from vaco.report.scores import (
     SCORES,
     Report,
@@ -62,13 +62,8 @@ SCALES = ("min-max", "floor-free")
 DEFAULT_LAST_N = 3  # the last-n score's n when the report's own score is not last-n
 
 
-def _trimmed(x: np.ndarray) -> float:
-    from rliable import metrics
-
-    return float(metrics.aggregate_iqm(x))
-
-
-_AGGREGATE = {"IQM": _trimmed, "mean": lambda x: float(np.mean(x))}
+#: each aggregate over the last two axes (seeds x tasks), for every leading (resample) index
+_AGGREGATE = {"IQM": iqm, "mean": lambda x: np.mean(x, axis=(-2, -1))}
 
 
 @dataclasses.dataclass
@@ -271,7 +266,7 @@ def sensitivity(
                 xr, xk, yr, yk = flat[start : start + 4]
                 f = _AGGREGATE[agg]
                 out.append((f(yr) - f(yk)) - (f(xr) - f(xk)))
-            return np.array(out)
+            return np.stack(out, axis=-1)
 
         flat = [m for key in values for m in stacks[key]]
         point = all_scorings(*flat)
@@ -322,9 +317,9 @@ def design_rows(
             for score, agg, scale in _COMBOS:
                 start = 8 * keys.index((score, scale))
                 f = _AGGREGATE[agg]
-                drops = [f(flat[start + 2 * i]) - f(flat[start + 2 * i + 1]) for i in range(4)]
-                out.extend(weights @ np.array(drops))
-            return np.array(out)
+                drops = np.stack([f(flat[start + 2 * i]) - f(flat[start + 2 * i + 1]) for i in range(4)], axis=-1)
+                out.append(drops @ weights.T)
+            return np.concatenate(out, axis=-1)
 
         flat = [m for key in keys for m in stacks[key]]
         point = all_scorings(*flat)
