@@ -156,11 +156,19 @@ def test_performance_profiles_equal_rliable():
         np.testing.assert_allclose(ours_ci[key], theirs_ci[key])
         for j, tau in enumerate(taus):  # fraction of runs above tau, by hand
             assert ours[key][j] == pytest.approx(sum(float(v) > tau for v in scores[key].ravel()) / scores[key].size)
+    # three runs a task: rliable's point profile and no band (a bootstrap of three runs is their range)
+    few = {"c": rng.uniform(size=(3, 2))}
+    profile, bands = R.performance_profiles(few, taus, reps=100, seed=5)
+    np.random.seed(5)
+    theirs, _ = library.create_performance_profile(few, taus, reps=100)
+    np.testing.assert_allclose(profile["c"], theirs["c"], atol=1e-12)
+    assert "c" not in bands
 
 
 def test_probability_of_improvement_equals_a_pairwise_loop():
     """P(X > Y) over PPO-clip at each K: per task the fraction of (x, y) run pairs with x > y (ties
-    count half), averaged over tasks; the interval is rliable's on the same pairs."""
+    count half), averaged over tasks; with 3 runs a task no interval (from 5 runs a task the
+    interval is rliable's get_interval_estimates on the same pairs)."""
     rep = R.build_report("synthetic", _synthetic_runs(), reps=100, seed=3)
     got = R.probability_of_improvement(rep)
     assert set(got.estimates) == {
@@ -182,8 +190,7 @@ def test_probability_of_improvement_equals_a_pairwise_loop():
                     wins += 1.0 if x > y else 0.5 if x == y else 0.0
             per_task.append(wins / (len(xs) * len(ys)))
         assert estimate.point[0] == pytest.approx(float(np.mean(per_task)), abs=1e-12), key
-        low, high = estimate.interval[:, 0]
-        assert 0.0 <= low <= estimate.point[0] <= high <= 1.0
+        assert estimate.interval is None and estimate.runs_per_task == 3  # 3 runs a task: no bootstrap
     # the synthetic PPO-clip loses 5% per unit of K: at K = 4 every vaco run beats every PPO-clip run
     assert got.estimates["vaco K=4 vs ppo_clip K=4"].point[0] == 1.0
 

@@ -288,7 +288,7 @@ def figure_performance_profiles(report: Report, data: Profiles | None = None):
         if K not in data.by_k:
             continue
         profile, cis, counts = data.by_k[K]
-        enough = {a: cis[a] for a, n in counts.items() if n >= report.min_runs}
+        enough = {a: cis[a] for a, n in counts.items() if n >= report.min_runs and a in cis}
         plot_utils.plot_performance_profiles(
             profile,
             data.taus,

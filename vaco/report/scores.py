@@ -220,11 +220,20 @@ def area_under_curve(steps: Sequence[float], values: Sequence[float]) -> float:
 
 
 def performance_profiles(score_dict: Mapping[str, np.ndarray], taus: np.ndarray, reps: int = 2000, seed: int = 0):
-    """Score distributions (fraction of runs above tau) with bootstrap bands, from rliable."""
+    """Score distributions (fraction of runs above tau, averaged over tasks) with rliable's
+    bootstrap bands; a group with fewer than :data:`RANGE_BELOW` runs a task gets its profile and
+    no band (``cis`` holds only the others)."""
     from rliable import library
 
-    np.random.seed(seed)
-    return library.create_performance_profile(dict(score_dict), taus, reps=reps)
+    enough = {k: v for k, v in score_dict.items() if v.shape[0] >= RANGE_BELOW}
+    profiles, cis = {}, {}
+    if enough:
+        np.random.seed(seed)
+        profiles, cis = library.create_performance_profile(enough, taus, reps=reps)
+    for key, scores in score_dict.items():
+        if key not in enough:  # rliable's point: per tau, the mean over tasks of the fraction of runs above it
+            profiles[key] = np.array([(scores > tau).mean(axis=0).mean() for tau in taus])
+    return {key: profiles[key] for key in score_dict}, cis
 
 
 def common_grid(histories: Sequence[tuple[np.ndarray, np.ndarray]], max_points: int = MAX_CURVE_POINTS) -> np.ndarray:

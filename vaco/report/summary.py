@@ -344,7 +344,7 @@ def _improvement_section(report: Report, save: _Figures) -> list[str]:
             f"P(X > Y): the probability that a run of X scores above a run of Y = {baseline} at the same K on a "
             "task drawn at random (rliable's `metrics.probability_of_improvement` on the normalised final "
             "scores; 0.5: no difference), with its 95% stratified-bootstrap interval. "
-            + _interval_sentence(improvement.estimates, report.min_runs),
+            + _interval_sentence(improvement.estimates, max(report.min_runs, RANGE_BELOW)),
             "",
         ]
         s.append(

@@ -14,6 +14,7 @@ import numpy as np
 from vaco.report.runs import Run
 from vaco.report.scores import (
     AGGREGATES,
+    RANGE_BELOW,
     Estimate,
     Report,
     aggregate_estimates,
@@ -138,7 +139,9 @@ def probability_of_improvement(report: Report, baseline: str | None = None) -> S
         if algo != baseline and reference in matrices:
             pairs[f"{group} vs {reference}"] = (scores, matrices[reference])
     out: dict[str, Estimate] = {}
-    enough = {key: pair for key, pair in pairs.items() if min(x.shape[0] for x in pair) >= report.min_runs}
+    # fewer than RANGE_BELOW runs a task: the point alone (a bootstrap of 3 runs is their range)
+    needed = max(report.min_runs, RANGE_BELOW)
+    enough = {key: pair for key, pair in pairs.items() if min(x.shape[0] for x in pair) >= needed}
     for key, (x, y) in pairs.items():
         if key not in enough:
             out[key] = Estimate(
