@@ -181,6 +181,24 @@ def test_an_unknown_objective_class_gets_a_did_you_mean(tmp_path):
     assert "Did you mean PPOClip?" in line and "(in " not in line, line
 
 
+@pytest.mark.parametrize(
+    "args,hint",
+    [
+        (("--model.init_args.objective.class_path", "vaco.objectives.PPO"), ""),
+        (("--model.init_args.objective", "vaco.objectives.PPOclip"), "Did you mean vaco.objectives.PPOClip?"),
+    ],
+)
+def test_an_unknown_class_path_on_the_command_line_is_blamed_there_with_the_shipped_choices(tmp_path, args, hint):
+    """The class given on the command line over configs/algo/vaco.yaml's: the error names the command
+    line (not the file that also sets the objective) and lists what vaco.objectives ships."""
+    out = _fit(tmp_path, *args)
+    assert out.returncode == 2
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("vaco fit: error:")]
+    assert "`model.init_args.objective`" in line and "(given on the command line)" in line, line
+    assert "(in " not in line and "vaco.objectives ships PPOClip, PPOKL" in line and "TVFilter" in line, line
+    assert hint in line and "Expected a path" not in line, line
+
+
 @pytest.mark.slow
 def test_an_opengl_backend_without_its_library_breaks_nothing_that_does_not_render(tmp_path):
     import ctypes.util

@@ -93,6 +93,8 @@ def summarize_validation_error(message: str) -> str:
         path.pop()  # the class itself could not be imported: name the class_path field
     field = ".".join(path)
     text = "; ".join(dict.fromkeys(reasons)) or message.strip().splitlines()[0]
+    text = _NOT_ACCESSIBLE.sub("", text)
+    text += shipped_choices(text)
     return f"`{field}`: {text}" if field else text
 
 
@@ -206,14 +208,46 @@ def _flat_keys(tree, prefix: str = "") -> set[str]:
 
 def given_on_command_line(message: str, argv: list[str]) -> bool:
     """Whether the field a one-line error names (```a.b.c`: ...``) was set on the command line (in
-    its long or ``init_args``-less spelling): then the value is the command line's, not a file's."""
+    its long or ``init_args``-less spelling, or through one of its sub-fields such as
+    ``--a.b.c.class_path``): then the value is the command line's, not a file's."""
     found = re.match(r"`([^`]+)`", message)
     if not found:
         return False
     short = found.group(1).replace(".init_args.", ".")
-    return any(
-        word.startswith("--") and word[2:].split("=", 1)[0].replace(".init_args.", ".") == short for word in argv
-    )
+    for word in argv:
+        if word.startswith("--"):
+            key = word[2:].split("=", 1)[0].replace(".init_args.", ".")
+            if key == short or key.startswith(short + "."):
+                return True
+    return False
+
+
+#: jsonargparse's preamble to an import failure, which the reason after it already says
+_NOT_ACCESSIBLE = re.compile(r"Expected a path but \S+ either not accessible or invalid; ")
+_NO_ATTRIBUTE = re.compile(r"module '(vaco(?:\.\w+)*)' has no attribute '(\w+)'")
+
+
+def shipped_choices(message: str) -> str:
+    """For a class path into a vaco module that has no such class, the classes it ships and a
+    did-you-mean (``vaco.objectives.PPO``: PPOClip, PPOKL, ...); else ``""``."""
+    found = _NO_ATTRIBUTE.search(message)
+    if not found:
+        return ""
+    module_name, wanted = found.groups()
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001 - a suggestion is optional
+        return ""
+    names = [
+        n
+        for n in getattr(module, "__all__", ())
+        if inspect.isclass(getattr(module, n, None)) and not getattr(module, n).__module__.endswith(".base")
+    ]
+    if not names:
+        return ""
+    close = difflib.get_close_matches(wanted, names, n=2, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(f'{module_name}.{c}' for c in close)}?" if close else ""
+    return f".{hint} {module_name} ships {', '.join(names)}."
 
 
 def file_of_key(message: str, loaded: dict[str, object]) -> str | None:

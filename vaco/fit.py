@@ -85,8 +85,11 @@ class VacoArgumentParser(LightningArgumentParser):
         options = [o for action in self._actions for o in action.option_strings]
         prog = "vaco fit"
         text = plain_type_error(one_line(message, options), _ARGV)
-        where = None if given_on_command_line(text, _ARGV) else file_of_key(text, _CONFIG_FILES)
-        if where is not None:
+        on_line = given_on_command_line(text, _ARGV)
+        where = None if on_line else file_of_key(text, _CONFIG_FILES)
+        if on_line:
+            text += " (given on the command line)"
+        elif where is not None:
             text += f" (in {where})"
         print(f"{prog}: error: {text} (`{prog} --help` lists the fields)", file=sys.stderr)
         sys.exit(2)
