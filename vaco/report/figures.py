@@ -263,7 +263,14 @@ def figure_sample_efficiency(report: Report, efficiency: SampleEfficiency | None
             )
         axes[0, j].set_title(f"K={K}")
     series = _k_series(main_groups(report), lambda r: r.algorithm)
-    _vs_k_axis(axes[0, -1], auc, series, colors, "IQM of normalised AUC", "Area under the curve")
+    _vs_k_axis(
+        axes[0, -1],
+        auc,
+        series,
+        colors,
+        "IQM of mean normalised value over training",
+        "Area under the curve (normalised)",
+    )
     handles, labels = axes[0, -1].get_legend_handles_labels()
     _legend_above(fig, handles, labels, columns=6, height=1.08)
     note = _no_interval_note(

@@ -384,8 +384,11 @@ def _sample_efficiency_section(report: Report, save: _Figures) -> list[str]:
         f"![sample efficiency]({save(fig, 'sample_efficiency.png')})",
         "",
         f"IQM of the normalised {report.score_metric} at common env steps (bands: 95% CIs), and the IQM of each run's "
-        "normalised area under the curve (its mean normalised return over training). "
-        + _interval_sentence(auc, report.min_runs),
+        "normalised area under the curve: the mean over training of its values on the final scores' scale, "
+        "(value - low) / (high - low) with the task's low and high (the runs' lowest and highest final scores "
+        "unless references are given). 1: a run sat at the high end all along; below 0: it spent training under "
+        "the low end, and a narrow range makes that large (AUCs of -4 mean a range a quarter of the early "
+        "returns' distance below it, not a bug). " + _interval_sentence(auc, report.min_runs),
         "",
     ]
     s.append(
