@@ -387,8 +387,8 @@ def _sample_efficiency_section(report: Report, save: _Figures) -> list[str]:
         "normalised area under the curve: the mean over training of its values on the final scores' scale, "
         "(value - low) / (high - low) with the task's low and high (the runs' lowest and highest final scores "
         "unless references are given). 1: a run sat at the high end all along; below 0: it spent training under "
-        "the low end, and a narrow range makes that large (AUCs of -4 mean a range a quarter of the early "
-        "returns' distance below it, not a bug). " + _interval_sentence(auc, report.min_runs),
+        "the low end, and a narrow range makes that large (an AUC of -4: training's values sat, on average, four "
+        "widths of the range below its low end). " + _interval_sentence(auc, report.min_runs),
         "",
     ]
     s.append(
