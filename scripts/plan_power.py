@@ -1,4 +1,4 @@
-"""Size a study plan from a pilot by simulating the test it declares (vaco.report.sizing.simulate_plan):
+"""Size a study plan from a pilot by simulating the test it declares (vaco.study.sizing.simulate_plan):
 for each candidate schedule of looks, each comparison's P(differs) by the last look, with the
 pilot's uncertainty (a world drawn from the pilot before each study's seeds) and without it (the
 pilot as the truth), and the mean seeds a cell at which the study stops.
@@ -22,7 +22,7 @@ import numpy as np
 from vaco import report as R
 from vaco.report.report_cli import read_data_files
 from vaco.report.robustness import paired_cells
-from vaco.report.sizing import Pilot, simulate_plan
+from vaco.study.sizing import Pilot, simulate_plan
 
 
 def parse_pilot(spec: str) -> tuple[str, str, str, str, int, list[str]]:

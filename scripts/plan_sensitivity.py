@@ -12,10 +12,10 @@ import argparse
 
 from vaco import report as R
 from vaco.report.decision import sign_flip_p
-from vaco.report.plan import holm_levels, sequential_holm
-from vaco.report.planned import plan_from_tags, read_record, record_path
-from vaco.report.randomisation import SWAPS, bootstrap_p, drop_difference, randomisation_p
 from vaco.report.robustness import paired_cells
+from vaco.study.judge import plan_from_tags, read_record, record_path
+from vaco.study.plan import holm_levels, sequential_holm
+from vaco.study.randomisation import SWAPS, bootstrap_p, drop_difference, randomisation_p
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,5 @@
 """The false-"differs" rates of a plan's first look under the null, by label swaps of committed
-runs (vaco.report.sizing.first_look_rates), for each test: the percentile bootstrap the report
+runs (vaco.study.sizing.first_look_rates), for each test: the percentile bootstrap the report
 uses, the studentised randomisation test a plan can declare, and the unstudentised one. The data
 are the confirmatory study's 12 seeds of four arms (docs/data/confirm_k4.csv.gz), the family its
 three arms against PPO-clip, the looks [12, 24, 36] (Pocock, alpha 0.05); ``--shift`` adds a level
@@ -14,7 +14,7 @@ import argparse
 import math
 
 from vaco.report.runs import read_runs
-from vaco.report.sizing import first_look_rates, units
+from vaco.study.sizing import first_look_rates, units
 
 ARMS = ("ppo_clip", "vaco", "vaco_delta01", "vaco_delta04")  # the control first
 REFERENCES = {"Hopper-v5": (300.0, 1500.0), "HalfCheetah-v5": (-300.0, 1800.0)}  # the study's fixed references

@@ -51,7 +51,7 @@ LAYERS = {
         "vaco.callbacks",
         "vaco.logger",
     ),
-    5: ("vaco.fit", "vaco.evaluate", "vaco.ui", "vaco.sweep", "vaco.report", "vaco.cli", "vaco"),
+    5: ("vaco.fit", "vaco.evaluate", "vaco.ui", "vaco.sweep", "vaco.report", "vaco.study", "vaco.cli", "vaco"),
 }
 
 

@@ -1,4 +1,4 @@
-"""A study plan's statistics (vaco.report.plan): group-sequential boundaries against published
+"""A study plan's statistics (vaco.study.plan): group-sequential boundaries against published
 constants and, independently, against the error rate they promise on simulated null studies and on
 the committed runs with their labels swapped (where looking naively at every look does not keep it); Holm against a float64 step-down loop written
 here; the plan block's one-line errors."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from vaco.report.plan import (
+from vaco.study.plan import (
     boundaries,
     crossing_probability,
     holm,
@@ -374,7 +374,7 @@ def test_the_report_judges_the_family_by_sequential_holm_and_splits_each_differe
     (IQMs by hand)."""
     from test_robustness import _iqm, _runs
     from vaco import report as R
-    from vaco.report.planned import Judgement, judge_plan, plan_lines
+    from vaco.study.judge import Judgement, judge_plan, plan_lines
 
     report = R.build_report("planned", _runs(), reps=200, seed=0)
     raw = {
@@ -450,7 +450,7 @@ def test_a_look_after_a_decision_counts_the_seeds_of_the_open_comparisons_only()
     the fewest seeds of any comparison would read it as look 1 again. The sweep's look runs the open
     comparison's arms only, at its K and the reference K."""
     from vaco import report as R
-    from vaco.report.planned import Judgement, judge_plan
+    from vaco.study.judge import Judgement, judge_plan
     from vaco.sweep.grid import Cell
     from vaco.sweep.sweep_cli import look_needs
 
@@ -487,7 +487,7 @@ def test_the_equivalent_branch_and_the_floor_rule():
     comparison whose arms both score below the plan's floor at K is "at the floor: uninformative",
     counts as p = 1 in the family (its alpha is not freed), and the other is judged as before."""
     from vaco import report as R
-    from vaco.report.planned import FLOOR_WORD, judge_plan
+    from vaco.study.judge import FLOOR_WORD, judge_plan
 
     refs = {"Hopper-v5": (0.0, 1000.0), "HalfCheetah-v5": (0.0, 1000.0)}
     runs = _lag_runs({"vaco": 0.02, "ppo_clip": 0.02, "spo": 0.045}, seeds=12)
@@ -581,7 +581,7 @@ def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_
     client = mlflow.MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("looks").experiment_id
     (parent,) = client.search_runs([experiment], filter_string="tags.`vaco.sweep.parent` = 'true'")
-    from vaco.report.planned import read_judgements
+    from vaco.study.judge import read_judgements
 
     (judged,) = read_judgements(parent.data.tags)
     assert (
@@ -627,7 +627,7 @@ def _continued_in_a_new_store(tmp_path, sweep_file, old_client, old_parent):
     import mlflow
 
     from helpers.runs import VACO
-    from vaco.report.planned import read_judgements
+    from vaco.study.judge import read_judgements
 
     data = tmp_path / "looks.csv.gz"
     saved = subprocess.run(
@@ -743,7 +743,7 @@ def test_a_non_finite_score_is_left_out_by_a_stated_rule_and_never_becomes_a_ver
     the verdict is the one the data without them gives."""
     from test_robustness import _run
     from vaco import report as R
-    from vaco.report.planned import judge_plan, plan_lines
+    from vaco.study.judge import judge_plan, plan_lines
 
     refs = {"Hopper-v5": (0.0, 1000.0), "HalfCheetah-v5": (0.0, 1000.0)}
     runs = _lag_runs({"vaco": 0.02, "ppo_clip": 0.04}, seeds=12)

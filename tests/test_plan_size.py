@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 from scipy.stats import binom, trim_mean
 
-from vaco.report import randomisation as Z
-from vaco.report.sizing import first_look_rates, units
+from vaco.report.robustness import iqm
+from vaco.study import randomisation as Z
+from vaco.study.sizing import first_look_rates, units
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = ("ppo_clip", "vaco", "vaco_delta01", "vaco_delta04")  # the first is the family's control
@@ -118,7 +119,7 @@ def test_the_iqm_is_rliables_and_the_statistics_match_loops_written_here():
     rng = np.random.default_rng(3)
     for shape in [(12, 2), (36, 2), (5, 3), (7, 1)]:
         cells = [rng.standard_t(2, size=shape) for _ in range(4)]
-        assert Z.iqm(cells[0]) == pytest.approx(trim_mean(cells[0], 0.25, axis=None), abs=1e-13)
+        assert iqm(cells[0]) == pytest.approx(trim_mean(cells[0], 0.25, axis=None), abs=1e-13)
         assert Z.drop_difference(*cells) == pytest.approx(_difference64(*cells), abs=1e-12)
         assert Z.studentised_difference(*cells) == pytest.approx(_studentised64(*cells), rel=1e-10)
 
@@ -176,7 +177,7 @@ def test_the_sizing_simulates_the_declared_test_and_the_pilots_uncertainty_costs
     world from the pilot before the study's seeds (its uncertainty) gives less power than the plug-in
     world; an effect far beyond the spread is decided at the first look every time, and an arm equal
     to its control by construction (its cells are the control's) is never declared to differ."""
-    from vaco.report.sizing import Pilot, simulate_plan
+    from vaco.study.sizing import Pilot, simulate_plan
 
     rng = np.random.default_rng(2)
     yr = rng.normal(1.0, 0.2, size=(6, 2))
@@ -206,9 +207,9 @@ def test_a_randomisation_plan_is_judged_by_its_test_and_shows_the_bootstrap_besi
     comparison's p is ``randomisation_p`` on its paired cells (20,000 patterns, the report's seed),
     the method says so, and the bootstrap's p is shown as sensitivity; the plan's identity changes."""
     from vaco import report as R
-    from vaco.report.plan import load_plan
-    from vaco.report.planned import judge_plan, plan_lines
     from vaco.report.robustness import paired_cells
+    from vaco.study.judge import judge_plan, plan_lines
+    from vaco.study.plan import load_plan
 
     runs = [r for r in R.read_runs(REPO / "docs/data/confirm_k4.csv.gz") if r.seed <= 2012]
     raw = {

@@ -56,7 +56,7 @@ PARENT_TAG = "vaco.sweep.parent"  # "true" on a sweep's parent run
 PARENT_RUN_ID_TAG = "mlflow.parentRunId"  # MLflow's own nesting: a cell's parent
 REPORT_TAG = "vaco.report"  # "true" on the report run of an experiment without a sweep
 # a sweep's study plan (JSON) on its parent run, with PLAN_TAG.digest, .declared (UTC), .commit (the
-# sweep file's) and .judgement.NNN (each recorded reading of the plan, vaco.report.planned)
+# sweep file's) and .judgement.NNN (each recorded reading of the plan, vaco.study.judge)
 PLAN_TAG = "vaco.plan"
 # MLflow 3's experiment kind: without it the UI opens an experiment on its GenAI pages
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"

@@ -126,10 +126,10 @@ def _with_store_runs(store: list, data: list, notes: list[str]) -> tuple[list, l
 
 
 def _record_plan(paths: list[str]):
-    """The declared plan of a data file's record (:func:`vaco.report.planned.record_path`), if one
+    """The declared plan of a data file's record (:func:`vaco.study.judge.record_path`), if one
     is beside a file: ``(plan, declared, commit, judgements, None, note)``; the reading is judged
     against the recorded looks and not recorded (there is no parent run to keep it)."""
-    from vaco.report.planned import plan_from_tags, read_judgements, read_record, record_path
+    from vaco.study.judge import plan_from_tags, read_judgements, read_record, record_path
     from vaco.tracking import PLAN_TAG
 
     for path in paths:
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"`--step-pairs`: no runs of {', '.join(map(repr, unknown))}; the algorithms are "
                 f"{', '.join(report.algorithms)}"
             )
-        from vaco.report.planned import declared_plan as read_declared
+        from vaco.study.judge import declared_plan as read_declared
 
         record_note = None
         if args.experiment:
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         if parent_id is not None:
             import mlflow
 
-            from vaco.report.planned import record_path, write_record
+            from vaco.study.judge import record_path, write_record
 
             tags = mlflow.MlflowClient(uri).get_run(parent_id).data.tags
             print(f"vaco report: the plan's record -> {write_record(record_path(args.save_data), tags, runs)}")
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             if flagged:
                 print("\n".join(flagged))
     if study_plan is not None:
-        from vaco.report.planned import judge_plan, plan_lines, record_judgement
+        from vaco.study.judge import judge_plan, plan_lines, record_judgement
 
         judged = judge_plan(study_plan, report, declared_at, earlier, commit)
         lines = plan_lines(judged)
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
 def _read_plan(path: str, report):
     """``--plan FILE``: the ``plan`` block of a YAML file, checked against the report's runs."""
     from vaco.files import load_yaml
-    from vaco.report.plan import load_plan
+    from vaco.study.plan import load_plan
 
     try:
         raw = load_yaml(Path(path).read_text())

@@ -121,7 +121,7 @@ class Sensitivity:
         of "no difference", of the equivalence test, and its word (``differs`` where the first is at
         most ``alpha``, else ``equivalent`` where the second is, else ``undecided``; None without a
         p-value). The table decides each row at ``alpha`` alone; this is what survives the count."""
-        from vaco.report.plan import holm
+        from vaco.study.plan import holm
 
         rows = [*self.rows, *self.design]
         tested = [

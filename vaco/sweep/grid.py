@@ -250,7 +250,7 @@ class Sweep:
     resources: dict = dataclasses.field(default_factory=dict)
     #: members per population: a cell's seeds run P at a time in one process; "auto": by backend
     population: int | str = "auto"
-    plan: Any = None  # the study plan declared with the sweep (vaco.report.plan.StudyPlan), or None
+    plan: Any = None  # the study plan declared with the sweep (vaco.study.plan.StudyPlan), or None
     parent_run_id: str | None = None  # the sweep's parent MLflow run (set when the sweep starts)
 
     @property

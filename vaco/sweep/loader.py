@@ -124,7 +124,7 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
 
 def _load_plan(raw, sweep: Sweep):
     """The ``plan`` block, checked against the grid it plans (its arms, K values and seeds)."""
-    from vaco.report.plan import load_plan
+    from vaco.study.plan import load_plan
 
     cells = expand(sweep)
     seeds: dict[str, int] = {}

@@ -216,7 +216,7 @@ def _carried_record(paths: list[str], sweep: Sweep) -> tuple[dict[str, str] | No
     study continued in a new store keeps its declaration time, commit and looks. Of several, the one
     with the most looks (a later export holds the earlier ones). Refused in one line where the record
     is of another plan than the sweep file's."""
-    from vaco.report.planned import read_judgements, read_record, record_path
+    from vaco.study.judge import read_judgements, read_record, record_path
     from vaco.tracking import PLAN_TAG
 
     best: tuple[dict[str, str], str] | None = None
@@ -288,7 +288,7 @@ def _say_plan(p: _Plan, args) -> None:
         + f"\n  MLflow: {redact_uri(uri)}  outputs: {sweep.output_dir}"
     )
     if sweep.plan is not None:
-        from vaco.report.plan import undecidable_looks
+        from vaco.study.plan import undecidable_looks
 
         study = sweep.plan
         say(
@@ -303,7 +303,7 @@ def _say_plan(p: _Plan, args) -> None:
         n = sum(1 for v in p.from_data.values() if v == path)
         say(f"{n} of them finished in {path} (--finished-in; not in this store: report with --data {path} too)")
     if p.record is not None:
-        from vaco.report.planned import read_judgements
+        from vaco.study.judge import read_judgements
         from vaco.tracking import PLAN_TAG
 
         readings = read_judgements(p.record)
@@ -425,7 +425,7 @@ def _run_looks(p: _Plan, args) -> int:
     the others (Maurer and Bretz 2013), so more seeds of its arms would change nothing the plan
     judges. A look already judged (a resumed study) is judged again for its open comparisons but not
     recorded twice."""
-    from vaco.report.planned import plan_lines, read_judgements, record_judgement
+    from vaco.study.judge import plan_lines, read_judgements, record_judgement
 
     study = p.sweep.plan
     ranks = _seed_ranks(p.cells)
@@ -494,9 +494,9 @@ def _judge_look(p: _Plan, cell_ids: set[str]):
     them, against the looks taken so far."""
     import mlflow
 
-    from vaco.report.planned import judge_plan, read_judgements
     from vaco.report.runs import load_runs
     from vaco.report.scores import build_report
+    from vaco.study.judge import judge_plan, read_judgements
     from vaco.tracking import PLAN_TAG
 
     study = p.sweep.plan

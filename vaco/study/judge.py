@@ -1,4 +1,4 @@
-"""The report judges a declared study plan (:mod:`vaco.report.plan`): its primary family of
+"""The report judges a declared study plan (:mod:`vaco.study.plan`): its primary family of
 difference-of-drops comparisons, at the look the data has reached, by the group-sequential Holm
 procedure; everything else in the report is exploratory.
 
@@ -17,7 +17,7 @@ comparison whose arms both score below it at K as **at the floor: uninformative*
 --until-decided``, each ``vaco report`` of the experiment) is recorded on the sweep's parent run
 (:func:`record_judgement`): when, at how many seeds, by which command, and what it decided. A
 judgement is made against the boundary for the looks taken before it, itself, and the declared looks
-still ahead (:func:`vaco.report.plan.schedule`), and a comparison decided at an earlier look keeps
+still ahead (:func:`vaco.study.plan.schedule`), and a comparison decided at an earlier look keeps
 that verdict (its alpha passes to the others). Before the first declared look nothing is decided.
 
 A plan read from the experiment's parent run (declared with the sweep) carries the time it was
@@ -34,8 +34,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from vaco.report.plan import Comparison, StudyPlan, holm_levels, schedule, sequential_holm
 from vaco.report.robustness import difference_of_drops
+from vaco.study.plan import Comparison, StudyPlan, holm_levels, schedule, sequential_holm
 
 __all__ = [
     "Judgement",
@@ -242,8 +242,8 @@ def _tests(plan: StudyPlan, interaction, seed: int) -> dict[str, tuple[float, fl
     """Both tests' (p, TOST p, method) for one comparison: the declared one judges it, the other is
     shown beside it as sensitivity. The bootstrap's is the report's verdict (sign flips below
     :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds); the randomisation test runs on the same
-    paired cells (:mod:`vaco.report.randomisation`)."""
-    from vaco.report.randomisation import SWAPS, randomisation_p
+    paired cells (:mod:`vaco.study.randomisation`)."""
+    from vaco.study.randomisation import SWAPS, randomisation_p
 
     v = interaction.verdict
     p, tost, exact = randomisation_p(interaction.cells, plan.margin, SWAPS, seed)
@@ -390,7 +390,7 @@ def record_judgement(uri: str, run_id: str, judged: PlanJudgement, by: str, line
 
 def plan_from_tags(tags: Mapping[str, str]) -> StudyPlan:
     """The plan a parent run's (or a record's) ``vaco.plan`` tag holds."""
-    from vaco.report.plan import load_plan
+    from vaco.study.plan import load_plan
     from vaco.tracking import PLAN_TAG
 
     raw = json.loads(tags[PLAN_TAG])

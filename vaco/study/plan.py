@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 SPENDING = ("pocock", "obrien-fleming", "fixed")
-TESTS = ("randomisation", "bootstrap")  # what a look's p comes from (vaco.report.randomisation)
+TESTS = ("randomisation", "bootstrap")  # what a look's p comes from (vaco.study.randomisation)
 _GRID = 401  # quadrature points per look (Simpson's rule on the continuation region)
 
 
@@ -353,7 +353,7 @@ def smallest_p(seeds: int, tasks: int, reps: int = 2000, test: str = "bootstrap"
     patterns are drawn), ``2 / (reps + 1)`` for the bootstrap's percentile p. ``test="randomisation"``:
     ``2 / 2^(seeds x tasks)`` with every swap pattern enumerated, ``1 / (SWAPS + 1)`` once drawn."""
     from vaco.report.decision import EXACT_PATTERNS, PERMUTATION_BELOW
-    from vaco.report.randomisation import ENUMERATE, SWAPS
+    from vaco.study.randomisation import ENUMERATE, SWAPS
 
     if test == "randomisation":
         units = seeds * tasks

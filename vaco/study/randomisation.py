@@ -41,12 +41,13 @@ import itertools
 
 import numpy as np
 
+from vaco.report.robustness import iqm
+
 __all__ = [
     "ENUMERATE",
     "SWAPS",
     "bootstrap_p",
     "drop_difference",
-    "iqm",
     "randomisation_p",
     "studentised_difference",
     "swap_patterns",
@@ -55,15 +56,6 @@ __all__ = [
 SWAPS = 20_000  # random swap patterns a plan's p is computed from (its Monte Carlo SD at p = 0.007 is 0.0006)
 ENUMERATE = 2**14  # at most this many patterns: all of them, exactly
 _CHUNK = 4096  # patterns per vectorised block (memory: chunk x seeds x tasks x 4 floats)
-
-
-def iqm(x: np.ndarray) -> np.ndarray:
-    """rliable's ``aggregate_iqm`` (scipy's ``trim_mean(a, 0.25, axis=None)``) over the last two
-    axes of ``x`` (seeds x tasks), for every leading index at once."""
-    flat = x.reshape(*x.shape[:-2], -1)
-    n = flat.shape[-1]
-    cut = int(0.25 * n)  # scipy: lowercut = int(proportiontocut * nobs)
-    return np.sort(flat, axis=-1)[..., cut : n - cut].mean(axis=-1)
 
 
 def drop_difference(xr: np.ndarray, xk: np.ndarray, yr: np.ndarray, yk: np.ndarray) -> np.ndarray:

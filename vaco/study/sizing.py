@@ -9,7 +9,7 @@ could have come from many worlds, and a world drawn this way is one of them), th
 seeds from that world (with replacement, each unit whole, so a seed's four runs stay together), and
 judges each look exactly as the report does: the declared test's p (the studentised randomisation
 test, or the percentile bootstrap) for every open comparison, the group-sequential Holm step-down
-(:func:`vaco.report.plan.sequential_holm`), a comparison decided at a look staying decided and
+(:func:`vaco.study.plan.sequential_holm`), a comparison decided at a look staying decided and
 later looks running only the open ones. With ``uncertainty=False`` the world is the pilot itself
 (the usual plug-in power, optimistic when the pilot is small). The heavy tails and collapsing seeds
 of the pilot are in every world; a normal model would leave them out.
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vaco.report.plan import holm_levels, sequential_holm
+from vaco.study.plan import holm_levels, sequential_holm
 
 __all__ = ["Pilot", "first_look_rates", "null_study", "plan_p", "simulate_plan", "units"]
 
@@ -69,7 +69,7 @@ class Pilot:
 
 def plan_p(test: str, cells, margin: float | None, seed: int, swaps: int = 999, reps: int = 2000) -> float:
     """The two-sided p of "no difference of drops" by ``test`` (randomisation or bootstrap)."""
-    from vaco.report.randomisation import bootstrap_p, randomisation_p
+    from vaco.study.randomisation import bootstrap_p, randomisation_p
 
     if test == "bootstrap":
         return bootstrap_p(cells, 0.05 if margin is None else margin, reps=reps, seed=seed)[0]
