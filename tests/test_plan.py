@@ -451,8 +451,8 @@ def test_a_look_after_a_decision_counts_the_seeds_of_the_open_comparisons_only()
     comparison's arms only, at its K and the reference K."""
     from vaco import report as R
     from vaco.study.judge import Judgement, judge_plan
+    from vaco.study.looks import look_needs
     from vaco.sweep.grid import Cell
-    from vaco.sweep.sweep_cli import look_needs
 
     refs = {"Hopper-v5": (0.0, 1000.0), "HalfCheetah-v5": (0.0, 1000.0)}
     runs = _lag_runs({"vaco": 0.02, "ppo_clip": 0.045, "spo": 0.04}, seeds=24)

@@ -15,7 +15,7 @@ from vaco.sweep.schema import RESOURCE_FIELDS, SweepError, check_resources
 from vaco.sweep.state import check_output_dir, check_plan, lock, parent_run, plan, resolve_tracking_uri
 from vaco.tracking import redact_uri
 
-__all__ = ["look_needs", "main"]
+__all__ = ["main"]
 
 MAX_LISTED = 40  # --dry-run/--status list at most this many cells unless --all-cells
 
@@ -407,16 +407,6 @@ def _experiment(client, sweep: Sweep, uri: str) -> None:
         )
 
 
-def _seed_ranks(cells: list[Cell]) -> dict[str, int]:
-    """Each cell's rank among the cells that differ from it only by seed (the sweep's seed order)."""
-    ranks, seen = {}, {}
-    for cell in cells:
-        key = cell.id[: -len(f"s{cell.seed}")]
-        ranks[cell.id] = seen.get(key, 0)
-        seen[key] = ranks[cell.id] + 1
-    return ranks
-
-
 def _run_looks(p: _Plan, args) -> int:
     """``--until-decided``: the plan's looks in turn, each the first n seeds of the cells, judged
     after it has run; stops at the first look where every primary comparison is decided. A look
@@ -426,14 +416,13 @@ def _run_looks(p: _Plan, args) -> int:
     judges. A look already judged (a resumed study) is judged again for its open comparisons but not
     recorded twice."""
     from vaco.study.judge import plan_lines, read_judgements, record_judgement
+    from vaco.study.looks import judge_look, look_cells
 
     study = p.sweep.plan
-    ranks = _seed_ranks(p.cells)
-    k_ref = min(c.K for c in p.cells)
     so_far: set[str] = set()  # the cells of the looks taken: each look is judged on all of them
     needed = None  # the comparisons the next look runs cells for (None: all)
     for k, seeds in enumerate(study.looks):
-        cells = [c for c in p.cells if ranks[c.id] < seeds and (needed is None or look_needs(c, needed, k_ref))]
+        cells = look_cells(p.cells, seeds, needed)
         narrowed = "" if needed is None else f", the arms of {'; '.join(c.label() for c in needed)}"
         say(f"look {k + 1} of {len(study.looks)}: the first {seeds} seeds of the cells ({len(cells)} cells{narrowed})")
         states = plan(p.sweep, cells, p.uri)
@@ -448,7 +437,7 @@ def _run_looks(p: _Plan, args) -> int:
         if p.sweep.parent_run_id is None:  # nothing ran (every cell of the look had finished): find it
             p.sweep.parent_run_id = _parent_run_id(p)
         so_far |= {c.id for c in cells}
-        judged = _judge_look(p, so_far)
+        judged = judge_look(p.sweep, p.uri, so_far, p.from_data)
         lines = plan_lines(judged)
         print("\n".join(lines), flush=True)
         tags = _parent_tags(p)
@@ -463,11 +452,6 @@ def _run_looks(p: _Plan, args) -> int:
         needed = judged.open
     say(f"the last look ({study.looks[-1]} seeds) is reached; what is undecided stays undecided")
     return 0
-
-
-def look_needs(cell: Cell, comparisons, k_ref: int) -> bool:
-    """Whether a cell is one of the comparisons' arms (``arm`` or ``against``) at their K or at ``k_ref``."""
-    return any(cell.algorithm in (c.arm, c.against) and cell.K in (k_ref, c.K) for c in comparisons)
 
 
 def _parent_tags(p: _Plan) -> dict[str, str]:
@@ -486,35 +470,6 @@ def _parent_run_id(p: _Plan) -> str:
     exp = client.get_experiment_by_name(p.sweep.experiment)
     found = client.search_runs([exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1)
     return found[0].info.run_id if found else parent_run(client, p.sweep, p.cells, p.record, p.record_from)
-
-
-def _judge_look(p: _Plan, cell_ids: set[str]):
-    """The plan judged on the runs of the looks' cells so far (none of a later look's seeds; those
-    of ``--finished-in`` files included), normalised by the plan's fixed references where it has
-    them, against the looks taken so far."""
-    import mlflow
-
-    from vaco.report.runs import load_runs
-    from vaco.report.scores import build_report
-    from vaco.study.judge import judge_plan, read_judgements
-    from vaco.tracking import PLAN_TAG
-
-    study = p.sweep.plan
-    runs, notes = load_runs(p.sweep.experiment, p.uri)
-    runs = [r for r in runs if r.name in cell_ids]
-    carried = {c for c in p.from_data if c in cell_ids} - {r.name for r in runs}
-    if carried:  # the runs of this look that finished in an earlier store (--finished-in)
-        from vaco.report.report_cli import read_data_files
-
-        found, more = read_data_files(sorted({p.from_data[c] for c in carried}))
-        runs += [r for r in found if r.name in carried and r.status == "FINISHED"]
-        notes += more
-    fixed = {task: (low, high) for task, low, high in study.references} or None
-    report = build_report(p.sweep.experiment, runs, notes, score=study.score, margin=study.margin, fixed_bounds=fixed)
-    tags = mlflow.MlflowClient(p.uri).get_run(p.sweep.parent_run_id).data.tags
-    return judge_plan(
-        study, report, tags.get(f"{PLAN_TAG}.declared"), read_judgements(tags), tags.get(f"{PLAN_TAG}.commit")
-    )
 
 
 def close_parent_run(uri: str, sweep) -> bool:

@@ -1,0 +1,66 @@
+"""The looks of a study: which cells a look runs, and the plan judged on the runs of the looks so far.
+
+``vaco sweep --until-decided`` (:mod:`vaco.sweep.sweep_cli`) runs the cells :func:`look_cells`
+names, look after look, and judges each look with :func:`judge_look`; the rule itself is
+:func:`vaco.study.judge.judge_plan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+__all__ = ["judge_look", "look_cells", "look_needs", "seed_ranks"]
+
+
+def seed_ranks(cells: Sequence) -> dict[str, int]:
+    """Each cell's rank among the cells that differ from it only by seed (the sweep's seed order)."""
+    ranks, seen = {}, {}
+    for cell in cells:
+        key = cell.id[: -len(f"s{cell.seed}")]
+        ranks[cell.id] = seen.get(key, 0)
+        seen[key] = ranks[cell.id] + 1
+    return ranks
+
+
+def look_needs(cell, comparisons, k_ref: int) -> bool:
+    """Whether a cell is one of the comparisons' arms (``arm`` or ``against``) at their K or at ``k_ref``."""
+    return any(cell.algorithm in (c.arm, c.against) and cell.K in (k_ref, c.K) for c in comparisons)
+
+
+def look_cells(cells: Sequence, seeds: int, needed=None) -> list:
+    """The cells of a look at ``seeds`` seeds: the first ``seeds`` of every cell's seeds, or after
+    the first look only the arms of the comparisons still open (``needed``; None: all). A
+    comparison decided at an earlier look keeps its verdict and its alpha passes to the others
+    (Maurer and Bretz 2013), so more seeds of its arms would change nothing the plan judges."""
+    ranks = seed_ranks(cells)
+    k_ref = min(c.K for c in cells)
+    return [c for c in cells if ranks[c.id] < seeds and (needed is None or look_needs(c, needed, k_ref))]
+
+
+def judge_look(sweep, uri: str, cell_ids: set[str], from_data: Mapping[str, str]):
+    """The sweep's plan judged on the runs of the looks' cells so far (none of a later look's seeds;
+    the runs that finished in an earlier store, ``from_data``: cell id -> its data file, included),
+    normalised by the plan's fixed references where it has them, against the looks recorded on the
+    sweep's parent run."""
+    import mlflow
+
+    from vaco.report.report_cli import read_data_files
+    from vaco.report.runs import load_runs
+    from vaco.report.scores import build_report
+    from vaco.study.judge import judge_plan, read_judgements
+    from vaco.tracking import PLAN_TAG
+
+    study = sweep.plan
+    runs, notes = load_runs(sweep.experiment, uri)
+    runs = [r for r in runs if r.name in cell_ids]
+    carried = {c for c in from_data if c in cell_ids} - {r.name for r in runs}
+    if carried:  # the runs of this look that finished in an earlier store (--finished-in)
+        found, more = read_data_files(sorted({from_data[c] for c in carried}))
+        runs += [r for r in found if r.name in carried and r.status == "FINISHED"]
+        notes += more
+    fixed = {task: (low, high) for task, low, high in study.references} or None
+    report = build_report(sweep.experiment, runs, notes, score=study.score, margin=study.margin, fixed_bounds=fixed)
+    tags = mlflow.MlflowClient(uri).get_run(sweep.parent_run_id).data.tags
+    return judge_plan(
+        study, report, tags.get(f"{PLAN_TAG}.declared"), read_judgements(tags), tags.get(f"{PLAN_TAG}.commit")
+    )
