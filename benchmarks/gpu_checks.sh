@@ -87,7 +87,7 @@ check_llm() {
 check_population() {
   # The populations' GPU check. (1) env steps/s of one Warp env of 500, 2,000 and 8,000 Hopper worlds: the
   # simulator of populations of 1, 4 and 16 x 500 worlds (a population's members step as blocks of
-  # one model, vaco.data.lockstep). (1b) the collection of 1, 4 and 16 members x 500 worlds in turn
+  # one model, vaco.population.lockstep). (1b) the collection of 1, 4 and 16 members x 500 worlds in turn
   # against lockstep, side by side in one process (batches compared; on cuda equality is reported,
   # not required: Warp's atomics). (2) two iterations of `vaco fit` at the paper's 500 x 1,000 as a
   # population of 1 and of $POP: the aggregate end-to-end steps/s (collection in lockstep, the update

@@ -6,10 +6,10 @@ For each population size S, S collectors (seeds 1..S, K = 4 stale versions of a 
 within each round:
 
 * **in turn**: each member's :class:`~vaco.data.warp.warp_collector.WarpCollector` on its own
-  :class:`~vaco.data.warp.env.WarpVectorEnv` (what a population did before ``vaco.data.lockstep``,
+  :class:`~vaco.data.warp.env.WarpVectorEnv` (what a population did before ``vaco.population.lockstep``,
   and what S separate runs do);
 * **lockstep**: the S collectors on blocks of one ``WarpVectorEnv(S x worlds, blocks=S)``,
-  stepped once per step for all (:class:`~vaco.data.lockstep.Lockstep`), each member acting and
+  stepped once per step for all (:class:`~vaco.population.lockstep.Lockstep`), each member acting and
   recording in turn (``batched=False``);
 * **lockstep, batched**: the same, with every member's envs acting in one policy call and recorded
   at once (``batched=True``, the default): on the CPU (``exact``) bit for bit the in-turn batches;
@@ -38,11 +38,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from vaco.data.lockstep import Lockstep  # noqa: E402
 from vaco.data.policy_buffer import PolicyVersionBuffer  # noqa: E402
 from vaco.data.warp.env import WarpVectorEnv  # noqa: E402
 from vaco.data.warp.warp_collector import WarpCollector  # noqa: E402
 from vaco.networks import GaussianActor  # noqa: E402
+from vaco.population.lockstep import Lockstep  # noqa: E402
 
 torch.set_num_threads(1)
 

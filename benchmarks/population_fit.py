@@ -8,7 +8,7 @@ this machine, alternating in one run.
         [--extra ARG ...]   # appended to every command: another backend or size, e.g. a Warp cell
 
 For instance the cell on MuJoCo Warp's CPU device, where a population's members step in lockstep
-(vaco.data.lockstep), at a size that device can step in minutes:
+(vaco.population.lockstep), at a size that device can step in minutes:
 
     python benchmarks/population_fit.py --population 4 --extra --data.init_args.collection \
         '{"class_path": "vaco.data.warp.Warp", "init_args": {"evaluate_on": "gymnasium"}}' \

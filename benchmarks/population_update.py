@@ -3,7 +3,7 @@
 S real solo runs (Hopper-v5, VACO K = 4, the study cell's 16 envs x 256 steps, 10 epochs x 32
 minibatches, one torch thread) train ``--iterations`` iterations each under a Lightning Trainer;
 every call of their own update (``MinibatchUpdate.update``) is timed and its inputs recorded. The
-recorded iterations are then replayed through :class:`vaco.population.PopulationUpdate` for
+recorded iterations are then replayed through :class:`vaco.population.layout.PopulationUpdate` for
 populations of 1, 2, 4, ... members, timed, and checked bit for bit against the solo results.
 
 It prints, per population size, the update's seconds per member per iteration and the speed-up
@@ -32,7 +32,7 @@ from vaco import RolloutDataModule, VacoModule  # noqa: E402
 from vaco.advantages import VTrace  # noqa: E402
 from vaco.data.normalization import OBS_CLIP  # noqa: E402
 from vaco.objectives import TVFilter  # noqa: E402
-from vaco.population import PopulationUpdate
+from vaco.population.layout import PopulationUpdate
 from vaco.update import TRAIN_KEYS  # noqa: E402
 
 torch.set_num_threads(1)

@@ -309,7 +309,7 @@ WALKS = {
     "run": ("## One VACO iteration, file by file", "vaco.vaco_module.VacoModule", ()),
     "population": (
         "## One population iteration, file by file",
-        "vaco.population_module.PopulationModule",
+        "vaco.population.module.PopulationModule",
         ("--population", "2"),
     ),
 }

@@ -339,7 +339,7 @@ def test_a_populations_gymnasium_envs_in_lockstep_are_each_members_collector_alo
 
     from vaco.data.collection import InProcess
     from vaco.data.collector import JointGymnasium
-    from vaco.data.lockstep import Lockstep
+    from vaco.population.lockstep import Lockstep
 
     seeds, N, T = [4, 9, 2, 7], 2, (8 if env_id == "Ant-v5" else 24)
     obs_dim, act_dim = {"Hopper-v5": (11, 3), "InvertedPendulum-v5": (4, 1), "Ant-v5": (105, 8)}[env_id]

@@ -1,4 +1,4 @@
-"""The population update (vaco.population) against each member's own solo update, bit for bit.
+"""The population update (vaco.population.layout) against each member's own solo update, bit for bit.
 
 S real runs (tiny InvertedPendulum trainings with a Lightning Trainer, one per seed) record what
 their update saw and what it produced; the population then updates the S members at once from the
@@ -18,7 +18,7 @@ from helpers.runs import build_run
 from vaco.advantages import GAE, VTrace
 from vaco.data.normalization import OBS_CLIP
 from vaco.objectives import APPO, CISPO, DPPOTV, MIS, PPOKL, SPO, TIS, PPOClip, TVFilter
-from vaco.population import PopulationUpdate
+from vaco.population.layout import PopulationUpdate
 from vaco.update import TRAIN_KEYS
 
 SEEDS = (3, 4, 5, 6)

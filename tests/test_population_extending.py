@@ -66,7 +66,7 @@ def test_every_shipped_objective_passes_the_population_check_and_a_branching_one
     import yaml
 
     from vaco.objectives import IMPALA, PPOKL, SPO, PPOClip, TVFilter
-    from vaco.population import check_vmappable
+    from vaco.population.layout import check_vmappable
 
     for objective in (TVFilter(), PPOClip(), PPOKL(), SPO(), IMPALA(), PPOClip(clip_epsilon_high=0.28)):
         check_vmappable(objective)

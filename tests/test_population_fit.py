@@ -18,7 +18,7 @@ import torch
 
 from helpers.runs import CONFIGS, VACO, fit_in_process, metric_histories
 from vaco.checkpoint import load_checkpoint
-from vaco.population_module import MEMBER_TAG, POPULATION_TAG
+from vaco.population.module import MEMBER_TAG, POPULATION_TAG
 
 ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
 BATCH = 2 * 64
@@ -56,9 +56,9 @@ def test_each_member_is_its_seed_run_alone_bit_for_bit_and_across_a_resume(tmp_p
     IMPALA re-estimates V-trace before every optimiser step, from each member's current weights;
     decoupled PPO reads the recomputed proximal policy, PPO-EWMA each member's EWMA of its weights
     (stacked in the update, stepped after every optimiser step, in every member's checkpoint).
-    The members' gymnasium envs step in lockstep (vaco.data.lockstep: one env step, one policy call
+    The members' gymnasium envs step in lockstep (vaco.population.lockstep: one env step, one policy call
     for the members on several versions)."""
-    from vaco.data.lockstep import Lockstep
+    from vaco.population.lockstep import Lockstep
 
     lockstep_rollouts = []
     original = Lockstep.rollout
@@ -216,9 +216,9 @@ def test_a_warp_population_steps_its_members_in_one_model_and_each_is_its_seed_r
     tmp_path, mlflow_uri, monkeypatch
 ):
     """On MuJoCo Warp (its CPU device) the members' worlds are blocks of one model stepped in lockstep
-    (vaco.data.lockstep): seeds 5 and 6 together, 2 iterations then a resume to 3, against each seed's
+    (vaco.population.lockstep): seeds 5 and 6 together, 2 iterations then a resume to 3, against each seed's
     solo run: weights, normaliser and every metric but the timings equal."""
-    from vaco.data.lockstep import Lockstep
+    from vaco.population.lockstep import Lockstep
 
     lockstep_rollouts = []
     original = Lockstep.rollout

@@ -16,7 +16,7 @@ import yaml
 
 from helpers.runs import CONFIGS, VACO
 from vaco import sweep as S
-from vaco.population_module import MEMBER_TAG, POPULATION_TAG
+from vaco.population.module import MEMBER_TAG, POPULATION_TAG
 from vaco.tracking import CELL_TAG
 
 SWEEP = {

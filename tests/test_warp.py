@@ -584,12 +584,12 @@ def test_the_h100_figures_in_the_docs_are_its_measurements():
 @pytest.mark.parametrize("env_id", ["Hopper-v5", "InvertedPendulum-v5"])  # contacts; episodes that end
 def test_a_populations_members_stepped_in_one_model_are_their_collectors_alone(env_id):
     """Two members' collectors on blocks of one model of 2 x 2 worlds, stepped in lockstep
-    (vaco.data.lockstep), against each seed's collector on its own 2 worlds: the same batches bit
+    (vaco.population.lockstep), against each seed's collector on its own 2 worlds: the same batches bit
     for bit (Hopper: worlds in contact share the model's contact arrays; the pendulum: it tips
     within a few steps, so a block's worlds reset, drawing their own noise, while the others step
     on), and again after the members' collectors are restored from a checkpoint into a fresh
     population. (Warp's CPU device: ~0.1-0.25 s an env step, so the runs are short.)"""
-    from vaco.data.lockstep import Lockstep
+    from vaco.population.lockstep import Lockstep
 
     obs_dim, act_dim = (11, 3) if env_id == "Hopper-v5" else (4, 1)
     seeds, N, T = [4, 9], 2, 12
@@ -639,7 +639,7 @@ def test_the_batched_lockstep_records_what_the_members_record_one_by_one(K, exac
     K = 1 a member's solo act is one plain product, the batched one a per-env product, equal to
     float rounding. Then member 1 stops: its worlds act with zeros and member 0's batch is still its
     one-by-one batch."""
-    from vaco.data.lockstep import Lockstep
+    from vaco.population.lockstep import Lockstep
 
     seeds, N, T = [4, 9, 2], 2, 6
 
@@ -690,7 +690,7 @@ def test_a_member_whose_worlds_turn_nan_stops_alone_and_the_others_step_on_uncha
     next lockstep batch is a FloatingPointError, member 0's is still its solo collector's bit for bit
     (the worlds share the model's contact arrays and solver); once member 1 is stopped its worlds are
     reset from its seed and act with zeros, and member 0 goes on unchanged."""
-    from vaco.data.lockstep import Lockstep
+    from vaco.population.lockstep import Lockstep
 
     N, T = 2, 8
     shared = WarpVectorEnv("Hopper-v5", 2 * N, seed=0, blocks=2)

@@ -145,7 +145,7 @@ class VacoCLI(LightningCLI):
             default=1,
             help="train S runs that differ only by seed in one process: S seeds from seed_everything on, or "
             "a list of seeds. Member m is the run `--seed_everything s_m` alone, bit for bit, with its own "
-            "MLflow run; one update computes all members' (vaco.population_module).",
+            "MLflow run; one update computes all members' (vaco.population.module).",
         )
         parser.add_lightning_class_args(IterationCheckpoint, "checkpoint")
         parser.add_lightning_class_args(VacoProgressBar, "progress_bar")
@@ -200,7 +200,7 @@ class VacoCLI(LightningCLI):
         made = made.get(self.subcommand, made) if self.subcommand else made
         if made.get("population", 1) != 1:
             from vaco.data.datamodule import RolloutDataModule, check_memory
-            from vaco.population_module import PopulationModule, population_seeds
+            from vaco.population.module import PopulationModule, population_seeds
 
             try:
                 PopulationModule.check_model(made.get("model"))
@@ -277,7 +277,7 @@ class VacoCLI(LightningCLI):
     def _make_population(self, config, population) -> None:
         """``--population``: the model and data become the members' (one copy per seed), and the
         trainer logs to one MLflow run per member (the trainer's logger is member 0's)."""
-        from vaco.population_module import MEMBER_TAG, POPULATION_TAG, PopulationModule, population_seeds
+        from vaco.population.module import MEMBER_TAG, POPULATION_TAG, PopulationModule, population_seeds
 
         try:
             seeds = population_seeds(population, int(config.get("seed_everything")))

@@ -97,7 +97,7 @@ def early_checks(config) -> None:
     check_llm_devices(config)
     population = config.get("population", 1)
     if population != 1:
-        from vaco.population_module import population_seeds
+        from vaco.population.module import population_seeds
 
         try:
             population_seeds(population, seed if isinstance(seed, int) and not isinstance(seed, bool) else 0)

@@ -139,7 +139,7 @@ class Learner(L.LightningModule, ABC):
         self.progress: dict[str, str] = {}
         self.last_metrics: dict[str, float] = {}
         self._restored = False  # set when a checkpoint's state was loaded (a resumed run)
-        self.member_logger = None  # a population's member logs to its own MLflow run (vaco.population_module)
+        self.member_logger = None  # a population's member logs to its own MLflow run (vaco.population.module)
 
     # ------------------------------------------------------------------ what a learner provides
     @abstractmethod

@@ -97,7 +97,7 @@ TOUCHES: dict[str, tuple[str, str]] = {
         "strategy keeps its `timeout` argument only privately",
     ),
     "lightning.pytorch.core.mixins.hparams_mixin:HyperparametersMixin()._hparams_initial": (
-        "set_logged_hparam (vaco.population_module)",
+        "set_logged_hparam (vaco.population.module)",
         "a population member's data module logs its own seed as a param; Lightning logs the initial "
         "hyperparameters from this private copy (the public `hparams_initial` returns a copy of it)",
     ),

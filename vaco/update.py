@@ -3,7 +3,7 @@
 :func:`minibatch_epochs` is the one loop. What differs between a run and a population (S runs of
 one config that differ by seed) is where the member dimension lives, and that is the *layout* the
 loop is given (:class:`UpdateLayout`): :class:`MinibatchUpdate` is a run's (its networks and
-Lightning's optimiser, no member dimension), :class:`vaco.population.PopulationUpdate` a
+Lightning's optimiser, no member dimension), :class:`vaco.population.layout.PopulationUpdate` a
 population's (every tensor ``[S, ...]``, the objective vmapped). The loop draws the permutations,
 gathers the minibatches, re-estimates IMPALA's advantage, keeps the non-finite record and the
 outputs' sums; the layout computes the learner's quantities, the losses and the optimiser step.

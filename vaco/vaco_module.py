@@ -283,7 +283,7 @@ class VacoModule(Learner):
     def training_step(self, dataloader_iter) -> None:
         """One iteration of Algorithm 1: the learner pass and the advantage once
         (:meth:`begin_iteration`), the update (:meth:`update`: :class:`MinibatchUpdate`), then a new policy version and the
-        iteration's metrics (:meth:`end_iteration`). A population (:mod:`vaco.population_module`)
+        iteration's metrics (:meth:`end_iteration`). A population (:mod:`vaco.population.module`)
         runs the same two halves per member around one batched update."""
         # no prefetching: the next batch is collected only after this update has been pushed
         batch, _, _ = next(dataloader_iter)

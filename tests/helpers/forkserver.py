@@ -61,7 +61,7 @@ PRELOAD = (
     *ZYGOTE_PRELOAD,
     "pandas",
     "scipy.stats",
-    "vaco.population_module",
+    "vaco.population.module",
     "vaco.evaluate",
     "vaco.sweep.sweep_cli",
     "vaco.report",

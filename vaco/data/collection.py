@@ -86,7 +86,7 @@ class Collection:
 
     def lockstep_envs(self, datas: list[RolloutSettings], seeds: list[int]) -> list[VectorEnv] | None:
         """A population's envs as blocks of one simulator (member ``m``'s collector on the ``m``-th,
-        seeded ``seeds[m]``), stepped for all at once by :class:`vaco.data.lockstep.Lockstep`; None
+        seeded ``seeds[m]``), stepped for all at once by :class:`vaco.population.lockstep.Lockstep`; None
         (the default) where the backend has no such simulator: each member collects on its own envs,
         in turn."""
         return None
@@ -154,7 +154,7 @@ class InProcess(Collection):
 
     def lockstep_envs(self, datas: list[RolloutSettings], seeds: list[int]) -> list[VectorEnv]:
         """Each member's own gymnasium envs, as blocks of one :class:`~vaco.data.collector.JointGymnasium`
-        (every member's envs step in one call, and act and record in one, :class:`vaco.data.lockstep.Lockstep`)."""
+        (every member's envs step in one call, and act and record in one, :class:`vaco.population.lockstep.Lockstep`)."""
         from vaco.data.collector import GymnasiumEnvs, JointGymnasium
 
         blocks = [GymnasiumEnvs(data.env_id, data.num_envs, data.env_kwargs) for data in datas]

@@ -100,7 +100,7 @@ def _outcome(new_obs, reward, term, trunc, final_obs) -> tuple[torch.Tensor, ...
 
 class JointGymnasium:
     """A population's members' :class:`GymnasiumEnvs` (one config, each member's own envs and seeds)
-    as one simulator that :class:`~vaco.data.lockstep.Lockstep` steps once per step for all members:
+    as one simulator that :class:`~vaco.population.lockstep.Lockstep` steps once per step for all members:
     member ``m``'s envs are rows ``m * N ... (m + 1) * N``. Where the task has gymnasium's step for
     all envs at once (:class:`~vaco.data.envs.MujocoSteps`), it runs over every member's envs in
     one call (each env its own ``mj_step``, the observations, rewards and terminations of all in one

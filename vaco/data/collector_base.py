@@ -245,7 +245,7 @@ class CollectorBase(BaseCollector):
 
         The loop in three phases (:meth:`begin_rollout`, :meth:`act` / :meth:`observe` per step,
         :meth:`end_rollout`), so that several collectors whose envs are blocks of one simulator step
-        it once per step for all (:class:`vaco.data.lockstep.Lockstep`, a population's members)."""
+        it once per step for all (:class:`vaco.population.lockstep.Lockstep`, a population's members)."""
         start = time.perf_counter()
         segment = self.begin_rollout()
         for t in range(self.num_steps):

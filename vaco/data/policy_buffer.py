@@ -143,7 +143,7 @@ class PopulationPolicy:
     envs: each env's own parameters and normaliser, concatenated once per rollout, and one
     ``batched_forward`` (a ``baddbmm`` per layer) per step. Each env gets the numbers its own
     mixture's per-env product gives it; a mixture on one version calls a plain module, whose
-    product rounds otherwise (:class:`vaco.data.lockstep.Lockstep` calls that one alone where the
+    product rounds otherwise (:class:`vaco.population.lockstep.Lockstep` calls that one alone where the
     members must be their solo runs bit for bit). ``None`` from :meth:`of` where the actor has no
     ``batched_forward`` (the members then act one by one)."""
 

@@ -454,7 +454,7 @@ class WarpVectorEnv:
 class WarpBlock:
     """Block ``b`` of a :class:`WarpVectorEnv`'s worlds as a :class:`~vaco.data.collector_base.VectorEnv`
     of its own for reset and state (one population member's envs). Its worlds step with every
-    block's, in one call of the whole env (:class:`~vaco.data.lockstep.Lockstep`), not alone."""
+    block's, in one call of the whole env (:class:`~vaco.population.lockstep.Lockstep`), not alone."""
 
     def __init__(self, env: WarpVectorEnv, b: int) -> None:
         self.shared, self.index = env, b
@@ -468,7 +468,7 @@ class WarpBlock:
 
     def step(self, action: torch.Tensor):
         raise RuntimeError(
-            "a block's worlds step with the whole env's (vaco.data.lockstep.Lockstep steps every block at once)"
+            "a block's worlds step with the whole env's (vaco.population.lockstep.Lockstep steps every block at once)"
         )
 
     def state_dict(self) -> OrderedDict:

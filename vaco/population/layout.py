@@ -38,7 +38,7 @@ run to float rounding (``tests/test_population.py`` checks both layouts on the C
 
 The epochs x minibatches loop is a run's (:func:`vaco.update.minibatch_epochs`); this module is
 the population's layout of it (:class:`PopulationUpdate`: where the member dimension lives).
-``vaco fit --population`` (:mod:`vaco.population_module`) calls it once per iteration;
+``vaco fit --population`` (:mod:`vaco.population.module`) calls it once per iteration;
 ``benchmarks/population_update.py`` measures it against S solo updates.
 """
 
@@ -256,7 +256,7 @@ class PopulationUpdate(UpdateLayout):
                 raise ValueError("a population's EWMA proximal policies must be one per member, at the same step")
             self.proximal = {f"actor.{n}": p for n, p in stack_parameters([p.average for p in proximals]).items()}
             self.proximal_decay, self.proximal_total = proximals[0].decay, proximals[0].total_weight
-        #: how a step is taken: the optimizer's own, or (vaco.population_module) Lightning's wrapper of
+        #: how a step is taken: the optimizer's own, or (vaco.population.module) Lightning's wrapper of
         #: it, which also counts the step (the trainer's global_step, which checkpoints are keyed by)
         self.step_optimizer: Callable[[], object] = self.optimizer.step
 

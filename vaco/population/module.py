@@ -6,11 +6,11 @@ state, policy-version buffer, observation normaliser, reward scaler, envs, rando
 and evaluation. What the members share is the work of one iteration:
 
 1. **collection**: each member's own collector (its data module's), on MuJoCo Warp in lockstep
-   (every member's worlds are blocks of one model, stepped in one call: :mod:`vaco.data.lockstep`),
+   (every member's worlds are blocks of one model, stepped in one call: :mod:`vaco.population.lockstep`),
    on the other backends in turn;
 2. **before the update**, per member: :meth:`vaco.VacoModule.begin_iteration` (the learner pass and
    the advantage: the solo code);
-3. **the update**, batched: :class:`vaco.population.PopulationUpdate` (one ``baddbmm`` per layer for
+3. **the update**, batched: :class:`vaco.population.layout.PopulationUpdate` (one ``baddbmm`` per layer for
    all members, the objective vmapped, Adam over the stacked parameters, clipping per member);
 4. **after the update**, per member: :meth:`vaco.VacoModule.end_iteration` (forward lag, normaliser,
    the new policy version, metrics to the member's own MLflow run, its evaluation).
@@ -52,11 +52,11 @@ from torch import nn
 
 from vaco._checks import NonFiniteInputError
 from vaco.checkpoint import numpy_rng_state, set_numpy_rng_state
-from vaco.data.lockstep import Lockstep, shares_one_simulator
 from vaco.data.normalization import apply_normalizer
 from vaco.learner import Learner, NonFiniteLossError, short_count
 from vaco.lightning_private import reopen_finished_epoch, set_logged_hparam
-from vaco.population import PopulationUpdate
+from vaco.population.layout import PopulationUpdate
+from vaco.population.lockstep import Lockstep, shares_one_simulator
 from vaco.update import train_keys
 from vaco.vaco_module import VacoModule, last_checkpoint
 
@@ -233,7 +233,7 @@ class PopulationModule(Learner):
             raise ValueError(
                 f"`population`: populations train vaco.VacoModule runs (MuJoCo), not {type(model).__name__}"
             )
-        from vaco.population import check_vmappable
+        from vaco.population.layout import check_vmappable
 
         check_vmappable(model.objective)
 
