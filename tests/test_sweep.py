@@ -446,7 +446,9 @@ def test_an_interrupted_sweep_resumes_its_cell_and_skips_the_finished_one(tmp_pa
 def test_cells_forked_by_the_zygote_compute_exactly_what_subprocesses_do(tmp_path):
     """A local sweep forks its cells from a preloaded zygote (vaco.sweep.zygote) instead of
     starting an interpreter per cell: the same cell gives the same metrics, bit for bit, as with
-    VACO_SWEEP_ZYGOTE=0, and no zygote or cell process outlives the sweep."""
+    VACO_SWEEP_ZYGOTE=0, and no zygote or cell process outlives the sweep. Each sweep starts in a
+    folder holding a decoy ``vaco/`` package (as a clone's root does when a study runs from a
+    worktree at its declared commit): the cells must import the launcher's vaco, not the decoy."""
     import os
     import subprocess
 
@@ -457,7 +459,8 @@ def test_cells_forked_by_the_zygote_compute_exactly_what_subprocesses_do(tmp_pat
     histories = {}
     for mode in ("1", "0"):
         root = tmp_path / f"zygote{mode}"
-        root.mkdir()
+        (root / "vaco").mkdir(parents=True)
+        (root / "vaco" / "__init__.py").write_text("raise ImportError('the decoy vaco of the working directory')\n")
         uri = f"sqlite:///{root / 'mlflow.db'}"
         out = subprocess.run(
             [VACO, "sweep", "--config", str(TINY), "--out", str(root / "out"), "--only", FIRST],
@@ -483,11 +486,11 @@ def test_cells_forked_by_the_zygote_compute_exactly_what_subprocesses_do(tmp_pat
     for pid in filter(str.isdigit, os.listdir("/proc")):  # no zygote of these sweeps outlives them
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(f"/proc/{pid}/cwd")  # these sweeps' zygotes run in tmp_path (other tests' elsewhere)
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if "vaco.sweep.zygote" in cmdline and Path(cwd).is_relative_to(tmp_path):
-            leftovers.append(f"{cmdline} (in {cwd})")
+        if "vaco.sweep.zygote" in cmdline and str(tmp_path) in environ:  # these sweeps' (their store is here)
+            leftovers.append(cmdline)
     assert not leftovers, leftovers
 
 

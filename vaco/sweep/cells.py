@@ -66,8 +66,22 @@ def cell_command(cell_dir: Path) -> list[str]:
 
 
 def cell_env(tracking_uri: str) -> dict[str, str]:
+    """A cell's environment: one thread, the store, and the vaco this sweep runs (the folder that
+    holds the imported ``vaco`` first on ``PYTHONPATH``, and ``PYTHONSAFEPATH`` so that ``python -m``
+    does not put the working directory first: a sweep started in another clone, or run from a
+    worktree at a study's declared commit, must not have its cells import the clone's files)."""
+    import vaco
+
+    root = str(Path(vaco.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     return dict(
-        os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", MLFLOW_TRACKING_URI=tracking_uri
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=path,
+        PYTHONSAFEPATH="1",
+        MLFLOW_TRACKING_URI=tracking_uri,
     )
 
 

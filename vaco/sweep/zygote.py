@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
 __all__ = ["Zygote", "ForkedCell", "PRELOAD", "serve"]
 
@@ -190,11 +191,16 @@ class Zygote:
         self._cond = threading.Condition()
         self._reader: threading.Thread | None = None
         self.timeout = timeout
+        import vaco
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vaco.sweep.zygote"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
+            # started beside the launcher's own vaco: `-m` puts its directory first on sys.path (the
+            # cells chdir to theirs after the imports), so another folder's vaco/ cannot shadow it
+            cwd=str(Path(vaco.__file__).resolve().parents[1]),
             preexec_fn=_pdeathsig if sys.platform == "linux" else None,
         )
         if wait:
