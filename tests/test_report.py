@@ -247,7 +247,9 @@ def _synthetic_runs() -> list[R.Run]:
 
 
 @pytest.mark.slow
-def test_report_draws_every_figure_with_intervals(tmp_path):
+def test_report_draws_every_figure_with_its_brackets(tmp_path):
+    """Every figure and section of a report on 3 seeds x 2 tasks: brackets everywhere, and since 3 runs
+    a task are too few for a bootstrap, they are the runs' range and the summary says so."""
     runs = _synthetic_runs()
     rep = R.build_report("synthetic", runs, reps=200, seed=0)
     assert rep.ref_delta == 0.2 and rep.ref_rho_bar == 1.0
@@ -268,7 +270,14 @@ def test_report_draws_every_figure_with_intervals(tmp_path):
     for section in R.SECTIONS:
         assert f"\n## {section}\n" in summary
     assert "Not in this experiment" not in summary
-    assert "Too few runs" not in summary and "(no CI)" not in summary
+    head, _, tail = summary.partition("\n## Probability of improvement\n")
+    improvement, _, rest = tail.partition("\n## ")
+    elsewhere = head + rest
+    assert "Too few runs for an interval" not in elsewhere and "(no CI)" not in elsewhere
+    assert "Too few runs for a bootstrap in 6 of 6 groups (3 run(s) per task)" in summary
+    assert "(range " in summary and ", 3 runs)" in summary
+    # P(X > Y) of 3 runs against 3: the point, and why there is no interval
+    assert "those show point estimates only, and an interval needs at least 5 runs per task" in improvement
     assert "vaco K=4 | 3 | 2 |" in summary  # 3 runs per task, 2 tasks
     frame = R.runs_frame(rep)
     main = frame[frame.algorithm.isin(["vaco", "ppo_clip"]) & frame.reference]
