@@ -23,8 +23,8 @@ PYTEST  := $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TES
 
 help:
 	@echo "make demo   - create .venv, install the core package, train VACO (K=4) on Hopper-v5 (measured times: README)"
-	@echo "make test   - create .venv, install, run the test suite (~20 min on 2 cores)"
-	@echo "make test-fast - the quick tier (~2 min): math, objectives, configs, learners; no test marked slow"
+	@echo "make test   - create .venv, install, run the test suite (~25 min on 2 cores)"
+	@echo "make test-fast - the quick tier (~3 min): math, objectives, configs, learners; no test marked slow"
 	@echo "make check  - ruff format --check and ruff check (what CI runs first)"
 	@echo "make notebook - run notebooks/analysis.ipynb headless (e.g. VACO_DATA=docs/data/five_tasks.csv.gz make notebook)"
 	@echo "make bench  - start-up times, throughput (writes benchmarks/results/throughput.json), the paper-scale update (CPU; and GPU where there is one), the Warp backend (docs/gpu.md)"
