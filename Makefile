@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 # the suite runs on two pytest-xdist workers (tests/conftest.py groups the tests); TEST_WORKERS=0 runs it in one process.
 # `make test` ends with the 30 slowest tests (set-up, call, tear-down apart) and the seconds of each file and
-# worker: where its ~20 minutes on two cores go (docs/performance.md); `make test-fast` (~2 minutes) leaves out
+# worker: where its ~25 minutes on two cores go (docs/performance.md); `make test-fast` (~3 minutes) leaves out
 # the tests marked slow (3 s or more)
 TEST_WORKERS ?= 2
 PYTEST  := $(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
