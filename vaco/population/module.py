@@ -39,6 +39,7 @@ import copy
 import functools
 import inspect
 import math
+import random
 import sys
 import time
 import uuid
@@ -140,15 +141,14 @@ class PopulationDataModule(L.LightningDataModule):
         #: the members that stopped alone (a non-finite loss): they collect and train no more
         self.stopped: set[int] = set()
 
-    def __getattr__(self, name: str):
-        # what is the same for every member (env_id, sizes, the budget): member 0's
-        if name != "members" and "members" in self.__dict__:
-            return getattr(self.__dict__["members"][0], name)
-        raise AttributeError(name)
-
-    @property
-    def batch_size(self) -> int:
-        return self.members[0].batch_size
+    # what is the same for every member (the task, the sizes, the backend): member 0's
+    env_id = property(lambda self: self.members[0].env_id)
+    num_envs = property(lambda self: self.members[0].num_envs)
+    num_steps = property(lambda self: self.members[0].num_steps)
+    batch_size = property(lambda self: self.members[0].batch_size)
+    policy_buffer_size = property(lambda self: self.members[0].policy_buffer_size)
+    eval_every = property(lambda self: self.members[0].eval_every)
+    collection = property(lambda self: self.members[0].collection)
 
     def num_iterations(self) -> int:
         return self.members[0].num_iterations()
@@ -517,7 +517,6 @@ class PopulationModule(Learner):
                 reopen_finished_epoch(checkpoint)
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        import random
 
         saved = state["members"]
         if len(saved) != len(self.members):

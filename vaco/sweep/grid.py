@@ -142,11 +142,20 @@ class PopulationCell:
 
     members: tuple[Cell, ...]
 
-    def __getattr__(self, name: str):
-        # the coordinates every member shares (algorithm, env, K, settings): the first member's
-        if name == "members":
-            raise AttributeError(name)
-        return getattr(self.members[0], name)
+    # the coordinates every member shares: the first member's
+    algorithm = property(lambda self: self.members[0].algorithm)
+    base = property(lambda self: self.members[0].base)
+    env = property(lambda self: self.members[0].env)
+    K = property(lambda self: self.members[0].K)
+    settings = property(lambda self: self.members[0].settings)
+    realign = property(lambda self: self.members[0].realign)
+    label_suffix = property(lambda self: self.members[0].label_suffix)
+    extra = property(lambda self: self.members[0].extra)
+
+    @property
+    def seed(self) -> int:
+        """The first member's: the population's ``seed_everything`` (each member runs on its own)."""
+        return self.members[0].seed
 
     @property
     def seeds(self) -> list[int]:
