@@ -196,6 +196,10 @@ def test_no_compatibility_layer_is_shipped():
     import vaco.data
 
     assert not hasattr(vaco.data, "ParallelRolloutDataModule")
+    import vaco.cli  # the dispatcher re-exports nothing: each name has one home
+
+    for name in ("VacoCLI", "ConfigurationError", "tracking_uri", "DEFAULT_TRACKING_URI", "vaco_command"):
+        assert not hasattr(vaco.cli, name), name
 
 
 @pytest.mark.parametrize("walk", ["run", "population"])
@@ -449,3 +453,68 @@ def test_the_private_reach_check_can_fail(tmp_path):
         "vaco/b.py:5 reads other._state",
         "vaco/b.py:8 reads other._flag by name",
     ]
+
+
+def _deferred_packages() -> set[str]:
+    """The packages docs/architecture.md's "Imports inside functions" table lets a function import."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split("## Imports inside functions", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return {name for row in rows for name in re.findall(r"`(\w+)`", row)}
+
+
+def test_an_import_inside_a_function_defers_a_heavy_package():
+    """Every import inside a function in vaco/ is of a package the architecture doc's table names
+    (with its reason), or of a vaco module that imports one of them when it loads (at its top, or
+    through its package); anything else belongs at the top of its module."""
+    deferred = _deferred_packages()
+    assert {"torch", "mlflow", "submitit"} <= deferred
+    mods = modules()
+
+    def resolve(name: str) -> str:
+        while name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    top: dict[str, set[str]] = defaultdict(set)  # module -> what it imports when it loads
+    inner: list[tuple[str, int, str]] = []
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text())
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            above, in_function = parents.get(node), False
+            while above is not None and not in_function:
+                if isinstance(above, ast.If) and "TYPE_CHECKING" in ast.unparse(above.test):
+                    break
+                in_function = isinstance(above, (ast.FunctionDef, ast.AsyncFunctionDef))
+                above = parents.get(above)
+            if isinstance(above, ast.If) and not in_function:
+                continue  # a TYPE_CHECKING block: never run
+            for target in targets:
+                is_vaco = target == "vaco" or target.startswith("vaco.")
+                module = resolve(target) if is_vaco else target.split(".")[0]
+                if in_function:
+                    inner.append((name, node.lineno, module))
+                elif module != name:
+                    top[name].add(module)
+
+    def heavy(module: str, seen: frozenset = frozenset()) -> bool:
+        parts = module.split(".")
+        packages = [".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in mods]
+        for dep in [*top[module], *packages]:
+            if dep in deferred or (dep in mods and dep not in seen and heavy(dep, seen | {module})):
+                return True
+        return False
+
+    light = [
+        f"{mods[name].relative_to(REPO)}:{line}: {module}"
+        for name, line, module in inner
+        if (module not in deferred if module not in mods else not heavy(module))
+    ]
+    assert not light, "imports inside functions that defer nothing heavy (move them to the top):\n" + "\n".join(light)

@@ -91,9 +91,9 @@ def test_two_actors_equal_two_single_process_collectors_and_keep_the_semantics()
     ids=lambda p: p.stem,
 )  # the actor configs; warp.yaml and envpool.yaml are other backends (tests/test_warp.py, tests/test_envpool.py)
 def test_every_collection_config_instantiates(config, mlflow_uri):
-    from vaco.cli import VacoCLI
     from vaco.data import RolloutDataModule
     from vaco.data.parallel import Actors
+    from vaco.fit import VacoCLI
 
     cli = VacoCLI(
         args=[

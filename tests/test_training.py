@@ -168,7 +168,7 @@ def test_nan_loss_with_a_non_fused_optimizer_stops_before_the_step(tmp_path, mlf
 
 # ---------------------------------------------------------------- bad input
 def _cli(*args):
-    from vaco.cli import VacoCLI
+    from vaco.fit import VacoCLI
 
     return VacoCLI(args=list(args), run=False)  # run=False: no subcommand, instantiate only
 

@@ -424,8 +424,8 @@ def test_the_paper_grid_on_the_gpu_backend_is_a_valid_sweep():
 
 
 def test_the_warp_config_instantiates_through_the_cli(mlflow_uri):
-    from vaco.cli import VacoCLI
     from vaco.data import RolloutDataModule
+    from vaco.fit import VacoCLI
 
     configs = REPO / "configs"
     cli = VacoCLI(

@@ -11,14 +11,15 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import faulthandler
 import importlib
 import os
 import signal
 import sys
 
-from vaco.config_errors import did_you_mean
-from vaco.hints import vaco_command  # noqa: F401  (where it was first defined)
+from vaco import __version__
+from vaco.config_errors import ConfigurationError, check_config_files, config_files, did_you_mean
 
 __all__ = ["main", "COMMANDS"]
 
@@ -31,14 +32,6 @@ COMMANDS = {
     "report": ("vaco.report", "rliable aggregates, curves and ablations from a sweep's MLflow runs"),
     "ui": ("vaco.ui", "open the MLflow UI on the store `vaco fit` writes to (127.0.0.1)"),
 }
-
-
-def __getattr__(name):  # `from vaco.cli import VacoCLI` keeps working without importing Lightning here
-    if name in ("VacoCLI", "ConfigurationError"):
-        return getattr(importlib.import_module("vaco.fit"), name)
-    if name in ("tracking_uri", "DEFAULT_TRACKING_URI"):
-        return getattr(importlib.import_module("vaco.tracking"), name)
-    raise AttributeError(f"module 'vaco.cli' has no attribute {name!r}")
 
 
 def usage() -> str:
@@ -68,8 +61,6 @@ def main(argv: list[str] | None = None) -> int | None:
         return 0
     command = argv[0]
     if command in ("-V", "--version"):
-        from vaco import __version__
-
         print(f"vaco {__version__}")
         return 0
     if command not in COMMANDS:
@@ -82,8 +73,6 @@ def main(argv: list[str] | None = None) -> int | None:
     # (`vaco ui`), with the URI redacted. (A user may set the variable to false to have MLflow's.)
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if command == "fit":  # a bad --config file (missing, a tab, an alias bomb) is refused before torch imports
-        from vaco.config_errors import ConfigurationError, check_config_files, config_files
-
         try:
             check_config_files(config_files(argv[1:]))
         except ConfigurationError as err:
@@ -100,7 +89,6 @@ def _check_gl(command: str, argv: list[str]) -> None:
     """``MUJOCO_GL=osmesa`` (or egl) without its library breaks every import of torchrl (PyOpenGL
     loads the platform at import). Where nothing renders, vaco runs without the setting; where a
     video is asked for, it says in one line which library to install."""
-    import ctypes.util
 
     backend = (os.environ.get("MUJOCO_GL") or os.environ.get("PYOPENGL_PLATFORM") or "").lower()
     if backend not in _GL_LIBRARIES:
