@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from vaco.checkpoint import SafeCheckpointIO
 from vaco.lightning_private import save_last_checkpoint
 from vaco.run_lock import hold_run_lock
+from vaco.tracking import has_secrets, redact_uri
 
 __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfigToMLflow"]
 
@@ -263,7 +264,6 @@ class VacoProgressBar(TQDMProgressBar):
 
 def redacted_config(config):
     """A copy of a jsonargparse config with ``trainer.logger.init_args.tracking_uri`` redacted."""
-    from vaco.tracking import has_secrets, redact_uri
 
     key = "trainer.logger.init_args.tracking_uri"
     try:

@@ -14,6 +14,8 @@ import importlib
 import inspect
 import re
 
+from vaco.files import YAMLTooLarge, load_yaml
+
 __all__ = [
     "ConfigurationError",
     "check_command_line_values",
@@ -128,8 +130,6 @@ def check_config_files(paths: list[str]) -> dict[str, object]:
     Returns file -> its parsed content."""
     import yaml
 
-    from vaco.files import YAMLTooLarge, load_yaml
-
     loaded = {}
     for path in paths:
         try:
@@ -174,8 +174,6 @@ def check_command_line_values(argv: list[str]) -> None:
     (:func:`vaco.files.load_yaml`): jsonargparse reads ``--field '{a: &a [...], b: [*a, *a]}'`` as
     YAML and would expand an alias bomb into gigabytes."""
     import yaml
-
-    from vaco.files import YAMLTooLarge, load_yaml
 
     pairs = []
     for i, arg in enumerate(argv):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 # torch, MuJoCo and the networks are imported inside the functions: `vaco evaluate --help` and a
@@ -80,8 +81,6 @@ def _load(module, state: dict, prefix: str, ckpt_path: str) -> None:
     try:
         module.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
     except RuntimeError as err:
-        import re
-
         details = [line.strip().rstrip(".") for line in str(err).splitlines()[1:] if line.strip()]
         first = details[0] if details else str(err).splitlines()[0]
         size = re.match(

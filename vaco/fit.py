@@ -14,7 +14,10 @@ exit 2.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -56,8 +59,10 @@ from vaco.fit_checks import (
 from vaco.hints import shell, vaco_command
 from vaco.learner import Learner, NonFiniteLossError
 from vaco.logger import VacoMLFlowLogger
+from vaco.rendezvous import host_store_on_loopback
 from vaco.run_lock import hold_run_lock, release_run_locks
 from vaco.tracking import (
+    CELL_TAG,
     DEFAULT_TRACKING_URI,
     TrackingStoreError,
     redact_uri,
@@ -241,7 +246,6 @@ class VacoCLI(LightningCLI):
         logger = self.trainer.logger
         if self._resume_state is not None and isinstance(logger, VacoMLFlowLogger) and len(self.trainer.loggers) == 1:
             logger.replay_unsent(resume_env_step(self._resume_state, self.datamodule, self.trainer))
-        from vaco.rendezvous import host_store_on_loopback
 
         self._store = host_store_on_loopback(self.trainer)  # single-node DDP: not on every interface
 
@@ -369,7 +373,6 @@ class VacoCLI(LightningCLI):
     def _after_stop(self, signum: int) -> None:
         """A run stopped by SIGTERM/SIGUSR2 at an iteration boundary: the MLflow run is marked KILLED
         (not FINISHED: it has more to do), one line says how to resume, and the exit code is 128 + signal."""
-        import signal
 
         name = signal.Signals(signum).name
         ckpt = getattr(self.trainer.checkpoint_callback, "last_model_path", "")
@@ -415,7 +418,6 @@ def _member_name(name: str | None, first: int, seed: int) -> str | None:
 
 def _member_tags(tags: dict, first: int, seed: int) -> dict:
     """The first member's tags for member ``seed``: the seed's own tag and a cell id that ends with the seed."""
-    from vaco.tracking import CELL_TAG
 
     out = dict(tags)
     if "vaco.seed" in out:
@@ -447,8 +449,6 @@ A field of a chosen class: `vaco fit --model.objective.help vaco.objectives.TVFi
 
 def _help() -> str:
     """vaco's own fields: the MuJoCo model and data classes, as jsonargparse documents them."""
-    import contextlib
-    import io
 
     sections = [_HELP_HEADER]
     for key, class_path in (("model", "vaco.VacoModule"), ("data", "vaco.data.RolloutDataModule")):

@@ -11,11 +11,14 @@ of one line naming the field.
 from __future__ import annotations
 
 import os
+import re
+import tempfile
+from pathlib import Path
 
 from jsonargparse import Namespace
 
 from vaco.checkpoint import CheckpointError, load_checkpoint
-from vaco.config_errors import ConfigurationError, one_line
+from vaco.config_errors import ConfigurationError, did_you_mean, one_line
 from vaco.learner import same_run_problem
 from vaco.tracking import TrackingStoreError, check_tracking_store, redact_uri, tracking_uri
 
@@ -29,7 +32,6 @@ _TYPE_WORDS = {
 
 def _configs_in(folder: str) -> str:
     """The shipped configs of ``configs/<folder>`` (this directory's, else the clone vaco runs from)."""
-    from pathlib import Path
 
     for root in (Path("configs"), Path(__file__).resolve().parents[1] / "configs"):
         names = sorted(p.stem for p in (root / folder).glob("*.yaml"))
@@ -52,9 +54,6 @@ def plain_type_error(text: str, argv: list[str]) -> str:
     """jsonargparse's type bookkeeping said in words: ```population`: Expected a <class 'int'>; ...``
     as ```population` must be ..., got 'four'``; a missing task or algorithm names the config to add;
     an unknown objective or advantage class lists the shipped ones with a did-you-mean."""
-    import re
-
-    from vaco.config_errors import did_you_mean
 
     if "arguments are required: fit.data" in text:
         return f"no task given: add --config configs/env/<task>.yaml ({_configs_in('env')})"
@@ -294,7 +293,6 @@ def _unwritable(folder: str) -> str | None:
         path = parent
     if not os.path.isdir(path):
         return f"{path} is a file, not a folder"
-    import tempfile
 
     try:  # a real write: os.access says yes to root on a read-only mount
         handle, probe = tempfile.mkstemp(prefix=".vaco-write-check-", dir=path)

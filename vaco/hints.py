@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,7 +15,6 @@ __all__ = ["shell", "vaco_command"]
 def shell(*words: object) -> str:
     """A command line the user can paste: each word quoted for a POSIX shell where it needs it
     (a path with a space, a URI with ``&``), bare where it does not (``vaco ui``)."""
-    import shlex
 
     return " ".join(shlex.quote(str(word)) for word in words)
 
@@ -22,7 +23,6 @@ def vaco_command() -> str:
     """How the user can run vaco from where they are, quoted for the shell: ``vaco`` when it is on
     PATH (this install's), else the script's path (``.venv/bin/vaco`` after ``make demo``, relative
     where shorter)."""
-    import shutil
 
     script = Path(sys.executable).with_name("vaco")
     found = shutil.which("vaco")

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -41,7 +43,6 @@ class NonFiniteLossError(FloatingPointError):
 
 def _process_age() -> float | None:
     """Seconds since this process started: Linux's /proc (10 ms ticks), else psutil where installed."""
-    import os
 
     try:
         with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
@@ -50,8 +51,6 @@ def _process_age() -> float | None:
     except (OSError, ValueError, IndexError):
         pass
     try:
-        import time
-
         import psutil
 
         return time.time() - psutil.Process().create_time()

@@ -12,7 +12,10 @@ listed here. docs/architecture.md gives the same list.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
+import re
 from typing import Any
 
 __all__ = [
@@ -112,15 +115,12 @@ TOUCHES: dict[str, tuple[str, str]] = {
 def resolve(name: str) -> Any:
     """The object ``name`` (a key of :data:`TOUCHES`) denotes on the installed Lightning; raises
     ``AttributeError`` naming it when it is gone."""
-    import dataclasses
-    import inspect
 
     module_name, _, path = name.partition(":")
     obj: Any = importlib.import_module(module_name)
     if "()." in path:
         cls_name, _, attribute = path.partition("().")
         cls = getattr(obj, cls_name)
-        import re
 
         # an instance attribute the class itself assigns or reads (Lightning sets some from helpers)
         if not re.search(rf"self\.{re.escape(attribute)}\b", inspect.getsource(cls)):

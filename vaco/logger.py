@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -279,7 +280,6 @@ class VacoMLFlowLogger(MLFlowLogger):
         """The batches MLflow never took, as JSON lines (with the time each was first logged, so a
         replay is not doubled either): in the working directory, else the temporary directory, else
         on stderr. Never raises: the run is then marked ended either way."""
-        import tempfile
 
         lines = [
             json.dumps({"step": step, "timestamp": timestamp, "metrics": metrics}) + "\n"
@@ -317,7 +317,6 @@ class VacoMLFlowLogger(MLFlowLogger):
         ones are logged again by the resumed training, so they are dropped, not doubled). A file sent
         whole is renamed ``*.replayed``; one the store still refuses stays for the next resume.
         Returns the batches sent."""
-        import tempfile
 
         if self._run_id is None:
             return 0

@@ -19,8 +19,10 @@ reachable from the other nodes (docs/reliability.md says what that exposes).
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import socket
+import struct
 
 from vaco.lightning_private import ddp_timeout
 
@@ -71,8 +73,6 @@ def host_store_on_loopback(trainer):
 
 def loopback_interface() -> str | None:
     """The name of the loopback network interface (``lo`` on Linux), or None if none is found."""
-    import fcntl
-    import struct
 
     for _, name in socket.if_nameindex():
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:

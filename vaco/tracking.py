@@ -9,6 +9,7 @@ retries. Imports nothing heavy (``vaco --help`` imports it).
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import http.client
 import os
@@ -17,7 +18,7 @@ import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlparse, urlunparse
+from urllib.parse import parse_qsl, unquote, urlencode, urlparse, urlunparse
 
 __all__ = [
     "DEFAULT_TRACKING_URI",
@@ -291,8 +292,6 @@ def _check_sqlite_lock(file: Path, uri: str, name: str) -> None:
 def _http_auth_header(parts) -> dict[str, str]:
     """The Authorization header MLflow's client would send: the URI's user info as basic auth, else
     ``MLFLOW_TRACKING_USERNAME``/``_PASSWORD``, else ``MLFLOW_TRACKING_TOKEN`` as a bearer token."""
-    import base64
-    from urllib.parse import unquote
 
     if parts.username is not None or parts.password is not None:
         user, password = unquote(parts.username or ""), unquote(parts.password or "")

@@ -19,6 +19,7 @@ builds the collector and owns the policy-version buffer; the learner pushes vers
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -124,7 +125,6 @@ class Collection:
     def config(self) -> dict[str, Any]:
         """This backend as plain YAML values (``class_path`` and ``init_args``): what a checkpoint's
         hyperparameters hold. Every ``__init__`` argument is kept as an attribute of the same name."""
-        import inspect
 
         names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
         return {"class_path": self.definition()["class_path"], "init_args": {n: getattr(self, n) for n in names}}

@@ -16,6 +16,7 @@ numpy expression each.
 from __future__ import annotations
 
 import difflib
+import importlib
 import sys
 from dataclasses import asdict, dataclass
 
@@ -274,7 +275,6 @@ class MujocoSteps:
     def of(cls, venv, env_id: str) -> MujocoSteps | None:
         """The fast step for ``venv``'s envs (or for the envs of a list of vector envs, in order),
         or None where gymnasium's own step must run."""
-        import importlib
 
         if env_id not in MUJOCO_STEPS or not gym.__version__.startswith(TESTED_GYMNASIUM):
             return None

@@ -5,6 +5,8 @@
 :mod:`vaco.llm.synthetic` and :mod:`vaco.llm.sft` build the CPU setting. See ``docs/llm.md``.
 """
 
+from vaco.llm.reward import gsm8k_reward  # light: no transformers, no Lightning
+
 __all__ = ["RLVRModule", "GSM8kDataModule", "GroupRelative", "gsm8k_reward"]
 
 
@@ -21,8 +23,4 @@ def __getattr__(name):  # lazy: the reward parser must not pull in transformers 
         from vaco.llm.advantage import GroupRelative
 
         return GroupRelative
-    if name == "gsm8k_reward":
-        from vaco.llm.reward import gsm8k_reward
-
-        return gsm8k_reward
     raise AttributeError(f"module 'vaco.llm' has no attribute {name!r}")

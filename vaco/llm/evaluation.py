@@ -9,6 +9,9 @@ does with an LLM checkpoint (:func:`evaluate_checkpoint`).
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +20,7 @@ import torch
 
 from vaco.checkpoint import is_llm_checkpoint  # noqa: F401  (re-exported: the LLM track's public name)
 from vaco.llm.policy import cut_at_stop_strings, encode_prompts, generate
-from vaco.llm.reward import GSM8k, answer_span
+from vaco.llm.reward import STOP_STRINGS, GSM8k, Reward, answer_span, shipped_reward
 
 __all__ = ["Answers", "answer", "pass_at_k", "evaluate_checkpoint", "is_llm_checkpoint"]
 
@@ -114,7 +117,6 @@ def evaluate_checkpoint(
     naming the field."""
     from vaco.llm.data import GSM8kDataModule
     from vaco.llm.policy import check_model_dir, load_causal_lm, load_tokenizer, resolve_compute_dtype
-    from vaco.llm.reward import STOP_STRINGS
 
     hparams = ckpt["hyper_parameters"]
     data_hparams = {k: v for k, v in ckpt.get("datamodule_hyper_parameters", {}).items() if not k.startswith("_")}
@@ -177,13 +179,9 @@ def evaluate_checkpoint(
 
 def _reward(definition, class_path: str | None):
     """The run's reward: a shipped one from its definition, or ``class_path`` (``--reward``) imported."""
-    from vaco.llm.reward import Reward, shipped_reward
 
     if class_path is None:
         return shipped_reward(definition, "--reward")
-    import importlib
-    import os
-    import sys
 
     module_name, _, name = class_path.rpartition(".")
     if os.getcwd() not in sys.path:

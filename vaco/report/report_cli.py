@@ -46,6 +46,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vaco.files import load_yaml
 from vaco.report.ablations import step_size_matching
 from vaco.report.decision import DEFAULT_MARGIN
 from vaco.report.design import two_by_two
@@ -56,7 +57,7 @@ from vaco.report.runs import load_runs, log_report, read_runs, save_runs
 from vaco.report.scores import NORMALIZATIONS, SCORES, build_report
 from vaco.report.sensitivity import sensitivity
 from vaco.report.summary import write_report
-from vaco.tracking import tracking_uri
+from vaco.tracking import PARENT_TAG, PLAN_TAG, tracking_uri
 
 __all__ = ["main"]
 
@@ -130,7 +131,6 @@ def _record_plan(paths: list[str]):
     is beside a file: ``(plan, declared, commit, judgements, None, note)``; the reading is judged
     against the recorded looks and not recorded (there is no parent run to keep it)."""
     from vaco.study.judge import plan_from_tags, read_judgements, read_record, record_path
-    from vaco.tracking import PLAN_TAG
 
     for path in paths:
         where = record_path(path)
@@ -273,14 +273,50 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.experiment or args.data):
         parser.error("one of the arguments --experiment --data is required")
     experiment = args.experiment or args.name or Path(args.data[0]).name.split(".")[0]
+    use_file_backend()
+    uri = tracking_uri()
+    try:
+        settings = _settings(args)
+        runs, notes = _runs(args, uri)
+        report = build_report(experiment, runs, notes, **settings)
+        _check_names(args, report, settings["step_pairs"])
+        study_plan, plan_record = _plan(args, report, uri)
+        if study_plan is not None and study_plan.references:  # the plan's fixed references normalise every score
+            fixed = {task: (low, high) for task, low, high in study_plan.references}
+            report = build_report(experiment, runs, notes, **settings, fixed_bounds=fixed)
+    except ValueError as err:
+        print(f"vaco report: {err}", file=sys.stderr)
+        return 2
+    if args.save_data:
+        _save_data(args.save_data, runs, plan_record["parent_id"], uri)
+    out = Path(args.out or Path("reports") / experiment)
+    lag = robustness(report)
+    two = two_by_two(report)
+    scoring = None if args.no_sensitivity else sensitivity(report, lag, design=two)
+    summary = write_report(report, out, lag=lag, scoring=scoring, design=two)
+    print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
+    _print_verdicts(report, lag, scoring, two)
+    if study_plan is not None:
+        _judge(study_plan, report, plan_record, out, uri)
+    for m in step_size_matching(report):
+        print(
+            f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "
+            f"{m.clip_tv:.4f} = {m.ratio:.3f} -> {'drifts' if m.drifts else 'held'}"
+        )
+    if not args.no_mlflow and not args.data:
+        _log(args.experiment, out, uri)
+    return 0
+
+
+def _settings(args) -> dict:
+    """The report's settings from the command line, each refused in one line naming its flag."""
     reference = {}
     for item in args.reference:
         axis, _, value = item.partition("=")
         try:
             reference[axis.strip()] = float(value)
         except ValueError:
-            print(f"vaco report: `--reference` takes AXIS=NUMBER, got {item!r}", file=sys.stderr)
-            return 2
+            raise ValueError(f"`--reference` takes AXIS=NUMBER, got {item!r}") from None
     # the paper's two axes have flags of their own; they win over --reference for the same axis
     for axis in ("delta", "rho_bar"):
         if getattr(args, f"reference_{axis}") is not None:
@@ -289,101 +325,98 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.step_pairs:
         filter_arm, _, clip_arm = item.partition("=")
         if not (filter_arm.strip() and clip_arm.strip()):
-            print(f"vaco report: `--step-pairs` takes FILTER=CLIP (two algorithm names), got {item!r}", file=sys.stderr)
-            return 2
+            raise ValueError(f"`--step-pairs` takes FILTER=CLIP (two algorithm names), got {item!r}")
         filter_arm, clip_arm = filter_arm.strip(), clip_arm.strip()
         named = {*step_pairs, *step_pairs.values()}
-        problem = (
-            "an arm cannot be its own partner"
-            if filter_arm == clip_arm
-            else "each arm may be in one pair only"
-            if filter_arm in named or clip_arm in named
-            else None
-        )
-        if problem:
-            print(f"vaco report: `--step-pairs` {item!r}: {problem}", file=sys.stderr)
-            return 2
+        if filter_arm == clip_arm:
+            raise ValueError(f"`--step-pairs` {item!r}: an arm cannot be its own partner")
+        if filter_arm in named or clip_arm in named:
+            raise ValueError(f"`--step-pairs` {item!r}: each arm may be in one pair only")
         step_pairs[filter_arm] = clip_arm
     for name in ("reps", "min_runs", "last_evals"):
         if getattr(args, name) < 1:
-            print(f"vaco report: `--{name.replace('_', '-')}` must be >= 1", file=sys.stderr)
-            return 2
-    use_file_backend()
-    uri = tracking_uri()
-    try:
-        runs, notes = load_runs(args.experiment, uri, args.include_unfinished) if args.experiment else ([], [])
-        if args.data:
-            found, more = read_data_files(args.data)
-            runs, notes = _with_store_runs(runs, found, notes + more) if args.experiment else (found, more)
-        if args.tasks:
-            unknown = sorted(set(args.tasks) - {r.env for r in runs})
-            if unknown:
-                raise ValueError(
-                    f"`--tasks`: no runs of {', '.join(unknown)}; the tasks are {', '.join(sorted({r.env for r in runs}))}"
-                )
-            runs = [r for r in runs if r.env in args.tasks]
-        if args.algorithms:
-            unknown = sorted(set(args.algorithms) - {r.algorithm for r in runs})
-            if unknown:
-                raise ValueError(
-                    f"`--algorithms`: no runs of {', '.join(unknown)}; the algorithms are "
-                    f"{', '.join(sorted({r.algorithm for r in runs}))}"
-                )
-            runs = [r for r in runs if r.algorithm in args.algorithms]
-        settings = dict(
-            last_evals=args.last_evals,
-            score=args.score,
-            reference=reference,
-            reps=args.reps,
-            seed=args.seed,
-            min_runs=args.min_runs,
-            baseline=args.baseline,
-            normalization=args.normalize_over,
-            margin=args.margin,
-            step_pairs=step_pairs,
-        )
-        report = build_report(experiment, runs, notes, **settings)
-        if args.baseline is not None and args.baseline not in report.algorithms:
-            raise ValueError(
-                f"`--baseline`: no runs of {args.baseline!r}; the algorithms are {', '.join(report.algorithms)}"
-            )
-        unknown = [a for pair in step_pairs.items() for a in pair if a not in report.algorithms]
+            raise ValueError(f"`--{name.replace('_', '-')}` must be >= 1")
+    return dict(
+        last_evals=args.last_evals,
+        score=args.score,
+        reference=reference,
+        reps=args.reps,
+        seed=args.seed,
+        min_runs=args.min_runs,
+        baseline=args.baseline,
+        normalization=args.normalize_over,
+        margin=args.margin,
+        step_pairs=step_pairs,
+    )
+
+
+def _runs(args, uri: str) -> tuple[list, list[str]]:
+    """The runs the report reads (the store's, the data files', or both) and the notes on them,
+    narrowed to ``--tasks`` and ``--algorithms``."""
+    runs, notes = load_runs(args.experiment, uri, args.include_unfinished) if args.experiment else ([], [])
+    if args.data:
+        found, more = read_data_files(args.data)
+        runs, notes = _with_store_runs(runs, found, notes + more) if args.experiment else (found, more)
+    for flag, field, wanted in (("tasks", "env", args.tasks), ("algorithms", "algorithm", args.algorithms)):
+        if not wanted:
+            continue
+        have = sorted({getattr(r, field) for r in runs})
+        unknown = sorted(set(wanted) - set(have))
         if unknown:
-            raise ValueError(
-                f"`--step-pairs`: no runs of {', '.join(map(repr, unknown))}; the algorithms are "
-                f"{', '.join(report.algorithms)}"
-            )
-        from vaco.study.judge import declared_plan as read_declared
+            raise ValueError(f"`--{flag}`: no runs of {', '.join(unknown)}; the {flag} are {', '.join(have)}")
+        runs = [r for r in runs if getattr(r, field) in wanted]
+    return runs, notes
 
-        record_note = None
-        if args.experiment:
-            declared, declared_at, commit, earlier, parent_id = read_declared(args.experiment, uri)
-        else:  # a data file's plan record (written beside it by --save-data): its looks, not recorded again
-            declared, declared_at, commit, earlier, parent_id, record_note = _record_plan(args.data)
-        study_plan = _read_plan(args.plan, report) if args.plan else declared
-        if study_plan is not None and (declared is None or study_plan.digest != declared.digest):
-            declared_at, commit, earlier, parent_id = None, None, None, None  # written after the runs: exploratory
-        if study_plan is not None and study_plan.references:  # the plan's fixed references normalise every score
-            fixed = {task: (low, high) for task, low, high in study_plan.references}
-            report = build_report(experiment, runs, notes, **settings, fixed_bounds=fixed)
-    except ValueError as err:
-        print(f"vaco report: {err}", file=sys.stderr)
-        return 2
-    if args.save_data:
-        print(f"vaco report: {len(runs)} runs' metric histories -> {save_runs(runs, args.save_data)}")
-        if parent_id is not None:
-            import mlflow
 
-            from vaco.study.judge import record_path, write_record
+def _check_names(args, report, step_pairs: dict[str, str]) -> None:
+    if args.baseline is not None and args.baseline not in report.algorithms:
+        raise ValueError(
+            f"`--baseline`: no runs of {args.baseline!r}; the algorithms are {', '.join(report.algorithms)}"
+        )
+    unknown = [a for pair in step_pairs.items() for a in pair if a not in report.algorithms]
+    if unknown:
+        raise ValueError(
+            f"`--step-pairs`: no runs of {', '.join(map(repr, unknown))}; the algorithms are "
+            f"{', '.join(report.algorithms)}"
+        )
 
-            tags = mlflow.MlflowClient(uri).get_run(parent_id).data.tags
-            print(f"vaco report: the plan's record -> {write_record(record_path(args.save_data), tags, runs)}")
-    out = Path(args.out or Path("reports") / experiment)
-    lag = robustness(report)
-    two = two_by_two(report)
-    scoring = None if args.no_sensitivity else sensitivity(report, lag, design=two)
-    summary = write_report(report, out, lag=lag, scoring=scoring, design=two)
-    print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
+
+def _plan(args, report, uri: str) -> tuple:
+    """The plan to judge (``--plan``, else the one the sweep declared) and its record: when it was
+    declared, at which commit, its earlier looks, the parent run that keeps them (all None for a plan
+    written after the runs: exploratory), and a data file's note on its record."""
+    from vaco.study.judge import declared_plan as read_declared
+
+    record_note = None
+    if args.experiment:
+        declared, declared_at, commit, earlier, parent_id = read_declared(args.experiment, uri)
+    else:  # a data file's plan record (written beside it by --save-data): its looks, not recorded again
+        declared, declared_at, commit, earlier, parent_id, record_note = _record_plan(args.data)
+    study_plan = _read_plan(args.plan, report) if args.plan else declared
+    if study_plan is not None and (declared is None or study_plan.digest != declared.digest):
+        declared_at, commit, earlier, parent_id = None, None, None, None  # written after the runs: exploratory
+    record = dict(
+        declared_at=declared_at,
+        commit=commit,
+        earlier=earlier,
+        parent_id=parent_id,
+        note=record_note if study_plan is declared else None,
+    )
+    return study_plan, record
+
+
+def _save_data(path: str, runs: list, parent_id: str | None, uri: str) -> None:
+    print(f"vaco report: {len(runs)} runs' metric histories -> {save_runs(runs, path)}")
+    if parent_id is not None:
+        import mlflow
+
+        from vaco.study.judge import record_path, write_record
+
+        tags = mlflow.MlflowClient(uri).get_run(parent_id).data.tags
+        print(f"vaco report: the plan's record -> {write_record(record_path(path), tags, runs)}")
+
+
+def _print_verdicts(report, lag, scoring, two) -> None:
     for line in report.weak_scale:
         print(f"vaco report: read with care: {line}")
     if lag.drops:
@@ -402,42 +435,39 @@ def main(argv: list[str] | None = None) -> int:
             print("its contrasts under every scoring: " + ("none depends on it" if not flagged else "scale-dependent:"))
             if flagged:
                 print("\n".join(flagged))
-    if study_plan is not None:
-        from vaco.study.judge import judge_plan, plan_lines, record_judgement
 
-        judged = judge_plan(study_plan, report, declared_at, earlier, commit)
-        lines = plan_lines(judged)
-        (out / "plan.md").write_text("# The study plan's verdicts\n\n" + "\n".join(lines) + "\n")
-        print("\n".join(lines))
-        if parent_id is not None:  # a declared plan's every reading is one of its looks: kept on the parent run
-            record_judgement(uri, parent_id, judged, "report", lines)
-            print(f"  this reading is recorded on the sweep's parent run ({parent_id}) as a look of the plan")
-        elif record_note is not None and study_plan is declared:
-            print(f"  {record_note}")
-    for m in step_size_matching(report):
-        print(
-            f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "
-            f"{m.clip_tv:.4f} = {m.ratio:.3f} -> {'drifts' if m.drifts else 'held'}"
-        )
-    if not args.no_mlflow and not args.data:
-        run_id = log_report(args.experiment, out, uri)
-        import mlflow
 
-        from vaco.tracking import PARENT_TAG
+def _judge(study_plan, report, record: dict, out: Path, uri: str) -> None:
+    """The plan judged on the report, written to plan.md and printed; a declared plan's reading is
+    one of its looks, kept on the sweep's parent run."""
+    from vaco.study.judge import judge_plan, plan_lines, record_judgement
 
-        tags = mlflow.MlflowClient(uri).get_run(run_id).data.tags
-        kind = (
-            f"the sweep's parent run '{tags.get('mlflow.runName', '')}'"
-            if tags.get(PARENT_TAG) == "true"
-            else "the run 'report'"
-        )
-        print(f"  logged as artifacts report/ of {kind} ({run_id}) in experiment '{args.experiment}'")
-    return 0
+    judged = judge_plan(study_plan, report, record["declared_at"], record["earlier"], record["commit"])
+    lines = plan_lines(judged)
+    (out / "plan.md").write_text("# The study plan's verdicts\n\n" + "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if record["parent_id"] is not None:
+        record_judgement(uri, record["parent_id"], judged, "report", lines)
+        print(f"  this reading is recorded on the sweep's parent run ({record['parent_id']}) as a look of the plan")
+    elif record["note"] is not None:
+        print(f"  {record['note']}")
+
+
+def _log(experiment: str, out: Path, uri: str) -> None:
+    import mlflow
+
+    run_id = log_report(experiment, out, uri)
+    tags = mlflow.MlflowClient(uri).get_run(run_id).data.tags
+    kind = (
+        f"the sweep's parent run '{tags.get('mlflow.runName', '')}'"
+        if tags.get(PARENT_TAG) == "true"
+        else "the run 'report'"
+    )
+    print(f"  logged as artifacts report/ of {kind} ({run_id}) in experiment '{experiment}'")
 
 
 def _read_plan(path: str, report):
     """``--plan FILE``: the ``plan`` block of a YAML file, checked against the report's runs."""
-    from vaco.files import load_yaml
     from vaco.study.plan import load_plan
 
     try:

@@ -18,6 +18,7 @@ is the report from the store.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 from collections import Counter
@@ -305,7 +306,6 @@ DATA_LIMIT = 2 * 1024**3
 
 def _uncompressed_size(path: Path, limit: int) -> int:
     """Bytes ``path`` decompresses to, counted in chunks up to ``limit`` + 1 (nothing is kept)."""
-    import gzip
 
     total = 0
     with gzip.open(path, "rb") as f:

@@ -10,6 +10,7 @@ import math
 import os
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
@@ -645,7 +646,6 @@ def _resample_sentence(report: Report) -> str:
 
 
 def _rliable_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("rliable")

@@ -30,12 +30,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import tempfile
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from vaco.report.robustness import difference_of_drops
 from vaco.study.plan import Comparison, StudyPlan, holm_levels, schedule, sequential_holm
+from vaco.tracking import PARENT_TAG, PLAN_TAG
 
 __all__ = [
     "Judgement",
@@ -357,7 +359,6 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
 # ------------------------------------------------------------------------------ the record on the parent run
 def read_judgements(tags: Mapping[str, str]) -> list[Judgement]:
     """The recorded judgements in a parent run's tags, oldest first."""
-    from vaco.tracking import PLAN_TAG
 
     prefix = f"{PLAN_TAG}.judgement."
     out = []
@@ -370,11 +371,8 @@ def read_judgements(tags: Mapping[str, str]) -> list[Judgement]:
 def record_judgement(uri: str, run_id: str, judged: PlanJudgement, by: str, lines: Sequence[str]) -> Judgement:
     """Keep a judgement on the sweep's parent run: a tag ``vaco.plan.judgement.NNN`` (JSON) and its
     lines as the artifact ``plan/judgementNNN.md``."""
-    import tempfile
 
     import mlflow
-
-    from vaco.tracking import PLAN_TAG
 
     client = mlflow.MlflowClient(uri)
     tags = client.get_run(run_id).data.tags
@@ -391,7 +389,6 @@ def record_judgement(uri: str, run_id: str, judged: PlanJudgement, by: str, line
 def plan_from_tags(tags: Mapping[str, str]) -> StudyPlan:
     """The plan a parent run's (or a record's) ``vaco.plan`` tag holds."""
     from vaco.study.plan import load_plan
-    from vaco.tracking import PLAN_TAG
 
     raw = json.loads(tags[PLAN_TAG])
     algorithms = sorted({c[k] for c in raw["family"] for k in ("arm", "against")})
@@ -404,8 +401,6 @@ def declared_plan(experiment: str, uri: str):
     """The plan the experiment's sweep declared, read off its parent run: ``(plan, declared, commit,
     judgements, run_id)``; ``(None, None, None, [], None)`` without one."""
     import mlflow
-
-    from vaco.tracking import PARENT_TAG, PLAN_TAG
 
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
@@ -441,7 +436,6 @@ def record_path(data_path) -> Path:
 
 def plan_tags(tags: Mapping[str, str]) -> dict[str, str]:
     """The tags of a parent run that are its plan's record: the plan, its digest, declaration, commit, judgements."""
-    from vaco.tracking import PLAN_TAG
 
     return {k: v for k, v in tags.items() if k == PLAN_TAG or k.startswith(PLAN_TAG + ".")}
 
@@ -466,7 +460,6 @@ def write_record(path, tags: Mapping[str, str], runs) -> Path:
 
 def read_record(path) -> dict[str, str]:
     """The plan tags a record file holds (JSON: nothing in it is executed); ValueError in one line naming the file."""
-    from vaco.tracking import PLAN_TAG
 
     try:
         raw = json.loads(Path(path).read_text())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from vaco.tracking import PLAN_TAG
+
 __all__ = ["judge_look", "look_cells", "look_needs", "seed_ranks"]
 
 
@@ -48,7 +50,6 @@ def judge_look(sweep, uri: str, cell_ids: set[str], from_data: Mapping[str, str]
     from vaco.report.runs import load_runs
     from vaco.report.scores import build_report
     from vaco.study.judge import judge_plan, read_judgements
-    from vaco.tracking import PLAN_TAG
 
     study = sweep.plan
     runs, notes = load_runs(sweep.experiment, uri)

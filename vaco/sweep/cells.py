@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+import vaco
 from vaco.files import load_yaml, open_append, write_text_atomic
 from vaco.hints import shell, vaco_command
 from vaco.sweep.grid import Cell, Sweep, cell_config
@@ -70,7 +71,6 @@ def cell_env(tracking_uri: str) -> dict[str, str]:
     holds the imported ``vaco`` first on ``PYTHONPATH``, and ``PYTHONSAFEPATH`` so that ``python -m``
     does not put the working directory first: a sweep started in another clone, or run from a
     worktree at a study's declared commit, must not have its cells import the clone's files)."""
-    import vaco
 
     root = str(Path(vaco.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)

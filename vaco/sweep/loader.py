@@ -17,8 +17,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from vaco.config_errors import ConfigurationError, check_config_files, one_line
 from vaco.files import load_yaml
-from vaco.sweep.grid import Algorithm, Block, Cell, Sweep, cell_config, expand, format_value
+from vaco.sweep.grid import (
+    Algorithm,
+    Block,
+    Cell,
+    Sweep,
+    cell_config,
+    expand,
+    format_value,
+    population_size,
+    seedless_id,
+)
+from vaco.sweep.launcher import launcher_class
 from vaco.sweep.schema import (
     AXES,
     AXIS_DEFAULTS,
@@ -37,7 +49,6 @@ __all__ = ["load_sweep", "validate_with_cli", "declared_axes"]
 
 def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
     """Read and validate a sweep file (structure, names, types; not yet `vaco fit`'s parser)."""
-    from vaco.config_errors import ConfigurationError, check_config_files
 
     path = Path(path)
     if not path.is_file():
@@ -147,7 +158,6 @@ def _inside(path: Path, folder: Path) -> bool:
 
 def _load_launcher(value) -> str:
     """A registered launcher name or a Launcher class path (checked by importing it)."""
-    from vaco.sweep.launcher import launcher_class
 
     launcher_class(value)
     return value
@@ -435,7 +445,6 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
     override fields fail here, before anything starts, with jsonargparse's message; and every
     cell's sizes (num_envs x num_steps, K) must fit in this machine's memory."""
     from vaco.fit import VacoCLI
-    from vaco.sweep.grid import population_size, seedless_id
 
     class ParseOnly(VacoCLI):
         def init_parser(self, **kwargs):
@@ -466,8 +475,6 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
         except _Parsed:
             continue
         except (Exception, SystemExit) as err:  # jsonargparse's ArgumentError names the key
-            from vaco.config_errors import one_line
-
             raise SweepError(
                 f"`overrides`: `vaco fit` rejects the config of cell {cell.id}: {one_line(str(err))}"
             ) from None

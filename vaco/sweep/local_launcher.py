@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from vaco.files import SymlinkRefused, open_append
 from vaco.sweep.cells import cell_command, cell_env, log_header, prepare_cell, say, see_results, set_pdeathsig
 from vaco.sweep.grid import Cell, Sweep
 from vaco.sweep.launcher import Launcher
-from vaco.tracking import CELL_TAG
+from vaco.tracking import CELL_TAG, tracking_uri
 
 __all__ = ["LocalLauncher", "estimate_eta"]
 
@@ -107,7 +108,6 @@ class LocalLauncher(Launcher):
         if not _zygote_wanted():
             return None
         from vaco.sweep.zygote import Zygote
-        from vaco.tracking import tracking_uri
 
         try:
             return Zygote(cell_env(tracking_uri()), wait=False)
@@ -329,7 +329,6 @@ def estimate_eta(whole: list[float], running: list[float], queued: int, jobs: in
 def parse_duration(text: str) -> float:
     """Seconds in ``text``: a number of seconds (``5400``) or hours / minutes / seconds (``1h30m``, ``90m``,
     ``45s``); argparse turns the ValueError into a one-line error naming the option."""
-    import re
 
     match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
     if not text.strip() or match is None:

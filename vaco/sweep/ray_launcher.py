@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import signal
+import socket
 
 from vaco.sweep.cells import cell_dirs, cell_result, run_cell, say, see_results
 from vaco.sweep.grid import Cell, Sweep
@@ -61,8 +63,6 @@ class RayLauncher(Launcher):
         if self.address:
             ray.init(address=self.address, log_to_driver=False)
         else:  # a local cluster on this host only
-            import logging
-
             # its notices about a cluster only this process uses (a generated token, "Started a local
             # Ray instance") say nothing to the user; errors still show
             for name in ("ray._private.authentication.authentication_token_setup", "ray._private.worker", "ray.worker"):
@@ -113,7 +113,6 @@ class RayLauncher(Launcher):
 
 def check_ray_address(address: str, timeout: float = 5.0) -> None:
     """Fail in seconds, naming the field, if nothing listens at a Ray cluster address."""
-    import socket
 
     hostport = address.split("://", 1)[-1]
     if address == "auto":

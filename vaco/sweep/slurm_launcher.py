@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -25,7 +27,6 @@ SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # SLURM's own default, when `scontrol show 
 def max_array_size(env: dict | None = None) -> int:
     """The cluster's MaxArraySize (``scontrol show config``); SLURM's default 1001 where it cannot be read.
     A job array's indices must be below it, so one array holds at most this many cells."""
-    import shutil
 
     if not shutil.which("scontrol"):
         return SLURM_DEFAULT_MAX_ARRAY_SIZE
@@ -144,7 +145,6 @@ class SlurmLauncher(Launcher):
     def submission_script(self, n: int) -> str:
         """The sbatch script of the (first) job array, as submitit writes it for this interpreter
         (``--dry-run`` prints it)."""
-        import shlex
 
         from submitit.slurm.slurm import _make_sbatch_string  # what SlurmExecutor writes (no public name)
 
@@ -182,7 +182,6 @@ class SlurmLauncher(Launcher):
     def _squeue_states(self, jobs: dict) -> dict[str, str]:
         """The recorded jobs SLURM still holds, from ``squeue`` (submitit asks ``sacct``, which a
         cluster without job accounting cannot answer: its jobs would all look gone)."""
-        import shutil
 
         if not jobs or not shutil.which("squeue"):
             return {}
@@ -215,7 +214,6 @@ class SlurmLauncher(Launcher):
         """Jobs of this sweep (by job name) that SLURM still holds but ``jobs.yaml`` does not record:
         a submitter killed between ``sbatch`` and the record. Their cells would run twice if
         submitted again. Empty where ``squeue`` is not available (submitit's local executor)."""
-        import shutil
 
         if self.kind != "slurm" or not shutil.which("squeue"):
             return []

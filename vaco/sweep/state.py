@@ -4,7 +4,12 @@ the sweep's parent run, the lock that keeps two sweeps from running the same fol
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import errno
+import fcntl
 import json
+import os
+import subprocess
 from pathlib import Path
 
 from vaco.files import SymlinkRefused, open_for_lock
@@ -65,8 +70,6 @@ def plan(sweep: Sweep, cells: list[Cell], tracking_uri: str, with_running: bool 
 
 
 def lock(output_dir: Path):
-    import errno
-    import fcntl
 
     path = output_dir / ".sweep.lock"
     try:
@@ -175,8 +178,6 @@ def parent_run(
         if not found and carried is not None and carried.get(f"{PLAN_TAG}.digest") == sweep.plan.digest:
             plan_tags = {**carried, f"{PLAN_TAG}.carried_from": str(carried_from)}
         elif not found or found[0].data.tags.get(f"{PLAN_TAG}.digest") != sweep.plan.digest:
-            import datetime
-
             plan_tags[f"{PLAN_TAG}.declared"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
             commit = sweep_file_commit(sweep.path)
             if commit:
@@ -195,9 +196,6 @@ def parent_run(
 def sweep_file_commit(path) -> str | None:
     """The commit that last changed the sweep file (``git log -1 -- FILE``), with its time, and whether
     the file has changes since; None outside a git work tree or for a file git does not track."""
-    import os
-    import subprocess
-    from pathlib import Path
 
     if path is None:
         return None

@@ -7,13 +7,23 @@ import dataclasses
 import fnmatch
 import sys
 
+from vaco.study.looks import judge_look, look_cells
 from vaco.sweep.cells import say
-from vaco.sweep.grid import Cell, Sweep, expand
+from vaco.sweep.grid import Cell, PopulationCell, Sweep, expand, pack
 from vaco.sweep.launcher import BUILTIN, Launcher, launcher_class
 from vaco.sweep.loader import load_sweep, validate_with_cli
 from vaco.sweep.schema import RESOURCE_FIELDS, SweepError, check_resources
 from vaco.sweep.state import check_output_dir, check_plan, lock, parent_run, plan, resolve_tracking_uri
-from vaco.tracking import redact_uri
+from vaco.tracking import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    PARENT_TAG,
+    PLAN_TAG,
+    TrackingStoreError,
+    artifact_location,
+    check_tracking_store,
+    redact_uri,
+)
 
 __all__ = ["main"]
 
@@ -217,7 +227,6 @@ def _carried_record(paths: list[str], sweep: Sweep) -> tuple[dict[str, str] | No
     with the most looks (a later export holds the earlier ones). Refused in one line where the record
     is of another plan than the sweep file's."""
     from vaco.study.judge import read_judgements, read_record, record_path
-    from vaco.tracking import PLAN_TAG
 
     best: tuple[dict[str, str], str] | None = None
     for path in paths:
@@ -243,7 +252,6 @@ def _carried_record(paths: list[str], sweep: Sweep) -> tuple[dict[str, str] | No
 def shown_states(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
     """Each cell's state as a user reads it: a member of a population whose folder holds a
     checkpoint resumes (the member's own folder has none, so ``plan`` calls it new)."""
-    from vaco.sweep.grid import PopulationCell, pack
 
     shown = dict(states)
     new = [c for c in cells if states.get(c.id) == "new"]
@@ -257,7 +265,6 @@ def shown_states(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> dic
 
 def _packed(sweep: Sweep, todo: list[Cell], states: dict[str, str]) -> tuple[list, list]:
     """The jobs that run ``todo`` (:func:`vaco.sweep.grid.pack`) and the populations among them."""
-    from vaco.sweep.grid import pack
 
     jobs, _ = pack(sweep, todo, states) if todo else ([], {})
     return jobs, [job for job in jobs if hasattr(job, "members")]
@@ -304,7 +311,6 @@ def _say_plan(p: _Plan, args) -> None:
         say(f"{n} of them finished in {path} (--finished-in; not in this store: report with --data {path} too)")
     if p.record is not None:
         from vaco.study.judge import read_judgements
-        from vaco.tracking import PLAN_TAG
 
         readings = read_judgements(p.record)
         say(
@@ -397,7 +403,6 @@ def _run(p: _Plan, args) -> int:
 
 def _experiment(client, sweep: Sweep, uri: str) -> None:
     """The sweep's MLflow experiment, created if the store has none."""
-    from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, artifact_location
 
     if client.get_experiment_by_name(sweep.experiment) is None:
         client.create_experiment(
@@ -416,7 +421,6 @@ def _run_looks(p: _Plan, args) -> int:
     judges. A look already judged (a resumed study) is judged again for its open comparisons but not
     recorded twice."""
     from vaco.study.judge import plan_lines, read_judgements, record_judgement
-    from vaco.study.looks import judge_look, look_cells
 
     study = p.sweep.plan
     so_far: set[str] = set()  # the cells of the looks taken: each look is judged on all of them
@@ -463,8 +467,6 @@ def _parent_tags(p: _Plan) -> dict[str, str]:
 def _parent_run_id(p: _Plan) -> str:
     import mlflow
 
-    from vaco.tracking import PARENT_TAG
-
     client = mlflow.MlflowClient(p.uri)
     _experiment(client, p.sweep, p.uri)  # a study whose every run so far is in --finished-in files
     exp = client.get_experiment_by_name(p.sweep.experiment)
@@ -476,8 +478,6 @@ def close_parent_run(uri: str, sweep) -> bool:
     """Mark the sweep's parent run FINISHED once every cell has finished (a SLURM sweep leaves it
     RUNNING at submission: the cells finish after `vaco sweep` has returned)."""
     import mlflow
-
-    from vaco.tracking import PARENT_TAG
 
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name(sweep.experiment)
@@ -491,7 +491,6 @@ def close_parent_run(uri: str, sweep) -> bool:
 
 
 def _check_store(uri: str) -> None:
-    from vaco.tracking import TrackingStoreError, check_tracking_store
 
     try:
         check_tracking_store(uri)

@@ -30,11 +30,15 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
 import threading
 import time
 import traceback
 from pathlib import Path
+
+import vaco
+from vaco.cli import main
 
 __all__ = ["Zygote", "ForkedCell", "PRELOAD", "serve"]
 
@@ -139,7 +143,6 @@ def _fork(request: dict) -> int:
         # spawn start their processes from __main__'s module name and sys.argv
         sys.argv = [os.path.join(os.path.dirname(sys.executable), "vaco"), *request["argv"]]
         sys.modules["__main__"].__spec__ = importlib.util.find_spec("vaco.cli")
-        from vaco.cli import main
 
         code = main(request["argv"]) or 0
     except SystemExit as stop:
@@ -173,8 +176,6 @@ class ForkedCell:
                 self.returncode = -signal.SIGKILL
                 break
             if deadline is not None and time.monotonic() > deadline:
-                import subprocess
-
                 raise subprocess.TimeoutExpired(f"cell {self.pid}", timeout)
             time.sleep(0.05)
         return self.returncode
@@ -184,14 +185,12 @@ class Zygote:
     """Starts the zygote process and forks cells through it (``start``); ``close`` ends it."""
 
     def __init__(self, env: dict[str, str], wait: bool = True, timeout: float = 120.0) -> None:
-        import subprocess
 
         self.returncodes: dict[int, int] = {}
         self._started: list[int] = []
         self._cond = threading.Condition()
         self._reader: threading.Thread | None = None
         self.timeout = timeout
-        import vaco
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vaco.sweep.zygote"],

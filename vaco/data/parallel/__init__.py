@@ -8,6 +8,8 @@
 See docs/async.md. Imports are lazy: an actor process needs only actors.py (no Lightning).
 """
 
+import importlib
+
 __all__ = [
     "Actors",
     "ActorCollector",
@@ -31,7 +33,5 @@ _WHERE = {
 
 def __getattr__(name):
     if name in _WHERE:
-        import importlib
-
         return getattr(importlib.import_module(f"vaco.data.parallel.{_WHERE[name]}"), name)
     raise AttributeError(f"module 'vaco.data.parallel' has no attribute {name!r}")

@@ -26,6 +26,7 @@ constructor and four adaptations:
 from __future__ import annotations
 
 import copy
+import ctypes
 import os
 import signal
 import sys
@@ -202,8 +203,6 @@ def exit_with_parent(parent_pid: int) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
-        import ctypes
-
         PR_SET_PDEATHSIG = 1
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent_pid:  # the learner died before the hook ran

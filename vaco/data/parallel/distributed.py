@@ -12,6 +12,7 @@ tests do, over localhost); ``launcher="submitit"`` submits them as SLURM jobs;
 
 from __future__ import annotations
 
+import argparse
 import copy
 import time
 from typing import Any
@@ -123,7 +124,6 @@ def run_remote_actor(rank: int, world_size: int, learner_host: str, tcp_port: in
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m vaco.data.parallel.distributed --rank R --world-size W --learner-host H --tcp-port P``."""
-    import argparse
 
     parser = argparse.ArgumentParser(description=run_remote_actor.__doc__)
     parser.add_argument("--rank", type=int, required=True, help="1 .. world_size - 1 (the learner is 0)")

@@ -23,8 +23,11 @@ without an episode end skips the reset kernels.)
 
 from __future__ import annotations
 
+import ctypes.util
+import gc
 import os
 import sys
+import warnings
 from collections import OrderedDict
 
 import torch
@@ -54,7 +57,6 @@ def _init_quietly(wp) -> None:
     """``wp.init()``; on a machine with no CUDA driver library at all, without Warp's native
     "Could not find or load the NVIDIA CUDA driver" line (printed by C code to fd 2, which says
     nothing to a CPU run). Where a driver is installed, its messages stay: they may explain a fault."""
-    import ctypes.util
 
     if ctypes.util.find_library("cuda") is not None:
         wp.init()
@@ -137,7 +139,6 @@ def _check_memory(
 def _graphs_supported(wp, wp_device: str) -> bool:
     """CUDA graphs of MuJoCo Warp's step need Warp's memory pool (allocations inside the capture)
     and a driver with conditional nodes (CUDA 12.4: the solver's while loops)."""
-    import warnings
 
     reasons = []
     if not wp.is_mempool_enabled(wp_device):
@@ -324,8 +325,6 @@ class WarpVectorEnv:
                 mjw.step(self.model, self.data)
 
     def _capture(self):
-        import gc
-        import warnings
 
         wp, mjw = self._wp, self._mjw
         enabled = gc.isenabled()
