@@ -408,6 +408,110 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
             ui.wait()
 
 
+@pytest.mark.slow
+def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
+    """A sweep's experiment at the address `vaco ui` prints, in headless Chromium with a fresh
+    profile: every cell is a row with its algorithm, K, seed and eval/return (MLflow folds a sweep's
+    cells under one collapsed parent row, its columns all "-", when it orders by start time), and the
+    chart view draws eval/return first, with the cells' curves (not "No charts in this section")."""
+    import mlflow
+
+    from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, PARENT_TAG
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no Chromium here (apt-get install chromium): the browser check needs a real browser")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("vaco-sweep-look")
+    parent = client.create_run(experiment, run_name="sweep", tags={PARENT_TAG: "true"}).info.run_id
+    cells = {}
+    for algorithm in ("vaco", "ppo_clip"):
+        for K in (1, 4):
+            cell = f"{algorithm}-hopper-K{K}-s7"
+            run = client.create_run(
+                experiment, run_name=cell, tags={PARENT_RUN_ID_TAG: parent, CELL_TAG: cell}
+            ).info.run_id
+            for key, value in {"algorithm": algorithm, "env": "Hopper-v5", "K": str(K), "seed": "7"}.items():
+                client.log_param(run, key, value)
+            final = {"vaco": 1500.0, "ppo_clip": 900.0}[algorithm] + 11.25 * K
+            for step, value in ((4096, 100.0), (8192, final / 2), (12288, final)):
+                client.log_metric(run, "eval/return", value, step=step)
+            client.log_metric(run, "lag/forward_tv", 0.05, step=12288)
+            client.set_terminated(run)
+            cells[cell] = final
+    client.set_terminated(parent)
+    port = free_port()
+    ui = subprocess.Popen(
+        [VACO, "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,900",
+        "--virtual-time-budget=20000",
+    ]
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while not line.startswith("vaco ui: http"):
+            assert ui.poll() is None and time.monotonic() < deadline, line
+            line = ui.stdout.readline()
+        url = line.split("vaco ui: ", 1)[1].split()[0]
+        assert "the runs of 'vaco-sweep-look'" in line
+
+        def page(address: str, profile: str, *extra: str) -> str:
+            return subprocess.run(
+                [chromium, *flags, f"--user-data-dir={tmp_path / profile}", *extra, "--dump-dom", address],
+                capture_output=True,
+                text=True,
+                timeout=180,
+            ).stdout
+
+        table = page(url, "profile-table")
+        for cell, final in cells.items():
+            assert cell in table, (cell, table[-3000:])
+            assert f">{final:g}</span>" in table, (cell, final)
+        assert 'id="cell-params.`K`' in table and 'id="cell-params.`seed`' in table
+        charts = page(url + "&compareRunsMode=CHART", "profile-charts")
+        assert "No charts in this section" not in charts
+        titles = re.findall(r'data-testid="experiment-view-compare-runs-card-[^"]*"[^>]*>.*?>([\w/]+)<', charts, re.S)
+        first = charts.find("eval/return")
+        assert first >= 0 and all(first < charts.find(m) for m in ("lag/forward_tv",) if m in charts), titles
+        for cell in cells:
+            assert cell in charts, cell  # the curves' legend names every cell
+        shot = tmp_path / "vaco_ui_sweep_charts.png"
+        subprocess.run(
+            [
+                chromium,
+                *flags,
+                f"--user-data-dir={tmp_path / 'profile-shot'}",
+                f"--screenshot={shot}",
+                url + "&compareRunsMode=CHART",
+            ],
+            capture_output=True,
+            timeout=180,
+        )
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=60) == 0
+    finally:
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()
+
+
 def _serving(port: int) -> list[str]:
     """Live processes started for this port (the UI's server and its workers)."""
     found = []

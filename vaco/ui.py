@@ -25,6 +25,7 @@ MLflow's defaults (Source, Models, Dataset): a view MLflow's UI loads from an ex
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
@@ -35,7 +36,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from vaco.tracking import TrackingStoreError, absolute_tracking_uri, check_tracking_store, redact_uri
+from vaco.tracking import PARENT_TAG, TrackingStoreError, absolute_tracking_uri, check_tracking_store, redact_uri
 from vaco.ui_app import QUERY, TOKEN_ENV
 
 __all__ = ["main"]
@@ -167,22 +168,38 @@ VIEW_COLUMNS = (
 )
 
 
+PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"  # the chart MLflow's UI draws first
+SCORE_METRICS = ("eval/return", "eval/accuracy")  # MuJoCo's, the LLM track's
+
+
 def runs_view(client, experiment_id: str) -> str | None:
     """Write vaco's runs-table view onto the experiment (MLflow's shared-view tag) and return the
-    address's query part that opens it; ``None`` where the store refuses the tag (read-only)."""
-    import json
+    address's query part that opens it; ``None`` where the store refuses the tag (read-only).
 
+    A sweep's experiment (one with a parent run) is listed by algorithm rather than by start time:
+    MLflow's UI folds the cells under their collapsed parent row when it orders by start time, and
+    lists every run when it orders by anything else (the fold cannot be opened by a shared view).
+    The score metric is the experiment's primary metric, so the chart view draws its curves first,
+    against the step (env steps for MuJoCo), unless the experiment names one of its own."""
+
+    sweep = bool(client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1))
     state = {
         "selectedColumns": list(VIEW_COLUMNS),
         # the run's coordinates first, beside its name (MLflow's own order puts every metric before
         # them, off a laptop's screen), and the metrics wide enough for a value like 8.748329e-08
         "columnOrder": list(VIEW_COLUMNS),
         "columnWidths": {column: 130 for column in VIEW_COLUMNS if column.startswith("metrics.")},
-        "orderByKey": "attributes.start_time",
-        "orderByAsc": False,
+        "orderByKey": "params.`algorithm`" if sweep else "attributes.start_time",
+        "orderByAsc": sweep,
+        "runsHiddenMode": "FIRST_20_RUNS",  # the runs the chart view draws
     }
     try:
         client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
+        if PRIMARY_METRIC_TAG not in client.get_experiment(experiment_id).tags:
+            latest = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time DESC"])
+            metrics = latest[0].data.metrics if latest else {}
+            score = next((m for m in SCORE_METRICS if m in metrics), SCORE_METRICS[0])
+            client.set_experiment_tag(experiment_id, PRIMARY_METRIC_TAG, score)
     except Exception:  # noqa: BLE001 - any store error: the plain table is still there
         return None
     return f"viewStateShareKey={VIEW_KEY}"
