@@ -78,6 +78,7 @@ def project(tmp_path_factory):
     for name, body in files.items():
         (root / name).write_text(body)
     (root / "configs").symlink_to(REPO / "configs")
+    (root / "scripts").symlink_to(REPO / "scripts")  # the clone's scripts (plan_power.py)
     return root, commands, f"sqlite:///{root / 'mlflow.db'}"
 
 
@@ -182,6 +183,36 @@ def test_the_doc_objective_declares_its_own_sweep_axis(project):
     out = _run([VACO, "sweep", "--config", "bad_cap.yaml", "--dry-run"], root, uri)
     assert out.returncode == 2 and "`grid.cap.cap`: 0.0 is refused by RatioCap" in out.stderr
     assert "`cap` must be > 0" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_doc_study_is_a_pilot_a_sized_plan_and_a_declared_sweep(project):
+    """The worked example from an objective to a verdict: its pilot and study files list their
+    cells and the study's plan, and its sizing command runs (on a committed pilot's runs standing in
+    for the doc's: two corrections at 4 seeds, K 1 and 4 on Hopper; few simulated studies)."""
+    root, commands, uri = project
+    if not (root / "my_configs").exists():
+        setup = next(c for c in commands if c[0] == "mkdir")
+        subprocess.run(" ".join(a for a in setup), shell=True, cwd=root, check=True)
+    files, _ = doc_blocks()
+    assert {"cap_pilot.yaml", "cap_study.yaml"} <= set(files)
+    pilot = _run([VACO, "sweep", "--config", "cap_pilot.yaml", "--dry-run"], root, uri)
+    assert pilot.returncode == 0, pilot.stderr
+    assert "16 cells" in pilot.stdout and "ratio_cap-hopper-K4-s901" in pilot.stdout
+    study = next(c for c in _commands(commands, "sweep") if "cap_study.yaml" in c)
+    out = _run(study, root, uri)
+    assert out.returncode == 0, out.stderr
+    assert "96 cells" in out.stdout and "a family of 1 at looks 12, 24 seeds" in out.stdout
+    assert "randomisation test" in out.stdout and "never decide" not in out.stdout
+    sizing = next(c for c in commands if "scripts/plan_power.py" in c)
+    data = str(REPO / "docs" / "data" / "lag_bench_pilot.csv.gz")
+    argv = [
+        a.replace("ratio_cap,vaco,4=cap_pilot.csv.gz", f"ratio_cap:decoupled_ppo,vaco:ppo_ewma,4={data}")
+        for a in sizing
+    ]
+    assert argv != sizing, "the doc's --pilot changed: update the stand-in above"
+    out = _run([str(Path(VACO).parent / "python"), *argv[1:], "--studies", "20", "--swaps", "99"], root, uri)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "12,24" in out.stdout.replace(", ", ",") and "16,32" in out.stdout.replace(", ", ","), out.stdout
 
 
 def test_a_sweep_with_an_unimportable_class_path_starts_nothing(tmp_path):
