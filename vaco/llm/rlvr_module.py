@@ -19,6 +19,7 @@ MLflow steps are optimiser steps; every minibatch logs its own clip/filter fract
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from typing import Any, ClassVar
@@ -212,7 +213,7 @@ class RLVRModule(Learner):
         self._generator_state: torch.Tensor | None = None
         self.initial_eval_accuracy = float("nan")
         self.last_eval_accuracy = float("nan")
-        self._pending: dict[str, Any] | None = None  # a generation batch stopped between minibatches
+        self._pending: StoppedBatch | None = None  # a generation batch a stop interrupted
         self._initial_eval_pending = False  # a stop came during the first evaluation
         self.compute_dtype: torch.dtype = torch.float32  # resolved for the device in on_fit_start
 
@@ -335,72 +336,87 @@ class RLVRModule(Learner):
 
     # ------------------------------------------------------------------ the generation batch
     def training_step(self, dataloader_iter) -> None:
-        data = self.data
-        regenerate = self._pending is not None and "regenerate" in self._pending
-        if self._pending is not None and not regenerate:  # resumed inside a batch: its remaining minibatches
-            pending, self._pending = self._pending, None
-            minibatches = [_to_device(m, self.device) for m in pending["minibatches"]]
-            first, tvs = pending["next"], list(pending["tvs"])
-            generate_seconds, update_seconds = pending["generate_seconds"], pending["update_seconds"]
+        """One generation batch: generate (or take the batch a stop interrupted), train its N
+        minibatches (minibatch k k-1 steps after beta), then the batch's metrics. A stop during
+        generation or between minibatches leaves :attr:`_pending` for the checkpoint written then."""
+        stopped, self._pending = self._pending, None
+        if stopped is not None and stopped.minibatches is not None:  # resumed inside a batch: its remaining minibatches
+            batch = dataclasses.replace(stopped, minibatches=[_to_device(m, self.device) for m in stopped.minibatches])
         else:
-            # pulled here, not prefetched: generation uses the policy as it is after the last update;
-            # a run stopped during generation regenerates the batch it abandoned (its prompts are saved)
-            if regenerate:
-                index, self._pending = self._pending["regenerate"], None
-                prompt_batches = data.stream.item(index)
-            else:
-                prompt_batches, _, _ = next(dataloader_iter)
-                index = data.stream.position - 1  # the generation batch just pulled
-            start = time.perf_counter()
-            self.policy.eval()
-            before = self._generator.get_state() if self._generator is not None else None
-            try:
-                minibatches = [
-                    self._rollout(batch, should_stop=self._stop_during_generation) for batch in prompt_batches
-                ]
-            except GenerationStopped:
-                # SIGTERM/SIGUSR2 during generation: abandon the batch (nothing of it trained or logged),
-                # put the sampler back where the batch began, keep its index; the checkpoint written now
-                # (IterationCheckpoint) is the state after the last finished step, and the resume
-                # regenerates the same batch
-                if before is not None:
-                    self._generator.set_state(before)
-                self._pending = {"regenerate": index}
-                uncount_current_batch(self.trainer)
+            batch = self._generate(dataloader_iter, None if stopped is None else stopped.regenerate)
+            if batch is None:
                 return
-            generate_seconds, update_seconds, first, tvs = time.perf_counter() - start, 0.0, 0, []
+        if not self._train(batch):
+            return
+        self.version += 1
+        metrics = self._batch_metrics(batch)
+        if self.should_evaluate():
+            metrics.update(self.evaluate())
+        self.log_metrics(metrics, step=int(self.version) * self.num_minibatches)
 
-        # -- N optimiser steps, minibatch k trained k-1 steps after beta
+    def _generate(self, dataloader_iter, regenerate: int | None) -> StoppedBatch | None:
+        """The next generation batch's minibatches, generated with the policy as it is after the
+        last update (pulled here, not prefetched), or the batch ``regenerate`` (its stream index) a
+        stop abandoned; None where a stop comes during generation."""
+        data = self.data
+        if regenerate is not None:
+            index, prompt_batches = regenerate, data.stream.item(regenerate)
+        else:
+            prompt_batches, _, _ = next(dataloader_iter)
+            index = data.stream.position - 1  # the generation batch just pulled
+        start = time.perf_counter()
+        self.policy.eval()
+        before = self._generator.get_state() if self._generator is not None else None
+        try:
+            minibatches = [self._rollout(batch, should_stop=self._stop_during_generation) for batch in prompt_batches]
+        except GenerationStopped:
+            # SIGTERM/SIGUSR2 during generation: abandon the batch (nothing of it trained or logged), put
+            # the sampler back where the batch began, keep its index; the checkpoint written now
+            # (IterationCheckpoint) is the state after the last finished step, and the resume
+            # regenerates the same batch
+            if before is not None:
+                self._generator.set_state(before)
+            self._pending = StoppedBatch(regenerate=index)
+            uncount_current_batch(self.trainer)
+            return None
+        return StoppedBatch(minibatches=minibatches, generate_seconds=time.perf_counter() - start)
+
+    def _train(self, batch: StoppedBatch) -> bool:
+        """The batch's minibatches from ``batch.next``, one optimiser step each; False where a stop
+        comes between two (the batch is kept in :attr:`_pending` and a resume trains the rest)."""
         start = time.perf_counter()
         self.policy.train()
         steps_before = int(self.version) * self.num_minibatches
-        for k in range(first, len(minibatches)):
+        minibatches = batch.minibatches
+        for k in range(batch.next, len(minibatches)):
             metrics = self._train_minibatch(minibatches[k], k)
             metrics["lag/steps_behind"] = k
-            tvs.append(metrics["train/tv"])
+            batch.tvs.append(metrics["train/tv"])
             self.log_metrics(metrics, step=steps_before + k + 1)
             if k + 1 < len(minibatches) and self._stop_requested():
                 # SIGTERM/SIGUSR2 mid-batch: stop at this minibatch boundary; the checkpoint written
                 # now (IterationCheckpoint) holds the batch's minibatches, and a resume trains the rest
-                self._pending = {
-                    "minibatches": [_to_device(m, "cpu") for m in minibatches],
-                    "next": k + 1,
-                    "tvs": tvs,
-                    "generate_seconds": generate_seconds,
-                    "update_seconds": update_seconds + time.perf_counter() - start,
-                }
+                self._pending = dataclasses.replace(
+                    batch,
+                    minibatches=[_to_device(m, "cpu") for m in minibatches],
+                    next=k + 1,
+                    update_seconds=batch.update_seconds + time.perf_counter() - start,
+                )
                 uncount_current_batch(self.trainer)
-                return
-        update_seconds += time.perf_counter() - start
-        self.version += 1
+                return False
+        batch.update_seconds += time.perf_counter() - start
+        return True
 
-        # -- per generation batch
+    def _batch_metrics(self, batch: StoppedBatch) -> dict[str, float]:
+        """A generation batch's metrics, logged at its last minibatch's step."""
+        minibatches, tvs = batch.minibatches, batch.tvs
         steps = int(self.version) * self.num_minibatches
         rewards = torch.cat([m["reward"].reshape(-1) for m in minibatches])
         groups = torch.cat([m["reward"] for m in minibatches])
         lengths = torch.cat([m["completion_mask"].sum(-1) for m in minibatches]).float()
         tokens = float(lengths.sum())
-        metrics = {
+        seconds = batch.generate_seconds + batch.update_seconds
+        return {
             "train/reward": float(rewards.mean()),
             "train/mixed_groups": float((groups.max(-1).values != groups.min(-1).values).float().mean()),
             "train/completion_length": float(lengths.mean()),
@@ -413,15 +429,12 @@ class RLVRModule(Learner):
                 else {}
             ),
             "lag/forward_tv_mean": sum(tvs) / len(tvs),
-            "perf/generate_seconds": generate_seconds,
-            "perf/update_seconds": update_seconds,
-            "perf/tokens_per_second": tokens / max(generate_seconds + update_seconds, 1e-9),
+            "perf/generate_seconds": batch.generate_seconds,
+            "perf/update_seconds": batch.update_seconds,
+            "perf/tokens_per_second": tokens / max(seconds, 1e-9),
             "time/generation_batch": int(self.version),
-            "time/episodes": steps * data.prompts_per_minibatch * self.hparams.completions_per_prompt,
+            "time/episodes": steps * self.data.prompts_per_minibatch * self.hparams.completions_per_prompt,
         }
-        if self.should_evaluate():
-            metrics.update(self.evaluate())
-        self.log_metrics(metrics, step=steps)
 
     def _stop_during_generation(self) -> bool:
         """A stop signal, asked before every generated token (one process only: under DDP the ranks
@@ -635,7 +648,7 @@ class RLVRModule(Learner):
             "num_steps": self.data.num_steps if self.data is not None else None,
             # a run stopped inside a generation batch: the batch and how far its minibatches got, or
             # (stopped during generation) the index of the batch to generate again
-            "pending": self._pending,
+            "pending": None if self._pending is None else self._pending.state(),
             # stopped during the first evaluation (before any step): the resume runs it first
             "initial_eval_pending": self._initial_eval_pending,
         }
@@ -658,8 +671,33 @@ class RLVRModule(Learner):
         self._generator_state = state["generator"]
         self.initial_eval_accuracy = state["initial_eval_accuracy"]
         self.last_eval_accuracy = state["last_eval_accuracy"]
-        self._pending = state.get("pending")
+        self._pending = StoppedBatch.from_state(state.get("pending"))
         self._initial_eval_pending = bool(state.get("initial_eval_pending", False))
+
+
+@dataclasses.dataclass
+class StoppedBatch:
+    """A generation batch in training, and what a checkpoint keeps of one a stop interrupted: its
+    stream index alone (``regenerate``: stopped during generation, the resume generates it again),
+    or its minibatches with the next one to train, the minibatches' TVs so far and its timings
+    (stopped between two minibatches)."""
+
+    regenerate: int | None = None
+    minibatches: list[dict[str, Any]] | None = None
+    next: int = 0
+    tvs: list[float] = dataclasses.field(default_factory=list)
+    generate_seconds: float = 0.0
+    update_seconds: float = 0.0
+
+    def state(self) -> dict[str, Any]:
+        """The checkpoint's plain form (tensors, numbers and lists only)."""
+        if self.minibatches is None:
+            return {"regenerate": self.regenerate}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "regenerate"}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None) -> StoppedBatch | None:
+        return None if state is None else cls(**state)
 
 
 def _to_device(minibatch: dict[str, Any], device) -> dict[str, Any]:
