@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import logging
+import math
 import os
 import re
 import warnings
@@ -112,6 +113,7 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
             if key in overrides:
                 raise SweepError(f"`grid.{block.name}.{key}` is also in `overrides`: keep it in one place")
     _check_labels(blocks)
+    _check_size(blocks)
     out = Path(output_dir) if output_dir else Path(raw.get("output_dir") or Path("sweeps") / experiment)
     sweep = Sweep(
         path=path,
@@ -300,6 +302,27 @@ def _check_values(block: str, axis: str, values: list, algorithms, envs) -> tupl
         if axis == "realign" and not isinstance(v, bool):
             raise SweepError(f"{where}: values must be true or false, got {v!r}")
     return tuple(dict.fromkeys(values))
+
+
+#: the most cells a sweep file may list: each is a `vaco fit` run, a folder and an MLflow run (the
+#: paper's grid is 2,100; a grid past this is a typo in a range, and expanding it takes minutes)
+MAX_CELLS = 100_000
+
+
+def _check_size(blocks: list[Block]) -> None:
+    """Refuse a grid of more than :data:`MAX_CELLS` cells before any cell is built."""
+    sizes = {}
+    for block in blocks:
+        axes = (block.algorithm, block.env, block.K, block.seed, block.realign or (None,))
+        size = math.prod(len(values) for values in axes)
+        sizes[block.name] = size * math.prod(len(v) for _, v in (*block.settings, *block.extra))
+    total = sum(sizes.values())
+    if total > MAX_CELLS:
+        largest = max(sizes, key=sizes.get)
+        raise SweepError(
+            f"`grid`: up to {total:,} cells (`grid.{largest}` alone {sizes[largest]:,}), more than the {MAX_CELLS:,} a "
+            "sweep may list: each cell is a run; check the block's value lists, or split the study into sweeps"
+        )
 
 
 def _load_block(name: str, body, defaults: dict, algorithms, envs) -> Block:
