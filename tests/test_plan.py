@@ -203,6 +203,7 @@ PLAN = {
         ({"floor": 0}, r"`plan.floor` must be a normalised score in \(0, 1\)"),
         ({"test": None}, r"`plan.test` must be declared: randomisation .* or bootstrap"),
         ({"test": "t-test"}, r"`plan.test` must be declared: .*got 't-test'"),
+        ({"looks": list(range(2, 13))}, r"`plan.looks`: 11 looks; a group-sequential plan takes at most 10"),
     ],
 )
 def test_a_bad_plan_names_the_field(change, message):

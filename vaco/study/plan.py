@@ -67,6 +67,7 @@ __all__ = [
     "undecidable_looks",
 ]
 
+MAX_LOOKS = 10  # looks a plan may declare: 10 Pocock looks take ~1 s to bound, 200 took 27 s
 SPENDING = ("pocock", "obrien-fleming", "fixed")
 TESTS = ("randomisation", "bootstrap")  # what a look's p comes from (vaco.study.randomisation)
 _GRID = 401  # quadrature points per look (Simpson's rule on the continuation region)
@@ -174,6 +175,11 @@ def load_plan(
         or any(b <= a for a, b in zip(looks, looks[1:]))
     ):
         raise ValueError(f"`{field}.looks` must be increasing seed counts >= 2 (e.g. [10, 20, 30]), got {looks!r}")
+    if len(looks) > MAX_LOOKS:
+        raise ValueError(
+            f"`{field}.looks`: {len(looks)} looks; a group-sequential plan takes at most {MAX_LOOKS} (each look "
+            "spends alpha, and the boundary of many looks takes minutes to compute): read the results less often"
+        )
     if looks[-1] > seeds:
         raise ValueError(f"`{field}.looks`: the last look needs {looks[-1]} seeds a cell, the grid has {seeds}")
     spending = raw.get("spending", "pocock" if len(looks) > 1 else "fixed")
