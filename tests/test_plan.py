@@ -204,6 +204,16 @@ PLAN = {
         ({"test": None}, r"`plan.test` must be declared: randomisation .* or bootstrap"),
         ({"test": "t-test"}, r"`plan.test` must be declared: .*got 't-test'"),
         ({"looks": list(range(2, 13))}, r"`plan.looks`: 11 looks; a group-sequential plan takes at most 10"),
+        # absurd values, each one line naming its field
+        ({"alpha": 0.9}, r"`plan.alpha` must be a number in \(0, 0.5\), got 0.9"),
+        ({"alpha": float("nan")}, r"`plan.alpha` must be a number in \(0, 0.5\), got nan"),
+        ({"margin": float("nan")}, r"`plan.margin` must be a number in \(0, 1\)"),
+        ({"looks": [1.5, 20]}, r"`plan.looks` must be increasing seed counts >= 2"),
+        ({"looks": [True, 20]}, r"`plan.looks` must be increasing seed counts >= 2"),
+        ({"looks": []}, r"`plan.looks` must be increasing seed counts >= 2"),
+        ({"family": [PLAN["family"][0]] * 2}, r"`plan.family` lists a comparison twice"),
+        ({"references": {"Hopper-v5": [float("nan"), 1]}}, r"`plan.references.Hopper-v5`: min \(nan\) must be below"),
+        ({"floor": float("inf")}, r"`plan.floor` must be a normalised score in \(0, 1\)"),
     ],
 )
 def test_a_bad_plan_names_the_field(change, message):
