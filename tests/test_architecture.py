@@ -198,7 +198,7 @@ def test_no_compatibility_layer_is_shipped():
     assert not hasattr(vaco.data, "ParallelRolloutDataModule")
     import vaco.cli  # the dispatcher re-exports nothing: each name has one home
 
-    for name in ("VacoCLI", "ConfigurationError", "tracking_uri", "DEFAULT_TRACKING_URI", "vaco_command"):
+    for name in ("VacoCLI", "tracking_uri", "DEFAULT_TRACKING_URI", "vaco_command"):
         assert not hasattr(vaco.cli, name), name
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -210,7 +211,7 @@ def test_the_doc_study_is_a_pilot_a_sized_plan_and_a_declared_sweep(project):
         for a in sizing
     ]
     assert argv != sizing, "the doc's --pilot changed: update the stand-in above"
-    out = _run([str(Path(VACO).parent / "python"), *argv[1:], "--studies", "20", "--swaps", "99"], root, uri)
+    out = _run([sys.executable, *argv[1:], "--studies", "20", "--swaps", "99"], root, uri)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "12,24" in out.stdout.replace(", ", ",") and "16,32" in out.stdout.replace(", ", ","), out.stdout
 
