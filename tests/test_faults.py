@@ -467,6 +467,47 @@ def test_tracking_server_restart_mid_run_loses_no_metric(tmp_path):
 
 
 @pytest.mark.slow
+def test_postgresql_stopped_mid_run_and_started_again_loses_no_metric(tmp_path):
+    """A real PostgreSQL store stopped (``pg_ctl stop -m fast``) after the run's first checkpoint and
+    started again on the same port 10 s later: training goes on while it is down, one line says
+    so and one that it is back, and every metric reaches the store once; the run ends FINISHED."""
+    from helpers.services import postgres_cluster
+
+    cluster, why = postgres_cluster("pg-mid-run")
+    if cluster is None:
+        pytest.skip(why)
+    env = dict(os.environ, MLFLOW_TRACKING_URI=cluster.url, OMP_NUM_THREADS="1")
+    slow = [*TINY[:-2], "--data.init_args.total_steps", str(2 * 64 * ITERATIONS)]
+    fit = subprocess.Popen(
+        [VACO, "fit", *slow], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob("checkpoints/*/last.ckpt")):
+            assert fit.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        cluster.stop()
+        time.sleep(10)
+        cluster.start()
+        output, _ = fit.communicate(timeout=600)
+    finally:
+        if fit.poll() is None:
+            fit.kill()
+        if fit.stdout is not None:
+            fit.stdout.close()
+    try:
+        assert fit.returncode == 0, output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
+        run = _runs(cluster.url)[0]
+        history = metric_histories(cluster.url, run.info.run_id)
+        assert [s for s, _ in history["train/tv"]] == [128 * i for i in range(1, ITERATIONS + 1)]
+        assert "could not send metrics" in output and "reachable again" in output, output[-3000:]
+        assert run.info.status == "FINISHED"
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
 def test_a_metric_batch_the_server_took_after_the_client_gave_up_is_not_sent_twice(tmp_path):
     """A relay holds the server's answer to one metric batch for 15 s (the client gives up after 10 s,
     the server has already written the batch); vaco keeps the batch and sends it again with the later

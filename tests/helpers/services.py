@@ -138,72 +138,82 @@ def _pg_bin() -> Path | None:
     return found[-1].parent if found else None
 
 
-def postgres(password: str) -> tuple[str | None, str]:
-    """(``postgresql+psycopg://vaco:<password>@127.0.0.1:<port>/mlflow``, "") or (None, why not):
-    a fresh cluster with a database ``mlflow`` owned by the user ``vaco``."""
-    if "postgres" in _started:
-        return _started["postgres"]  # type: ignore[return-value]
+class PostgresCluster:
+    """A fresh PostgreSQL cluster on 127.0.0.1 with a database ``mlflow`` owned by the user
+    ``vaco``; :meth:`stop` and :meth:`start` take it down and bring it back on the same port."""
+
+    def __init__(self, pg_bin: Path, password: str) -> None:
+        self.pg_bin, self.root = pg_bin, Path(tempfile.mkdtemp(prefix="vaco-pg-"))
+        self.run_as: list[str] = []
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+            shutil.chown(self.root, "postgres")
+            self.run_as = ["runuser", "-u", "postgres", "--"]
+        admin = self.root / "admin-password"
+        admin.write_text("admin-" + password + "\n")
+        if self.run_as:
+            shutil.chown(admin, "postgres")
+        self.port = _free_port()
+        subprocess.run(
+            [
+                *self.run_as,
+                str(pg_bin / "initdb"),
+                "-D",
+                str(self.root / "data"),
+                "-U",
+                "postgres",
+                "-A",
+                "scram-sha-256",
+                f"--pwfile={admin}",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        self.start()
+        atexit.register(self.stop)
+        import psycopg
+
+        with psycopg.connect(
+            host="127.0.0.1",
+            port=self.port,
+            user="postgres",
+            password="admin-" + password,
+            dbname="postgres",
+            autocommit=True,
+        ) as conn:
+            conn.execute(f"CREATE USER vaco PASSWORD '{password}'")
+            conn.execute("CREATE DATABASE mlflow OWNER vaco")
+        self.url = f"postgresql+psycopg://vaco:{password}@127.0.0.1:{self.port}/mlflow"
+
+    def _ctl(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*self.run_as, str(self.pg_bin / "pg_ctl"), "-D", str(self.root / "data"), *args], capture_output=True
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        out = self._ctl("-l", str(self.root / "log"), "-w", "-o", options, "start")
+        assert out.returncode == 0, out.stderr
+
+    def stop(self) -> None:
+        self._ctl("-m", "fast", "-w", "stop")
+
+
+def postgres_cluster(password: str) -> tuple[PostgresCluster | None, str]:
+    """A cluster of its own (a test that stops it), or (None, why not)."""
     pg_bin = _pg_bin()
     if pg_bin is None:
-        _started["postgres"] = (None, "PostgreSQL is not installed: apt-get install postgresql")
-        return _started["postgres"]  # type: ignore[return-value]
+        return None, "PostgreSQL is not installed: apt-get install postgresql"
     try:
         import psycopg  # noqa: F401
     except ImportError:
-        _started["postgres"] = (None, "psycopg is not installed: pip install -e '.[postgres]'")
-        return _started["postgres"]  # type: ignore[return-value]
-    root = Path(tempfile.mkdtemp(prefix="vaco-pg-"))
-    run_as: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        shutil.chown(root, "postgres")
-        run_as = ["runuser", "-u", "postgres", "--"]
-    admin = root / "admin-password"
-    admin.write_text("admin-" + password + "\n")
-    if run_as:
-        shutil.chown(admin, "postgres")
-    port = _free_port()
-    subprocess.run(
-        [
-            *run_as,
-            str(pg_bin / "initdb"),
-            "-D",
-            str(root / "data"),
-            "-U",
-            "postgres",
-            "-A",
-            "scram-sha-256",
-            f"--pwfile={admin}",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [
-            *run_as,
-            str(pg_bin / "pg_ctl"),
-            "-D",
-            str(root / "data"),
-            "-l",
-            str(root / "log"),
-            "-w",
-            "-o",
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
-    atexit.register(
-        lambda: subprocess.run(
-            [*run_as, str(pg_bin / "pg_ctl"), "-D", str(root / "data"), "-m", "fast", "stop"], capture_output=True
-        )
-    )
-    import psycopg
+        return None, "psycopg is not installed: pip install -e '.[postgres]'"
+    return PostgresCluster(pg_bin, password), ""
 
-    with psycopg.connect(
-        host="127.0.0.1", port=port, user="postgres", password="admin-" + password, dbname="postgres", autocommit=True
-    ) as conn:
-        conn.execute(f"CREATE USER vaco PASSWORD '{password}'")
-        conn.execute("CREATE DATABASE mlflow OWNER vaco")
-    _started["postgres"] = (f"postgresql+psycopg://vaco:{password}@127.0.0.1:{port}/mlflow", "")
+
+def postgres(password: str) -> tuple[str | None, str]:
+    """(``postgresql+psycopg://vaco:<password>@127.0.0.1:<port>/mlflow``, "") or (None, why not):
+    one cluster for the session."""
+    if "postgres" not in _started:
+        cluster, why = postgres_cluster(password)
+        _started["postgres"] = (cluster.url if cluster else None, why)
     return _started["postgres"]  # type: ignore[return-value]
