@@ -27,6 +27,8 @@ COMMANDS = {
     "vaco ui --help": ["ui", "--help"],
     "vaco fit --help": ["fit", "--help"],
     "vaco fit <mistyped flag>": ["fit", "--config", str(REPO / "configs/demo.yaml"), "--data.init_args.num_envz", "3"],
+    "vaco fit <bad value>": ["fit", "--config", str(REPO / "configs/demo.yaml"), "--data.init_args.num_envs", "abc"],
+    "vaco fit <missing config file>": ["fit", "--config", "/nonexistent/missing.yaml"],
 }
 PROBE = """
 import json, sys, time
