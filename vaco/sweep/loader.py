@@ -305,7 +305,7 @@ def _check_values(block: str, axis: str, values: list, algorithms, envs) -> tupl
 
 
 #: the most cells a sweep file may list: each is a `vaco fit` run, a folder and an MLflow run (the
-#: paper's grid is 2,100; a grid past this is a typo in a range, and expanding it takes minutes)
+#: paper's grid is 2,100; a grid past this is a typo in a range: 10^6 cells took 15 s to expand alone)
 MAX_CELLS = 100_000
 
 
