@@ -63,28 +63,33 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def _targets(node) -> list[str]:
+    """The dotted names an import statement imports (``from a import b``: ``a.b``); [] for other
+    nodes and relative imports."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [f"{node.module}.{a.name}" for a in node.names]
+    return []
+
+
+def _resolve(mods: dict[str, Path], name: str) -> str:
+    """The vaco module a dotted name lands in (a name imported from a package: its submodule if one)."""
+    while name not in mods:
+        name = name.rpartition(".")[0]
+    return name
+
+
 def imports() -> dict[str, set[str]]:
     """module -> the vaco modules it imports (a name imported from a package resolves to the
     submodule when there is one)."""
     mods = modules()
-
-    def resolve(name: str) -> str:
-        while name not in mods:
-            name = name.rpartition(".")[0]
-        return name
-
     edges: dict[str, set[str]] = defaultdict(set)
     for name, path in mods.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [f"{node.module}.{a.name}" for a in node.names]
-            else:
-                continue
-            for target in targets:
+            for target in _targets(node):
                 if target == "vaco" or target.startswith("vaco."):
-                    found = resolve(target)
+                    found = _resolve(mods, target)
                     if found != name:
                         edges[name].add(found)
     return edges
@@ -470,23 +475,14 @@ def test_an_import_inside_a_function_defers_a_heavy_package():
     deferred = _deferred_packages()
     assert {"torch", "mlflow", "submitit"} <= deferred
     mods = modules()
-
-    def resolve(name: str) -> str:
-        while name not in mods:
-            name = name.rpartition(".")[0]
-        return name
-
     top: dict[str, set[str]] = defaultdict(set)  # module -> what it imports when it loads
     inner: list[tuple[str, int, str]] = []
     for name, path in mods.items():
         tree = ast.parse(path.read_text())
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [f"{node.module}.{a.name}" for a in node.names]
-            else:
+            targets = _targets(node)
+            if not targets:
                 continue
             above, in_function = parents.get(node), False
             while above is not None and not in_function:
@@ -498,7 +494,7 @@ def test_an_import_inside_a_function_defers_a_heavy_package():
                 continue  # a TYPE_CHECKING block: never run
             for target in targets:
                 is_vaco = target == "vaco" or target.startswith("vaco.")
-                module = resolve(target) if is_vaco else target.split(".")[0]
+                module = _resolve(mods, target) if is_vaco else target.split(".")[0]
                 if in_function:
                     inner.append((name, node.lineno, module))
                 elif module != name:

@@ -195,15 +195,7 @@ def test_vaco_ui_serves_its_owner_only_and_stops_on_ctrl_c(tmp_path):
     client.log_metric(run, "eval/return", 1.0, step=1)
     other_account = os.geteuid() == 0 and shutil.which("runuser") is not None
     port = free_port()
-    ui = subprocess.Popen(
-        [VACO, "ui", "--port", str(port)],
-        cwd=tmp_path,
-        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    ui = _start_ui(port, tmp_path, uri)
     try:
         line, lines = "", []
         deadline = time.monotonic() + 120
@@ -303,15 +295,7 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
         client.log_metric(run.info.run_id, "lag/backward_tv", 8.748329e-08, step=4096)
         client.set_terminated(run.info.run_id)
     port = free_port()
-    ui = subprocess.Popen(
-        [VACO, "ui", "--port", str(port)],
-        cwd=tmp_path,
-        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    ui = _start_ui(port, tmp_path, uri)
     try:
         line = ""
         deadline = time.monotonic() + 120
@@ -442,15 +426,7 @@ def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
             cells[cell] = final
     client.set_terminated(parent)
     port = free_port()
-    ui = subprocess.Popen(
-        [VACO, "ui", "--port", str(port)],
-        cwd=tmp_path,
-        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    ui = _start_ui(port, tmp_path, uri)
     flags = [
         "--headless",
         "--no-sandbox",
@@ -511,6 +487,19 @@ def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
+
+
+def _start_ui(port: int, cwd, uri: str) -> subprocess.Popen:
+    """`vaco ui` on ``uri`` at ``port``, its output (the printed address first) on a pipe, in its own group."""
+    return subprocess.Popen(
+        [VACO, "ui", "--port", str(port)],
+        cwd=cwd,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _serving(port: int) -> list[str]:

@@ -43,6 +43,7 @@ from vaco.llm.policy import (
     resolve_compute_dtype,
 )
 from vaco.llm.reward import STOP_STRINGS, answer_span
+from vaco.llm.stopped import StoppedBatch
 from vaco.objectives import Objective, metric_name
 from vaco.objectives.objective_math import total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
@@ -673,31 +674,6 @@ class RLVRModule(Learner):
         self.last_eval_accuracy = state["last_eval_accuracy"]
         self._pending = StoppedBatch.from_state(state.get("pending"))
         self._initial_eval_pending = bool(state.get("initial_eval_pending", False))
-
-
-@dataclasses.dataclass
-class StoppedBatch:
-    """A generation batch in training, and what a checkpoint keeps of one a stop interrupted: its
-    stream index alone (``regenerate``: stopped during generation, the resume generates it again),
-    or its minibatches with the next one to train, the minibatches' TVs so far and its timings
-    (stopped between two minibatches)."""
-
-    regenerate: int | None = None
-    minibatches: list[dict[str, Any]] | None = None
-    next: int = 0
-    tvs: list[float] = dataclasses.field(default_factory=list)
-    generate_seconds: float = 0.0
-    update_seconds: float = 0.0
-
-    def state(self) -> dict[str, Any]:
-        """The checkpoint's plain form (tensors, numbers and lists only)."""
-        if self.minibatches is None:
-            return {"regenerate": self.regenerate}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "regenerate"}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any] | None) -> StoppedBatch | None:
-        return None if state is None else cls(**state)
 
 
 def _to_device(minibatch: dict[str, Any], device) -> dict[str, Any]:
