@@ -280,9 +280,7 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
     fresh browser sees only the refusal."""
     import mlflow
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no Chromium here (apt-get install chromium): the browser check needs a real browser")
+    chromium = _chromium()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("vaco-first-look")
@@ -310,18 +308,7 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
         ), line
         entry = f"http://127.0.0.1:{port}/?vaco_token={token}"  # how a fresh browser gets in by hand
         assert "the runs of 'vaco-first-look'" in line
-        flags = [
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--window-size=1400,900",
-            "--virtual-time-budget=20000",
-        ]
+        flags = CHROMIUM_FLAGS
         dom = subprocess.run(
             [chromium, *flags, f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom", url],
             capture_output=True,
@@ -402,9 +389,7 @@ def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
 
     from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, PARENT_TAG
 
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("no Chromium here (apt-get install chromium): the browser check needs a real browser")
+    chromium = _chromium()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("vaco-sweep-look")
@@ -427,17 +412,7 @@ def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
     client.set_terminated(parent)
     port = free_port()
     ui = _start_ui(port, tmp_path, uri)
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,900",
-        "--virtual-time-budget=20000",
-    ]
+    flags = CHROMIUM_FLAGS
     try:
         line = ""
         deadline = time.monotonic() + 120
@@ -487,6 +462,29 @@ def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
+
+
+#: headless Chromium with a new profile each time, no network of its own, a laptop's window; 20 s of
+#: virtual time for the page's scripts
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,900",
+    "--virtual-time-budget=20000",
+]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("no Chromium here (apt-get install chromium): the browser check needs a real browser")
+    return found
 
 
 def _start_ui(port: int, cwd, uri: str) -> subprocess.Popen:
