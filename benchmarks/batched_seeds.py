@@ -7,7 +7,7 @@ leading dimension (``baddbmm``, the way the policy-version mixture already batch
 might cost little more than one seed's. This script times, in one process and one torch thread:
 
 * **sequential**: S separate networks and Adam optimisers, S x 320 minibatch steps of a PPO-clip
-  loss (vaco's networks, ``vaco.networks.GaussianActor`` / ``Critic``; torch's fused Adam, as the learner);
+  loss (vaco's networks, ``vaco.learners.networks.GaussianActor`` / ``Critic``; torch's fused Adam, as the learner);
 * **batched**: one stacked network of S seeds, 320 steps, each step every seed's own minibatch;
   the sum of the per-seed losses (so each seed's gradient is its own), gradient norms clipped per
   seed, and Adam on the stacked parameters (elementwise: the same update as S optimisers).
@@ -33,7 +33,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from vaco.networks import Critic, GaussianActor  # noqa: E402
+from vaco.learners.networks import Critic, GaussianActor  # noqa: E402
 
 torch.set_num_threads(1)
 OBS, ACT, BATCH, MINIBATCH, EPOCHS, CLIP, MAX_NORM = 11, 3, 4096, 128, 10, 0.2, 0.5

@@ -52,7 +52,7 @@ check_test() {
 check_fit() {
   step "vaco fit on Warp on cuda (Hopper, VACO, 500 x 1,000, cuda_graph $GRAPH)"
   rm -rf /tmp/run; mkdir -p /tmp/run
-  MLFLOW_TRACKING_URI=sqlite:////tmp/run/mlflow.db run_for "$T_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
+  MLFLOW_TRACKING_URI=sqlite:////tmp/run/mlflow.db run_for "$T_FIT" python3 -m vaco.commands.cli fit --config configs/env/hopper.yaml \
     --config configs/algo/vaco.yaml --config configs/collection/warp.yaml --config configs/hardware/gpu.yaml \
     --data.init_args.num_envs 500 --data.init_args.num_steps 1000 --data.init_args.collection.init_args.device cuda \
     --data.init_args.collection.init_args.cuda_graph "$GRAPH" --data.init_args.collection.init_args.evaluate_on gymnasium \
@@ -111,7 +111,7 @@ check_population_fit() {
     step "vaco fit --population $p on Warp on cuda (Hopper, VACO, 500 x 1,000, 2 iterations, cuda_graph $GRAPH)"
     rm -rf /tmp/runp; mkdir -p /tmp/runp
     start=$(date +%s.%N)
-    MLFLOW_TRACKING_URI=sqlite:////tmp/runp/mlflow.db run_for "$T_POP_FIT" python3 -m vaco.cli fit --config configs/env/hopper.yaml \
+    MLFLOW_TRACKING_URI=sqlite:////tmp/runp/mlflow.db run_for "$T_POP_FIT" python3 -m vaco.commands.cli fit --config configs/env/hopper.yaml \
       --config configs/algo/vaco.yaml --config configs/collection/warp.yaml --config configs/hardware/gpu.yaml \
       --data.init_args.num_envs 500 --data.init_args.num_steps 1000 --data.init_args.collection.init_args.device cuda \
       --data.init_args.collection.init_args.cuda_graph "$GRAPH" --data.init_args.collection.init_args.evaluate_on gymnasium \

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from vaco.data.policy_buffer import PolicyVersionBuffer  # noqa: E402
 from vaco.data.warp.env import WarpVectorEnv  # noqa: E402
 from vaco.data.warp.warp_collector import WarpCollector  # noqa: E402
-from vaco.networks import GaussianActor  # noqa: E402
+from vaco.learners.networks import GaussianActor  # noqa: E402
 from vaco.population.lockstep import Lockstep  # noqa: E402
 
 torch.set_num_threads(1)

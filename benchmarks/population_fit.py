@@ -90,7 +90,7 @@ def _variant(root: Path, groups: list[list[int]], extra: list[str], tree: str | 
         seeds = ["--seed_everything", str(group[0])]
         if len(group) > 1:
             seeds += ["--population", json.dumps(group)]
-        commands.append([sys.executable, "-m", "vaco.cli", "fit", *CELL, *extra, *seeds])
+        commands.append([sys.executable, "-m", "vaco.commands.cli", "fit", *CELL, *extra, *seeds])
     start = time.perf_counter()
     running: list[subprocess.Popen] = []
     logs = []

@@ -31,9 +31,9 @@ import torch  # noqa: E402
 from vaco import RolloutDataModule, VacoModule  # noqa: E402
 from vaco.advantages import VTrace  # noqa: E402
 from vaco.data.normalization import OBS_CLIP  # noqa: E402
+from vaco.learners.update import TRAIN_KEYS  # noqa: E402
 from vaco.objectives import TVFilter  # noqa: E402
 from vaco.population.layout import PopulationUpdate
-from vaco.update import TRAIN_KEYS  # noqa: E402
 
 torch.set_num_threads(1)
 

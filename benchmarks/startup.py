@@ -2,7 +2,7 @@
 
     python benchmarks/startup.py [--repeat 3] [--source DIR]
 
-Each command runs in a fresh interpreter (`python -c "from vaco.cli import main; main([...])"`);
+Each command runs in a fresh interpreter (`python -c "from vaco.commands.cli import main; main([...])"`);
 the table shows the median wall time over --repeat runs and whether torch / Lightning were
 imported. --source DIR times another checkout of vaco (e.g. an older commit in a git worktree)
 with the same environment, for a before/after comparison.
@@ -34,7 +34,7 @@ PROBE = """
 import json, sys, time
 sys.path.insert(0, {source!r})
 start = time.perf_counter()
-from vaco.cli import main
+from vaco.commands.cli import main
 try:
     main({argv!r})
 except SystemExit:

@@ -40,7 +40,7 @@ def _run(root: Path, tree: Path, env_extra: dict[str, str], sweep: Path = SWEEP)
         env["PYTHONPATH"] = str(tree)  # the baseline's vaco package ahead of this tree's editable install
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "vaco.cli", "sweep", "--config", str(tree / sweep), "--out", str(out)],
+        [sys.executable, "-m", "vaco.commands.cli", "sweep", "--config", str(tree / sweep), "--out", str(out)],
         cwd=root,
         env=env,
         capture_output=True,

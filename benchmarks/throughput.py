@@ -45,7 +45,7 @@ from vaco.advantages import GAE, VTrace  # noqa: E402
 from vaco.data.collector import RolloutCollector  # noqa: E402
 from vaco.data.envs import env_spec  # noqa: E402
 from vaco.data.policy_buffer import PolicyVersionBuffer  # noqa: E402
-from vaco.networks import GaussianActor  # noqa: E402
+from vaco.learners.networks import GaussianActor  # noqa: E402
 from vaco.objectives import IMPALA, PPOClip, TVFilter  # noqa: E402
 
 torch.set_num_threads(1)

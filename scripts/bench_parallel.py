@@ -43,7 +43,7 @@ def main() -> None:
     from vaco.data.envs import env_spec
     from vaco.data.parallel import ActorPool, ActorSpec, actor_seed
     from vaco.data.policy_buffer import PolicyVersionBuffer
-    from vaco.networks import GaussianActor
+    from vaco.learners.networks import GaussianActor
 
     spec = env_spec(args.env)
     actor = GaussianActor(spec.obs_dim, spec.act_dim)

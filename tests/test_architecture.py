@@ -26,11 +26,11 @@ LAYERS = {
         "vaco.files",
         "vaco.config_errors",
         "vaco.hints",
-        "vaco.checkpoint",
+        "vaco.run.checkpoint",
         "vaco.lightning_private",
-        "vaco.run_lock",
+        "vaco.run.lock",
     ),
-    2: ("vaco.objectives", "vaco.advantages", "vaco.networks", "vaco.proximal"),
+    2: ("vaco.objectives", "vaco.advantages", "vaco.learners.networks", "vaco.learners.proximal"),
     3: (
         "vaco.data",
         "vaco.llm.data",
@@ -42,16 +42,25 @@ LAYERS = {
         "vaco.llm.sft",
     ),
     4: (
-        "vaco.learner",
-        "vaco.vaco_module",
-        "vaco.update",
+        "vaco.learners.learner",
+        "vaco.learners.vaco_module",
+        "vaco.learners.update",
         "vaco.population",
         "vaco.llm.rlvr_module",
         "vaco.llm",
-        "vaco.callbacks",
-        "vaco.logger",
+        "vaco.run.callbacks",
+        "vaco.run.logger",
     ),
-    5: ("vaco.fit", "vaco.evaluate", "vaco.ui", "vaco.sweep", "vaco.report", "vaco.study", "vaco.cli", "vaco"),
+    5: (
+        "vaco.commands.fit",
+        "vaco.commands.evaluate",
+        "vaco.commands.ui",
+        "vaco.sweep",
+        "vaco.report",
+        "vaco.study",
+        "vaco.commands.cli",
+        "vaco",
+    ),
 }
 
 
@@ -153,12 +162,12 @@ def test_circle_and_layer_checks_can_fail(tmp_path, monkeypatch):
     copy = tmp_path / "vaco"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     with open(copy / "tracking.py", "a") as fh:
-        fh.write("\nfrom vaco.fit import VacoCLI  # noqa\n")  # leaves -> commands: up, and a circle
+        fh.write("\nfrom vaco.commands.fit import VacoCLI  # noqa\n")  # leaves -> commands: up, and a circle
     monkeypatch.setattr(__import__(__name__), "PACKAGE", copy)
     monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
     with pytest.raises(AssertionError, match="import circles"):
         test_no_import_circle()
-    with pytest.raises(AssertionError, match=r"vaco.tracking \(layer 1\) -> vaco.fit \(layer 5\)"):
+    with pytest.raises(AssertionError, match=r"vaco.tracking \(layer 1\) -> vaco.commands.fit \(layer 5\)"):
         test_no_arrow_runs_up_a_layer()
 
 
@@ -172,7 +181,7 @@ def test_no_two_files_share_a_name():
 
 def test_the_learners_keep_the_contract():
     from vaco import VacoModule
-    from vaco.learner import Learner
+    from vaco.learners.learner import Learner
     from vaco.llm import RLVRModule
 
     abstract = set(Learner.__abstractmethods__)
@@ -195,16 +204,19 @@ def test_no_compatibility_layer_is_shipped():
     to import (they used to resolve through an import hook, with a FutureWarning)."""
     import importlib
 
-    for old in ("vaco.module", "vaco.data.module", "vaco._moved", "vaco.data.parallel.legacy", "vaco.sweep.launchers"):
+    old_paths = ("vaco.module", "vaco.data.module", "vaco._moved", "vaco.data.parallel.legacy", "vaco.sweep.launchers")
+    # the modules that moved into commands/, learners/ and run/ leave nothing at their old paths
+    moved = ("cli", "fit", "evaluate", "ui", "learner", "vaco_module", "update", "networks", "logger", "checkpoint")
+    for old in (*old_paths, *(f"vaco.{name}" for name in moved)):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
     import vaco.data
 
     assert not hasattr(vaco.data, "ParallelRolloutDataModule")
-    import vaco.cli  # the dispatcher re-exports nothing: each name has one home
+    import vaco.commands.cli  # the dispatcher re-exports nothing: each name has one home
 
     for name in ("VacoCLI", "tracking_uri", "DEFAULT_TRACKING_URI", "vaco_command"):
-        assert not hasattr(vaco.cli, name), name
+        assert not hasattr(vaco.commands.cli, name), name
 
 
 @pytest.mark.parametrize("walk", ["run", "population"])
@@ -238,11 +250,11 @@ def test_lightning_private_api_is_fenced_and_exists_on_this_lightning():
     subclass overrides on its Lightning base is listed (a new override cannot slip past the fence)."""
     import lightning
 
-    from vaco.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow, VacoProgressBar
-    from vaco.checkpoint import SafeCheckpointIO
-    from vaco.fit import VacoArgumentParser, VacoCLI
+    from vaco.commands.fit import VacoArgumentParser, VacoCLI
     from vaco.lightning_private import TESTED, TOUCHES, resolve
-    from vaco.logger import VacoMLFlowLogger
+    from vaco.run.callbacks import IterationCheckpoint, IterationLog, SaveConfigToMLflow, VacoProgressBar
+    from vaco.run.checkpoint import SafeCheckpointIO
+    from vaco.run.logger import VacoMLFlowLogger
 
     version = ".".join(lightning.__version__.split(".")[:2])
     assert version in TESTED, (
@@ -302,7 +314,7 @@ def training_step(self, dataloader_iter):
     sys.setprofile(trace if calls[0] == 2 else None)
     return step(self, dataloader_iter)
 cls.training_step = training_step
-from vaco.cli import main
+from vaco.commands.cli import main
 try:
     main(sys.argv[3:])
 except SystemExit as stop:
@@ -315,7 +327,7 @@ with open(sys.argv[1], "w") as out:
 
 #: the walks of docs/architecture.md: (its section, the learner traced, extra `vaco fit` arguments)
 WALKS = {
-    "run": ("## One VACO iteration, file by file", "vaco.vaco_module.VacoModule", ()),
+    "run": ("## One VACO iteration, file by file", "vaco.learners.vaco_module.VacoModule", ()),
     "population": (
         "## One population iteration, file by file",
         "vaco.population.module.PopulationModule",

@@ -131,7 +131,7 @@ def _default_sigint() -> None:
 
 
 def _communicate(proc: subprocess.Popen, timeout: float = 120) -> str:
-    """Wait for the run to exit; if it does not, dump its threads' stacks (SIGUSR1, see vaco.cli)
+    """Wait for the run to exit; if it does not, dump its threads' stacks (SIGUSR1, see vaco.commands.cli)
     into the failure message before killing it."""
     try:
         return proc.communicate(timeout=timeout)[1]

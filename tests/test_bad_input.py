@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from helpers.runs import VACO
+from vaco.commands.fit import VacoCLI
 from vaco.config_errors import ConfigurationError
-from vaco.fit import VacoCLI
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["--config", str(REPO / "configs/env/hopper.yaml"), "--config", str(REPO / "configs/algo/vaco.yaml")]
@@ -451,7 +451,7 @@ def test_a_value_given_on_the_command_line_is_not_blamed_on_a_config_file(tmp_pa
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     env = str(REPO / "configs/env/inverted_pendulum.yaml")
     argv = ["--config", env, "--config", str(REPO / "configs/algo/vaco.yaml")]
-    from vaco import fit
+    from vaco.commands import fit
 
     for given in (["--data.init_args.total_steps=1e30"], ["--data.total_steps", "1e30"]):
         fit._CONFIG_FILES.clear()

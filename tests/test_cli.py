@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from helpers.mlflow_server import free_port
-from helpers.runs import CONFIGS, VACO, run_cli
+from helpers.runs import CONFIGS, REAL_VACO, VACO, run_cli
 
 PROBE = """
 import json, sys
-from vaco.cli import main
+from vaco.commands.cli import main
 try:
     main({argv!r})
 except SystemExit:
@@ -51,6 +51,17 @@ def test_the_command_list_is_the_same_everywhere():
     assert typo.returncode == 2 and "Did you mean fit?" in typo.stderr
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["--version"]])
+def test_output_into_a_closed_pipe_stops_quietly(argv):
+    """`vaco --help | head -1`: the reader is gone before vaco writes. vaco stops as `ls | head` does,
+    with the shell's SIGPIPE status and no traceback."""
+    proc = subprocess.Popen([REAL_VACO, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # closed before the interpreter has started: every write meets a closed pipe
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 128 + signal.SIGPIPE, stderr
+    assert stderr == "", stderr
+
+
 def test_fit_help_lists_vacos_own_fields_with_their_docs_and_defaults():
     out = run_cli("fit", "--help")
     assert out.returncode == 0
@@ -72,7 +83,7 @@ def test_video_without_an_mp4_writer_fails_before_rendering(tmp_path):
     # imageio's ffmpeg backend made unimportable in this process only
     code = (
         "import sys; sys.modules['imageio_ffmpeg'] = None\n"
-        "from vaco.cli import main\n"
+        "from vaco.commands.cli import main\n"
         f"sys.exit(main(['evaluate', '--ckpt', {str(tmp_path / 'none.ckpt')!r}, '--video', 'x.mp4']))\n"
     )
     start = time.monotonic()

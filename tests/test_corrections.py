@@ -27,6 +27,7 @@ from tensordict import TensorDict
 
 from helpers.runs import build_run, fit_in_process
 from vaco.advantages import GAE
+from vaco.learners.proximal import EWMAPolicy
 from vaco.objectives import (
     APPO,
     CISPO,
@@ -41,7 +42,6 @@ from vaco.objectives import (
     SequenceTIS,
 )
 from vaco.objectives.objective_math import effective_sample_size, masked_quantile, sequence_tv_filter_mask
-from vaco.proximal import EWMAPolicy
 
 KEYS = ("log_prob", "behavior_log_prob", "proximal_log_prob", "advantage")
 
@@ -570,7 +570,7 @@ def test_an_ewma_run_resumed_equals_the_uninterrupted_run(tmp_path, mlflow_uri):
     """PPO-EWMA's average (weights and total weight) is in the checkpoint: 2 iterations then a
     resume to 3 equals 3 iterations straight, the EWMA and every metric but the timings included."""
     from helpers.runs import metric_histories
-    from vaco.checkpoint import load_checkpoint
+    from vaco.run.checkpoint import load_checkpoint
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     constant = ("--model.init_args.anneal_lr", "false")  # an extended budget re-plans an annealed schedule

@@ -13,7 +13,7 @@ from vaco.data.collector import RolloutCollector
 from vaco.data.envs import make_vector_env, validate_env_id
 from vaco.data.normalization import RewardScaler, RunningMeanStd, batch_moments, normalize_observation
 from vaco.data.policy_buffer import PolicyVersionBuffer
-from vaco.networks import GaussianActor, gaussian_entropy, gaussian_log_prob
+from vaco.learners.networks import GaussianActor, gaussian_entropy, gaussian_log_prob
 
 
 def test_running_mean_std_matches_gymnasium():

@@ -77,7 +77,7 @@ def test_the_core_install_imports_nothing_only_an_extra_declares():
     core = {_name(r) for r in project["dependencies"]}
     table = md.packages_distributions()
     optional = ("vaco/llm", "vaco/data/warp", "vaco/data/envpool_backend.py", "vaco/sweep/ray_launcher.py")
-    optional += ("vaco/sweep/slurm_launcher.py", "vaco/evaluate.py")
+    optional += ("vaco/sweep/slurm_launcher.py", "vaco/commands/evaluate.py")
     for path in (REPO / "vaco").rglob("*.py"):
         if str(path.relative_to(REPO)).startswith(optional):
             continue

@@ -11,9 +11,9 @@ import torch
 from helpers.runs import CONFIGS, build_run, run_cli
 from vaco import VacoModule
 from vaco.advantages import VTrace
-from vaco.checkpoint import load_checkpoint
-from vaco.logger import VacoMLFlowLogger
 from vaco.objectives import TVFilter
+from vaco.run.checkpoint import load_checkpoint
+from vaco.run.logger import VacoMLFlowLogger
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 

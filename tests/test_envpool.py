@@ -182,7 +182,7 @@ def test_a_resumed_envpool_collector_warns_and_starts_new_episodes():
     """Everything but the simulators resumes: the iteration, generator and reward scaler come back,
     the episodes in flight start over from a seeded reset, and a warning says so."""
     from vaco.data.policy_buffer import PolicyVersionBuffer
-    from vaco.networks import GaussianActor
+    from vaco.learners.networks import GaussianActor
 
     torch.manual_seed(0)
     actor = GaussianActor(11, 3)

@@ -22,7 +22,7 @@ import torch
 
 from helpers.mlflow_server import closed_port, free_port, start_server, stop_server
 from helpers.runs import CONFIGS, VACO, metric_histories, run_cli
-from vaco.checkpoint import CheckpointError, load_checkpoint, pack_state, save_atomic, unpack_state
+from vaco.run.checkpoint import CheckpointError, load_checkpoint, pack_state, save_atomic, unpack_state
 from vaco.tracking import TrackingStoreError, check_tracking_store
 
 ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
@@ -301,7 +301,7 @@ def test_a_store_that_fills_mid_run_is_one_line_not_mlflows_tracebacks(tmp_path)
 
 _WRITER = """
 import sys, torch
-from vaco.checkpoint import save_atomic
+from vaco.run.checkpoint import save_atomic
 path, version = sys.argv[1], 0
 while True:
     version += 1
@@ -567,7 +567,7 @@ def test_a_new_sqlite_store_opened_by_four_commands_at_once_is_set_up_once(tmp_p
     script = (  # what `vaco fit` does first: the store check, then its logger's first use of the store
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from vaco.logger import VacoMLFlowLogger\n"
+        "from vaco.run.logger import VacoMLFlowLogger\n"
         "from vaco.tracking import check_tracking_store\n"
         "while not Path(sys.argv[2]).exists():\n"
         "    time.sleep(0.001)\n"
@@ -811,7 +811,7 @@ def test_a_second_process_on_a_run_refuses_naming_the_holder_and_a_dead_holders_
 
 def test_a_long_store_error_is_cut_at_a_word_and_says_so():
     """The outage line once read `... with url: /api/2.0/mlflo)`: a cut mid-word, as if the message."""
-    from vaco.logger import _store_error_line
+    from vaco.run.logger import _store_error_line
 
     url = "/api/2.0/mlflow/runs/log-batch"
     err = ConnectionError(

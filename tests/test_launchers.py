@@ -18,7 +18,7 @@ import pytest
 from helpers.mlflow_server import closed_port, mlflow_server
 from helpers.runs import CONFIGS, VACO, run_cli
 from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs, parent_run
-from vaco.checkpoint import CheckpointError, load_checkpoint
+from vaco.run.checkpoint import CheckpointError, load_checkpoint
 
 
 def _sweep(tmp_path: Path, uri: str, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -99,7 +99,7 @@ def test_slurm_job_array_script_carries_the_sweeps_resources(tmp_path):
 def test_slurm_without_submitit_is_refused_before_any_cell(tmp_path):
     code = (
         "import sys; sys.modules['submitit'] = None\n"
-        "from vaco.cli import main\n"
+        "from vaco.commands.cli import main\n"
         f"sys.exit(main(['sweep', '--config', {str(TINY)!r}, '--out', {str(tmp_path / 'out')!r}, '--launcher', 'slurm']))\n"
     )
     out = subprocess.run(
@@ -118,7 +118,7 @@ def test_slurm_without_submitit_is_refused_before_any_cell(tmp_path):
 def test_slurm_dry_run_without_submitit_is_one_line_too(tmp_path):
     code = (
         "import sys; sys.modules['submitit'] = None\n"
-        "from vaco.cli import main\n"
+        "from vaco.commands.cli import main\n"
         f"sys.exit(main(['sweep', '--config', {str(TINY)!r}, '--out', {str(tmp_path / 'out')!r}, '--launcher', 'slurm', '--dry-run']))\n"
     )
     env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")

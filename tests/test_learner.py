@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vaco.learner import same_run_problem
+from vaco.learners.learner import same_run_problem
 
 
 def test_a_resume_refusal_names_both_sides_and_never_prints_none_for_a_missing_field():

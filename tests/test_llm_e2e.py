@@ -21,7 +21,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from vaco.cli import main
+from vaco.commands.cli import main
 from vaco.llm.sft import CpuSetting, prepare_cpu_setting
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "llm"

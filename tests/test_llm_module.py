@@ -10,8 +10,8 @@ import mlflow
 import pytest
 import torch
 
-from vaco.cli import main
-from vaco.fit import VacoCLI
+from vaco.commands.cli import main
+from vaco.commands.fit import VacoCLI
 from vaco.llm.data import DEFAULT_PROMPT_TEMPLATE, format_prompt
 from vaco.llm.policy import tiny_causal_lm
 from vaco.llm.synthetic import generate_splits, write_jsonl

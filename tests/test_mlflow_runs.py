@@ -74,7 +74,7 @@ def test_a_resume_the_logger_refuses_leaves_the_run_as_it_was(tmp_path):
     left FAILED, the finished run looking broken)."""
     import mlflow
 
-    from vaco.logger import VacoMLFlowLogger
+    from vaco.run.logger import VacoMLFlowLogger
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
@@ -107,7 +107,7 @@ def test_runs_started_at_once_into_a_new_store_all_go_on(tmp_path):
     of kind model training. (Before the fix it failed on the first or second store, either way.)"""
     import threading
 
-    from vaco.logger import VacoMLFlowLogger
+    from vaco.run.logger import VacoMLFlowLogger
     from vaco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
 
     for store in range(5):

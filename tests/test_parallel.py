@@ -19,7 +19,7 @@ from helpers.actors import filled_buffer, parallel_run
 from helpers.runs import CONFIGS, fit_inverted_pendulum_ppo, metric_histories
 from vaco.data.collector import RolloutCollector
 from vaco.data.parallel import ActorPool, ActorSpec, actor_seed
-from vaco.networks import gaussian_log_prob
+from vaco.learners.networks import gaussian_log_prob
 
 ENV, N, T, SEED = "Hopper-v5", 4, 32, 5
 
@@ -91,9 +91,9 @@ def test_two_actors_equal_two_single_process_collectors_and_keep_the_semantics()
     ids=lambda p: p.stem,
 )  # the actor configs; warp.yaml and envpool.yaml are other backends (tests/test_warp.py, tests/test_envpool.py)
 def test_every_collection_config_instantiates(config, mlflow_uri):
+    from vaco.commands.fit import VacoCLI
     from vaco.data import RolloutDataModule
     from vaco.data.parallel import Actors
-    from vaco.fit import VacoCLI
 
     cli = VacoCLI(
         args=[

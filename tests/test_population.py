@@ -17,9 +17,9 @@ import torch
 from helpers.runs import build_run
 from vaco.advantages import GAE, VTrace
 from vaco.data.normalization import OBS_CLIP
+from vaco.learners.update import TRAIN_KEYS
 from vaco.objectives import APPO, CISPO, DPPOTV, MIS, PPOKL, SPO, TIS, PPOClip, TVFilter
 from vaco.population.layout import PopulationUpdate
-from vaco.update import TRAIN_KEYS
 
 SEEDS = (3, 4, 5, 6)
 ITERATIONS = 3
@@ -144,7 +144,7 @@ def test_each_member_of_a_population_updates_exactly_as_its_solo_run(tmp_path, m
 )
 def test_a_member_whose_loss_is_not_finite_keeps_its_weights_and_the_others_update(tmp_path, device):
     torch.manual_seed(0)
-    from vaco.networks import Critic, GaussianActor
+    from vaco.learners.networks import Critic, GaussianActor
 
     actors = [GaussianActor(4, 2).to(device) for _ in range(3)]
     critics = [Critic(4).to(device) for _ in range(3)]
@@ -187,7 +187,7 @@ def _nan_population(exact: bool, host_sync: bool, members: int = 3) -> tuple[Pop
     """Hopper's sizes (3 actions: log_std and the output biases are list leaves in the exact layout),
     2 epochs x 4 minibatches; member 1 has one NaN advantage, so one minibatch an epoch is bad for
     it (after Adam has state to restore) and the others are good."""
-    from vaco.networks import Critic, GaussianActor
+    from vaco.learners.networks import Critic, GaussianActor
 
     torch.manual_seed(0)
     actors = [GaussianActor(11, 3) for _ in range(members)]

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from helpers.runs import CONFIGS, VACO, fit_in_process, metric_histories
-from vaco.checkpoint import load_checkpoint
 from vaco.population.module import MEMBER_TAG, POPULATION_TAG
+from vaco.run.checkpoint import load_checkpoint
 
 ENV = str(CONFIGS / "env" / "inverted_pendulum.yaml")
 BATCH = 2 * 64
@@ -193,7 +193,7 @@ def test_a_population_checkpoints_at_every_period_and_counts_its_steps_as_a_solo
     """Lightning skips a checkpoint whose global step it has saved already: the population's
     optimiser steps must be counted (they were not: only the first periodic checkpoint was written,
     and a SIGTERM stop wrote none)."""
-    from vaco.callbacks import IterationCheckpoint
+    from vaco.run.callbacks import IterationCheckpoint
 
     saved = []
     original = IterationCheckpoint._save_last_checkpoint

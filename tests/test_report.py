@@ -356,7 +356,7 @@ def test_an_axis_an_objective_declares_gets_its_own_ablation(tmp_path):
 def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
     import mlflow
 
-    from vaco.cli import main as vaco_main
+    from vaco.commands.cli import main as vaco_main
 
     sweep = full_sweep(tmp_path_factory)
     assert sweep.full_rc == 0, sweep.full_log

@@ -16,10 +16,10 @@ from helpers.report_runs import make_run
 from helpers.runs import REPO
 from vaco import sweep as S
 from vaco.advantages import GAE, VTrace
+from vaco.learners.vaco_module import VacoModule, default_algorithm_name
 from vaco.objectives import IMPALA, PPOKL, SPO, Objective, PPOClip, TVFilter
 from vaco.report.runs import Run, runs_from_frame, runs_to_frame
 from vaco.report.scores import is_variant
-from vaco.vaco_module import VacoModule, default_algorithm_name
 
 USER_MODULE = '''
 import torch
@@ -172,9 +172,9 @@ def test_no_learner_tracking_sweep_or_report_module_names_a_concrete_module_clas
     ]
     assert {"TVFilter", "PPOClip", "VTrace", "GAE", "IMPALA"} <= set(concrete)
     files = [
-        REPO / "vaco" / "learner.py",
-        REPO / "vaco" / "vaco_module.py",
-        REPO / "vaco" / "update.py",
+        REPO / "vaco" / "learners" / "learner.py",
+        REPO / "vaco" / "learners" / "vaco_module.py",
+        REPO / "vaco" / "learners" / "update.py",
         REPO / "vaco" / "tracking.py",
         REPO / "vaco" / "llm" / "rlvr_module.py",
         *sorted((REPO / "vaco" / "sweep").glob("*.py")),

@@ -98,7 +98,7 @@ def test_credentials_leak_cell_configs_hold_no_tracking_uri(tmp_path, monkeypatc
 def test_credentials_leak_the_config_artifact_is_redacted():
     from jsonargparse import Namespace
 
-    from vaco.callbacks import redacted_config
+    from vaco.run.callbacks import redacted_config
 
     uri = f"https://{SECRET}@mlflow.example"
     config = Namespace(trainer=Namespace(logger=Namespace(init_args=Namespace(tracking_uri=uri, experiment_name="x"))))
@@ -168,7 +168,7 @@ def test_an_experiment_name_with_a_comma_is_refused_it_would_match_other_slurm_j
 def test_checkpoints_unreadable_by_collaborators_atomic_writes_honour_the_umask(tmp_path):
     import torch
 
-    from vaco.checkpoint import save_atomic
+    from vaco.run.checkpoint import save_atomic
 
     old = os.umask(0o022)
     try:
@@ -244,7 +244,7 @@ def test_metrics_lost_on_a_read_only_working_directory_go_to_the_temp_dir(tmp_pa
     """A batch the store refuses for good (the run was deleted: HTTP 400 from a server, the same
     error from SQLite) does not block later metrics, and the unsent ones land in the temporary
     directory when the working directory cannot be written (even root cannot write /proc)."""
-    from vaco.logger import VacoMLFlowLogger
+    from vaco.run.logger import VacoMLFlowLogger
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     logger = VacoMLFlowLogger(experiment_name="faults", tracking_uri=uri)
@@ -268,7 +268,7 @@ def test_a_resume_replays_the_unsent_metrics_into_the_same_run_once(tmp_path, mo
     and a later resume marked the run FINISHED without them. Now the resume sends the file's batches
     first, into the same run (a real SQLite store): those up to the checkpoint's step, once; those past
     it are dropped, since the resumed training logs them again; the file is renamed once sent."""
-    from vaco.logger import VacoMLFlowLogger
+    from vaco.run.logger import VacoMLFlowLogger
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

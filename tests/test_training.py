@@ -23,8 +23,8 @@ import torch
 from helpers.runs import CONFIGS, REAL_VACO, VACO, build_run, metric_histories, run_cli
 from vaco import VacoModule
 from vaco.advantages import GAE, VTrace
+from vaco.learners.vaco_module import NonFiniteLossError
 from vaco.objectives import PPOClip, TVFilter
-from vaco.vaco_module import NonFiniteLossError
 
 # ---------------------------------------------------------------- learning
 LEARN = dict(num_envs=4, num_steps=128, total_steps=25_600, eval_every=0, eval_episodes=10, eval_envs=5)
@@ -168,7 +168,7 @@ def test_nan_loss_with_a_non_fused_optimizer_stops_before_the_step(tmp_path, mlf
 
 # ---------------------------------------------------------------- bad input
 def _cli(*args):
-    from vaco.fit import VacoCLI
+    from vaco.commands.fit import VacoCLI
 
     return VacoCLI(args=list(args), run=False)  # run=False: no subcommand, instantiate only
 
@@ -461,7 +461,7 @@ def test_single_node_ddp_keeps_the_gloo_pairs_on_the_loopback(monkeypatch):
     import lightning as L
 
     from helpers.mlflow_server import free_port
-    from vaco.rendezvous import host_store_on_loopback
+    from vaco.run.rendezvous import host_store_on_loopback
 
     for key in ("GLOO_SOCKET_IFNAME", "TORCHELASTIC_USE_AGENT_STORE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)

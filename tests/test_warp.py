@@ -20,7 +20,7 @@ from vaco.data.policy_buffer import PolicyVersionBuffer
 from vaco.data.warp import TASKS, Warp
 from vaco.data.warp.env import WarpVectorEnv
 from vaco.data.warp.warp_collector import WarpCollector
-from vaco.networks import GaussianActor, gaussian_log_prob
+from vaco.learners.networks import GaussianActor, gaussian_log_prob
 
 WORLDS = 4
 _envs: dict[tuple, WarpVectorEnv] = {}
@@ -424,8 +424,8 @@ def test_the_paper_grid_on_the_gpu_backend_is_a_valid_sweep():
 
 
 def test_the_warp_config_instantiates_through_the_cli(mlflow_uri):
+    from vaco.commands.fit import VacoCLI
     from vaco.data import RolloutDataModule
-    from vaco.fit import VacoCLI
 
     configs = REPO / "configs"
     cli = VacoCLI(

@@ -14,7 +14,7 @@ __all__ = ["VacoModule", "RolloutDataModule"]
 
 def __getattr__(name):  # lazy: `import vaco.objectives` must not pull in Lightning and MuJoCo
     if name == "VacoModule":
-        from vaco.vaco_module import VacoModule
+        from vaco.learners.vaco_module import VacoModule
 
         return VacoModule
     if name == "RolloutDataModule":

@@ -1,7 +1,7 @@
 """Files vaco writes on storage other people share: atomically, with the mode the umask gives.
 
 Imports nothing heavy (the sweep's launchers use it; ``vaco sweep --help`` stays fast).
-:func:`vaco.checkpoint.save_atomic` writes checkpoints the same way.
+:func:`vaco.run.checkpoint.save_atomic` writes checkpoints the same way.
 """
 
 from __future__ import annotations

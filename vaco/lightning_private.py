@@ -6,7 +6,7 @@ are skipped, nothing fails). So each private name is listed in :data:`TOUCHES` w
 why no public route does the job, and ``tests/test_architecture.py`` resolves every one on the
 installed Lightning (failing with the name that is gone) and refuses a Lightning outside
 :data:`TESTED` by name. The code that reads or edits Lightning's private state lives here; the three
-``LightningCLI`` overrides stay methods of :class:`vaco.fit.VacoCLI` (an override has to), and are
+``LightningCLI`` overrides stay methods of :class:`vaco.commands.fit.VacoCLI` (an override has to), and are
 listed here. docs/architecture.md gives the same list.
 """
 
@@ -38,51 +38,51 @@ TESTED = ("2.6",)
 #: ``module:Class().attribute`` (an instance attribute, checked as assigned in ``Class.__init__``).
 TOUCHES: dict[str, tuple[str, str]] = {
     "lightning.pytorch.cli:LightningCLI._parse_ckpt_path": (
-        "vaco.fit.VacoCLI overrides it",
+        "vaco.commands.fit.VacoCLI overrides it",
         "Lightning's version loads the checkpoint and merges its hyperparameters over the config; vaco "
         "reads it once (weights only) and refuses a resume whose run-defining fields differ instead",
     ),
     "lightning.pytorch.cli:LightningCLI._set_seed": (
-        "vaco.fit.VacoCLI overrides it",
+        "vaco.commands.fit.VacoCLI overrides it",
         "the checks that need no object (seed range, task, tracking store) and every constructor's own "
         "checks run before 'Seed set to' and before any MLflow store exists: no public hook runs that early",
     ),
     "lightning.pytorch.cli:LightningCLI._instantiate_trainer": (
-        "vaco.fit.VacoCLI overrides it",
+        "vaco.commands.fit.VacoCLI overrides it",
         "a line per iteration instead of tqdm's bars when stdout is a file, and an accelerator the machine "
         "lacks as one line naming the field (Lightning raises while building the trainer)",
     ),
     "lightning.pytorch.callbacks:ModelCheckpoint._should_skip_saving_checkpoint": (
-        "save_last_checkpoint (vaco.callbacks.VacoCheckpoint)",
+        "save_last_checkpoint (vaco.run.callbacks.VacoCheckpoint)",
         "vaco saves last.ckpt at iteration boundaries and on a stop signal, with ModelCheckpoint's own "
         "rules for when not to save (sanity checks, a save already at this step) and its own writer",
     ),
     "lightning.pytorch.callbacks:ModelCheckpoint._save_last_checkpoint": (
-        "save_last_checkpoint (vaco.callbacks.VacoCheckpoint)",
+        "save_last_checkpoint (vaco.run.callbacks.VacoCheckpoint)",
         "the same: ModelCheckpoint's save of last.ckpt (linking, versioning, removal of the previous one)",
     ),
     "lightning.pytorch.callbacks:ModelCheckpoint._monitor_candidates": (
-        "save_last_checkpoint (vaco.callbacks.VacoCheckpoint)",
+        "save_last_checkpoint (vaco.run.callbacks.VacoCheckpoint)",
         "the metrics ModelCheckpoint formats the file name and state with",
     ),
     "lightning.pytorch.loggers:MLFlowLogger()._run_id": (
-        "vaco.logger.VacoMLFlowLogger",
+        "vaco.run.logger.VacoMLFlowLogger",
         "a resume continues its MLflow run (set before the run starts) and a new run gets a unique name; "
         "MLFlowLogger takes both only as constructor arguments, and vaco learns them after construction",
     ),
-    "lightning.pytorch.loggers:MLFlowLogger()._run_name": ("vaco.logger.VacoMLFlowLogger", "the same"),
+    "lightning.pytorch.loggers:MLFlowLogger()._run_name": ("vaco.run.logger.VacoMLFlowLogger", "the same"),
     "lightning.pytorch.loggers:MLFlowLogger()._experiment_name": (
-        "vaco.logger.VacoMLFlowLogger",
+        "vaco.run.logger.VacoMLFlowLogger",
         "the experiment is created with vaco's artifact location and kind tag before Lightning's first use",
     ),
-    "lightning.pytorch.loggers:MLFlowLogger()._tracking_uri": ("vaco.logger.VacoMLFlowLogger", "the same"),
-    "lightning.pytorch.loggers:MLFlowLogger()._artifact_location": ("vaco.logger.VacoMLFlowLogger", "the same"),
+    "lightning.pytorch.loggers:MLFlowLogger()._tracking_uri": ("vaco.run.logger.VacoMLFlowLogger", "the same"),
+    "lightning.pytorch.loggers:MLFlowLogger()._artifact_location": ("vaco.run.logger.VacoMLFlowLogger", "the same"),
     "lightning.fabric.utilities.logger:_convert_params": (
-        "flatten_params (vaco.logger.VacoMLFlowLogger.log_hyperparams)",
+        "flatten_params (vaco.run.logger.VacoMLFlowLogger.log_hyperparams)",
         "the logged params are flattened as Lightning's own MLFlowLogger flattens them, so the keys match",
     ),
     "lightning.fabric.utilities.logger:_flatten_dict": (
-        "flatten_params (vaco.logger.VacoMLFlowLogger.log_hyperparams)",
+        "flatten_params (vaco.run.logger.VacoMLFlowLogger.log_hyperparams)",
         "the same",
     ),
     "lightning.pytorch.loops.progress:_BatchProgress.is_last_batch": (
@@ -95,7 +95,7 @@ TOUCHES: dict[str, tuple[str, str]] = {
         "the epoch counters (completed, processed) of the checkpoint's fit loop",
     ),
     "lightning.pytorch.strategies:DDPStrategy()._timeout": (
-        "ddp_timeout (vaco.rendezvous)",
+        "ddp_timeout (vaco.run.rendezvous)",
         "the loopback rendezvous store must wait as long as the process group the strategy makes; the "
         "strategy keeps its `timeout` argument only privately",
     ),

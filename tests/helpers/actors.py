@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from helpers.runs import tiny_trainer
 from vaco.data.policy_buffer import PolicyVersionBuffer
-from vaco.networks import GaussianActor
+from vaco.learners.networks import GaussianActor
 from vaco.tracking import artifact_location
 
 
@@ -43,11 +43,11 @@ def parallel_run(
     """A real (VacoModule, RolloutDataModule with actor processes, Trainer) on a tiny InvertedPendulum
     setting; ``data_kwargs`` may hold the data module's and the :class:`Actors` backend's fields."""
     from vaco.advantages import VTrace
-    from vaco.callbacks import IterationCheckpoint
     from vaco.data import RolloutDataModule
     from vaco.data.parallel import Actors
+    from vaco.learners.vaco_module import VacoModule
     from vaco.objectives import TVFilter
-    from vaco.vaco_module import VacoModule
+    from vaco.run.callbacks import IterationCheckpoint
 
     L.seed_everything(seed, verbose=False)
     data = dict(

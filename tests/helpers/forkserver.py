@@ -6,7 +6,7 @@ TorchRL first, and the suite starts well over a hundred of them. Each xdist work
 server (tests/conftest.py) that imports those once and then forks a child per command. The child
 is the command a subprocess would run: the same argv, working directory, environment, resource
 limits and umask, the caller's own stdin, stdout and stderr (passed over the socket), its own
-session, ``vaco.cli.main`` with ``sys.argv`` as the ``vaco`` script sets it. The tests reach it
+session, ``vaco.commands.cli.main`` with ``sys.argv`` as the ``vaco`` script sets it. The tests reach it
 through a client script (``VACO`` in tests/helpers/runs.py) that forwards the signals it gets to
 the child, exits with the child's code (or dies by the child's signal) and, killed itself, takes
 the child with it (the server sees the connection close). This is how `vaco sweep` already forks
@@ -62,7 +62,7 @@ PRELOAD = (
     "pandas",
     "scipy.stats",
     "vaco.population.module",
-    "vaco.evaluate",
+    "vaco.commands.evaluate",
     "vaco.sweep.sweep_cli",
     "vaco.report",
 )
@@ -170,8 +170,8 @@ def _start(client: socket.socket, startup: dict, base_path: list[str], vaco: str
     sys.argv = [vaco, *request["argv"]]
     # what `vaco ...` would see: Lightning's DDP launcher and multiprocessing's spawn start
     # their processes from __main__'s module and sys.argv (as vaco/sweep/zygote.py does)
-    sys.modules["__main__"].__spec__ = importlib.util.find_spec("vaco.cli")
-    from vaco.cli import main
+    sys.modules["__main__"].__spec__ = importlib.util.find_spec("vaco.commands.cli")
+    from vaco.commands.cli import main
 
     code, interrupted = 1, False
     try:

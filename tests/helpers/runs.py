@@ -52,8 +52,8 @@ def build_run(
     (``logger_cls=VacoMLFlowLogger``: the logger of ``vaco fit``, which lets a resumed run grow its budget)."""
     from vaco import RolloutDataModule, VacoModule
     from vaco.advantages import VTrace
-    from vaco.callbacks import IterationCheckpoint
     from vaco.objectives import TVFilter
+    from vaco.run.callbacks import IterationCheckpoint
 
     L.seed_everything(seed, verbose=False)
     data = dict(
@@ -148,7 +148,7 @@ def fit_in_process(root: Path, algo: str, *args: str, eval_every: int = 2) -> No
     """`vaco fit` in this process (its real parser and Trainer) of ``configs/algo/<algo>.yaml`` on a
     tiny InvertedPendulum setting: 2 envs x 64 steps, K = 3, 2 epochs x 4 minibatches, a checkpoint
     every iteration under ``root``; ``args`` add to or override it (the budget, ``--population``)."""
-    from vaco.fit import main
+    from vaco.commands.fit import main
 
     argv = [
         "--config",

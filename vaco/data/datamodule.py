@@ -119,7 +119,7 @@ class RolloutDataModule(L.LightningDataModule):
                 f"(num_envs * num_steps = {num_envs * num_steps})"
             )
         # the backend is saved as its plain config (class_path + init_args), never as an object: a
-        # checkpoint holds only tensors and plain values (vaco.checkpoint refuses anything else)
+        # checkpoint holds only tensors and plain values (vaco.run.checkpoint refuses anything else)
         self.save_hyperparameters(ignore=["collection"])
         self.env_id, self.num_envs, self.num_steps = env_id, num_envs, num_steps
         self.total_steps, self.policy_buffer_size = total_steps, policy_buffer_size

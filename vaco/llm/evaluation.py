@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from vaco.checkpoint import is_llm_checkpoint  # noqa: F401  (re-exported: the LLM track's public name)
 from vaco.llm.policy import cut_at_stop_strings, encode_prompts, generate
 from vaco.llm.reward import STOP_STRINGS, GSM8k, Reward, answer_span, shipped_reward
+from vaco.run.checkpoint import is_llm_checkpoint  # noqa: F401  (re-exported: the LLM track's public name)
 
 __all__ = ["Answers", "answer", "pass_at_k", "evaluate_checkpoint", "is_llm_checkpoint"]
 

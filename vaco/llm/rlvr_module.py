@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import torch
 from tensordict import TensorDict
 
-from vaco.learner import Learner, NonFiniteLossError, plain_fields
+from vaco.learners.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.lightning_private import reopen_finished_epoch, uncount_current_batch
 from vaco.llm.advantage import GroupRelative
 from vaco.llm.policy import (
@@ -655,7 +655,7 @@ class RLVRModule(Learner):
         }
 
     def _stop_requested(self) -> bool:
-        """Whether SIGTERM/SIGUSR2 asked the run to stop (:class:`vaco.callbacks.IterationCheckpoint`)."""
+        """Whether SIGTERM/SIGUSR2 asked the run to stop (:class:`vaco.run.callbacks.IterationCheckpoint`)."""
         callback = self._trainer.checkpoint_callback if self._trainer is not None else None
         stop = getattr(callback, "stop_requested", None)
         return bool(stop(self.trainer)) if stop is not None else False

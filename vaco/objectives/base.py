@@ -21,7 +21,7 @@ key                  meaning
 ``proximal_log_prob`` (objectives whose :attr:`Objective.proximal` is set) ``log pi_prox(a|s)`` of
                      the proximal policy the learner provides: ``"recompute"``, the learner at
                      the start of the iteration; ``"ewma"``, an exponential moving average of
-                     the actor's weights (:class:`vaco.proximal.EWMAPolicy`)
+                     the actor's weights (:class:`vaco.learners.proximal.EWMAPolicy`)
 ==================== ======================================================================
 
 :meth:`Objective.forward` returns a TensorDict: entries named ``loss_*`` carry gradient and

@@ -26,7 +26,7 @@ class PPOEWMA(DecoupledPPO):
     space, as in the source. The clip is symmetric in the source (``clip_param``).
 
     The proximal policy is an exponential moving average of the actor's weights
-    (:class:`vaco.proximal.EWMAPolicy`), stepped after every optimiser step. The source ships no
+    (:class:`vaco.learners.proximal.EWMAPolicy`), stepped after every optimiser step. The source ships no
     default decay (``kl_ewma_decay=None`` turns the EWMA off); vaco's 0.9938 puts the average's
     centre of mass, ``decay / (1 - decay)``, at 160 optimiser steps: the mean age of PPO's
     iteration-start proximal policy at vaco's 10 epochs x 32 minibatches. The paper sets the

@@ -3,7 +3,7 @@
 A population's members have their own weights, optimiser state and data; batching them puts a
 leading member dimension ``S`` on every tensor, so that one kernel call does the work of S. The
 point of this module is that it changes no member's numbers: member ``m``'s update here is **bit
-for bit** :meth:`vaco.update.MinibatchUpdate.run` of that run alone (tested in
+for bit** :meth:`vaco.learners.update.MinibatchUpdate.run` of that run alone (tested in
 ``tests/test_population.py`` on VACO, PPO-clip, adaptive PPO-KL and SPO for S = 1, 2 and 4, and by
 ``benchmarks/population_update.py`` on the study cell's Hopper data for S = 1 to 8). Measured on
 torch 2.13's CPU build on an AMD EPYC (AVX2) and on an Intel Xeon (AVX-512), that holds because
@@ -36,7 +36,7 @@ no host sync per minibatch (a non-finite member's step is undone on the device w
 as the solo run skips a step with the fused kernel's ``found_inf``). A member then equals its solo
 run to float rounding (``tests/test_population.py`` checks both layouts on the CPU).
 
-The epochs x minibatches loop is a run's (:func:`vaco.update.minibatch_epochs`); this module is
+The epochs x minibatches loop is a run's (:func:`vaco.learners.update.minibatch_epochs`); this module is
 the population's layout of it (:class:`PopulationUpdate`: where the member dimension lives).
 ``vaco fit --population`` (:mod:`vaco.population.module`) calls it once per iteration;
 ``benchmarks/population_update.py`` measures it against S solo updates.
@@ -49,9 +49,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from vaco.networks import gaussian_log_prob
-from vaco.proximal import ewma_weights
-from vaco.update import UpdateLayout, minibatch_epochs, policy_quantities, summed_losses
+from vaco.learners.networks import gaussian_log_prob
+from vaco.learners.proximal import ewma_weights
+from vaco.learners.update import UpdateLayout, minibatch_epochs, policy_quantities, summed_losses
 
 __all__ = ["BatchedMLP", "PopulationUpdate", "check_vmappable", "stack_parameters"]
 
@@ -142,7 +142,7 @@ def check_vmappable(objective: nn.Module, field: str = "model.objective") -> Non
         x = x.abs() + 0.1 if positive else x
         return x.requires_grad_() if grad else x
 
-    # the keys a population's minibatch holds: vaco.update.TRAIN_KEYS and the learner pass's outputs
+    # the keys a population's minibatch holds: vaco.learners.update.TRAIN_KEYS and the learner pass's outputs
     probe = {
         "observation": draw(obs),
         "action": draw(act),
@@ -179,7 +179,7 @@ def check_vmappable(objective: nn.Module, field: str = "model.objective") -> Non
 
 class PopulationUpdate(UpdateLayout):
     """Epochs x minibatches of one objective for S members at once: the population's layout of
-    :func:`vaco.update.minibatch_epochs`, the loop a run's update runs (see the module docstring).
+    :func:`vaco.learners.update.minibatch_epochs`, the loop a run's update runs (see the module docstring).
 
     Args:
         actors, critics: each member's ``GaussianActor`` and ``Critic`` (their weights are read once
@@ -195,7 +195,7 @@ class PopulationUpdate(UpdateLayout):
         host_sync: find the members whose loss is not finite on the host, each minibatch (cheap on a
             CPU); False: undo their steps on the device with no sync (a GPU's queue keeps running).
             Bit for bit the same result. None (default): True on a CPU, False on a GPU.
-        proximals: each member's EWMA of its actor's weights (:class:`vaco.proximal.EWMAPolicy`)
+        proximals: each member's EWMA of its actor's weights (:class:`vaco.learners.proximal.EWMAPolicy`)
             where the objective's proximal policy is one: stacked here, evaluated on each minibatch
             and stepped after each optimiser step as the solo run's (elementwise, so bit for bit);
             :meth:`write_back` gives each member its own. None: no EWMA.
@@ -273,8 +273,8 @@ class PopulationUpdate(UpdateLayout):
         active: Sequence[bool] | None = None,
         reestimate: Callable[[], Mapping[str, torch.Tensor]] | None = None,
     ):
-        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.update.TRAIN_KEYS`):
-        :func:`vaco.update.minibatch_epochs`, the loop a run's update runs, with this layout.
+        """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.learners.update.TRAIN_KEYS`):
+        :func:`vaco.learners.update.minibatch_epochs`, the loop a run's update runs, with this layout.
         ``normalize`` maps raw ``[S, B, obs]`` observations to the networks' inputs, per member.
         Returns each member's outputs averaged over the steps (a dict per member, as the solo
         update returns) and whether each member's every step was finite (a member that was not
@@ -352,7 +352,7 @@ class PopulationUpdate(UpdateLayout):
     @torch.no_grad()
     def _step_proximal(self) -> None:
         """Every member's EWMA one step towards its weights: the solo update's arithmetic
-        (:meth:`vaco.proximal.EWMAPolicy.update`), elementwise on the stacked tensors."""
+        (:meth:`vaco.learners.proximal.EWMAPolicy.update`), elementwise on the stacked tensors."""
         keep, _, new_total = ewma_weights(self.proximal_total, self.proximal_decay)
         params = self.params
         for name, average in self.proximal.items():

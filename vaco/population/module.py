@@ -52,14 +52,14 @@ import torch
 from torch import nn
 
 from vaco._checks import NonFiniteInputError
-from vaco.checkpoint import numpy_rng_state, set_numpy_rng_state
 from vaco.data.normalization import apply_normalizer
-from vaco.learner import Learner, NonFiniteLossError, short_count
+from vaco.learners.learner import Learner, NonFiniteLossError, short_count
+from vaco.learners.update import train_keys
+from vaco.learners.vaco_module import VacoModule, last_checkpoint
 from vaco.lightning_private import reopen_finished_epoch, set_logged_hparam
 from vaco.population.layout import PopulationUpdate
 from vaco.population.lockstep import Lockstep, shares_one_simulator
-from vaco.update import train_keys
-from vaco.vaco_module import VacoModule, last_checkpoint
+from vaco.run.checkpoint import numpy_rng_state, set_numpy_rng_state
 
 __all__ = ["PopulationModule", "PopulationDataModule", "population_seeds", "POPULATION_TAG", "MEMBER_TAG"]
 
@@ -385,7 +385,7 @@ class PopulationModule(Learner):
     @torch.no_grad()
     def _reestimate(self, members, steps, active, train) -> dict[str, torch.Tensor]:
         """IMPALA's re-estimation for every member, as its solo update makes it before each step
-        (``vaco.update.MinibatchUpdate._reestimate``): the members' current weights into their own modules,
+        (``vaco.learners.update.MinibatchUpdate._reestimate``): the members' current weights into their own modules,
         then each active member's learner pass and V-trace on its own batch. A stopped member's rows
         stay as they were."""
         self.updater.write_back([m.actor for m in members], [m.critic for m in members], self._proximals())
@@ -403,7 +403,7 @@ class PopulationModule(Learner):
         return {key: torch.stack(values) for key, values in rows.items()}
 
     def _proximals(self) -> list[nn.Module] | None:
-        """Each member's EWMA proximal policy, where the objective reads one (vaco.proximal)."""
+        """Each member's EWMA proximal policy, where the objective reads one (vaco.learners.proximal)."""
         proximals = [m.proximal_actor for m in self.members]
         return None if proximals[0] is None else proximals
 

@@ -51,7 +51,7 @@ def cell_command(cell_dir: Path) -> list[str]:
     a requeued or retried job resumes). A resume restates the cell's budget on the command line:
     ``vaco fit`` otherwise keeps the checkpoint's, and the sweep file is what declares it."""
     config = cell_dir / "config.yaml"
-    command = [sys.executable, "-m", "vaco.cli", "fit", "--config", str(config)]
+    command = [sys.executable, "-m", "vaco.commands.cli", "fit", "--config", str(config)]
     ckpt = cell_dir / "checkpoints" / "last.ckpt"
     if not ckpt.is_file():
         return command

@@ -235,7 +235,7 @@ def population_size(sweep: Sweep, cell: Cell) -> int:
 def _batchable(algo: Algorithm) -> bool:
     """Whether a population can train this algorithm: a ``vaco.VacoModule`` (MuJoCo): every
     built-in objective, IMPALA's re-estimation included."""
-    from vaco.vaco_module import VacoModule
+    from vaco.learners.vaco_module import VacoModule
 
     model = import_class(algo.config["model"].get("class_path", "vaco.VacoModule"))
     return issubclass(model, VacoModule)

@@ -193,7 +193,7 @@ def _configs_dir(path: Path, given: str | None) -> Path:
 
 def _load_algorithms(configs_dir: Path) -> dict[str, Algorithm]:
     from vaco.advantages import AdvantageModule
-    from vaco.learner import Learner
+    from vaco.learners.learner import Learner
     from vaco.objectives import Objective
 
     out = {}
@@ -467,7 +467,7 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
     """Parse one cell per (algorithm, env) with ``vaco fit``'s own parser: unknown or mistyped
     override fields fail here, before anything starts, with jsonargparse's message; and every
     cell's sizes (num_envs x num_steps, K) must fit in this machine's memory."""
-    from vaco.fit import VacoCLI
+    from vaco.commands.fit import VacoCLI
 
     class ParseOnly(VacoCLI):
         def init_parser(self, **kwargs):

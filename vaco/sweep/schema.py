@@ -32,7 +32,7 @@ TOP_FIELDS = (
     "resources",
 )
 AXIS_DEFAULTS = {"K": [1], "seed": [1]}
-LOGGER_CLASS = "vaco.logger.VacoMLFlowLogger"
+LOGGER_CLASS = "vaco.run.logger.VacoMLFlowLogger"
 # fields a cell's coordinates or the sweep itself set; an override of them is an error
 RESERVED_FIELDS = (
     "seed_everything",

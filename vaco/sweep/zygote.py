@@ -5,7 +5,7 @@ Every cell of a local sweep is one ``vaco fit``. Started as a fresh interpreter,
 torch._dynamo), MLflow, gymnasium and TorchRL before its first env step: a fifth of a 246k-step
 study cell. ``vaco sweep`` therefore starts one *zygote* per sweep: a process that imports those
 once and then forks a child per cell. The child is the same ``vaco fit`` a subprocess would run
-(``python -m vaco.cli fit --config <cell>/config.yaml [--ckpt_path ...]``: the same argv, working
+(``python -m vaco.commands.cli fit --config <cell>/config.yaml [--ckpt_path ...]``: the same argv, working
 directory, environment and log file, its own session), so a cell computes exactly what it did;
 only the imports are shared. No thread exists in the zygote when it forks (checked), so nothing
 a thread held is inherited half-done.
@@ -38,7 +38,7 @@ import traceback
 from pathlib import Path
 
 import vaco
-from vaco.cli import main
+from vaco.commands.cli import main
 
 __all__ = ["Zygote", "ForkedCell", "PRELOAD", "serve"]
 
@@ -50,15 +50,15 @@ PRELOAD = (
     "gymnasium",
     "torchrl",
     "tensordict",
-    "vaco.cli",
-    "vaco.fit",
-    "vaco.vaco_module",
+    "vaco.commands.cli",
+    "vaco.commands.fit",
+    "vaco.learners.vaco_module",
     "vaco.data",
     "vaco.data.envs",
     "vaco.objectives",
     "vaco.advantages",
-    "vaco.logger",
-    "vaco.callbacks",
+    "vaco.run.logger",
+    "vaco.run.callbacks",
 )
 
 
@@ -139,10 +139,10 @@ def _fork(request: dict) -> int:
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fds 0-2 now belong to the cell
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - line-buffered, as PYTHONUNBUFFERED
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        # what `python -m vaco.cli fit ...` would see: Lightning's DDP launcher and multiprocessing's
+        # what `python -m vaco.commands.cli fit ...` would see: Lightning's DDP launcher and multiprocessing's
         # spawn start their processes from __main__'s module name and sys.argv
         sys.argv = [os.path.join(os.path.dirname(sys.executable), "vaco"), *request["argv"]]
-        sys.modules["__main__"].__spec__ = importlib.util.find_spec("vaco.cli")
+        sys.modules["__main__"].__spec__ = importlib.util.find_spec("vaco.commands.cli")
 
         code = main(request["argv"]) or 0
     except SystemExit as stop:

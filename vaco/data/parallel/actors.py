@@ -17,7 +17,7 @@ constructor and four adaptations:
 * the batch goes out through one shared-memory TensorDict updated in place (TorchRL's
   ``use_buffers`` protocol: the first batch is moved to shared memory, later ones only signal);
 * ``("collector", "traj_ids")`` is added, which TorchRL's multi-collectors count frames with;
-* ``state_dict()`` is packed into tensors with :func:`vaco.checkpoint.pack_state` (plain values
+* ``state_dict()`` is packed into tensors with :func:`vaco.run.checkpoint.pack_state` (plain values
   as JSON in a byte tensor), because the worker loop converts the state to a ``TensorDict``,
   which rounds Python floats to float32 and would break exact resumption. No pickle: the state
   comes back from a checkpoint through the same safe loader as everything else.
@@ -39,9 +39,9 @@ import torch
 from tensordict import TensorDict
 from torchrl.data.utils import CloudpickleWrapper
 
-from vaco.checkpoint import pack_state, unpack_state
 from vaco.data.collector import RolloutCollector
 from vaco.data.envs import make_vector_env
+from vaco.run.checkpoint import pack_state, unpack_state
 
 __all__ = ["ActorSpec", "ActorCollector", "actor_seed", "exit_with_parent"]
 
@@ -180,7 +180,7 @@ class ActorCollector(RolloutCollector):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> OrderedDict:
-        """The collector's state as tensors (:func:`~vaco.checkpoint.pack_state`).
+        """The collector's state as tensors (:func:`~vaco.run.checkpoint.pack_state`).
 
         TorchRL's worker loop ships the state through a ``TensorDict``, which turns Python floats
         into float32 tensors: the reward scaler's float64 statistics would come back rounded and

@@ -13,9 +13,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressB
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import MLFlowLogger
 
-from vaco.checkpoint import SafeCheckpointIO
 from vaco.lightning_private import save_last_checkpoint
-from vaco.run_lock import hold_run_lock
+from vaco.run.checkpoint import SafeCheckpointIO
+from vaco.run.lock import hold_run_lock
 from vaco.tracking import has_secrets, redact_uri
 
 __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfigToMLflow"]
@@ -78,7 +78,7 @@ class IterationCheckpoint(ModelCheckpoint):
     that checkpoint repeats no iteration. (The LLM track's iteration is a generation batch of N
     minibatches: it stops at the next minibatch boundary, its checkpoint holding the batch.)
 
-    Writes are atomic and reads safe (:class:`vaco.checkpoint.SafeCheckpointIO`, installed on the
+    Writes are atomic and reads safe (:class:`vaco.run.checkpoint.SafeCheckpointIO`, installed on the
     trainer's strategy here). Lightning's own schedule counts optimiser steps, and with manual optimisation an iteration
     holds ``update_epochs * num_minibatches`` of them; here the unit is the iteration. The
     directory defaults to ``checkpoints/<mlflow run id>/`` under the trainer's root dir.
@@ -174,20 +174,20 @@ class IterationCheckpoint(ModelCheckpoint):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         self._boundary = getattr(pl_module, "stop_boundary", self._boundary)
-        # atomic writes and safe reads (vaco.checkpoint) unless the user chose their own CheckpointIO
+        # atomic writes and safe reads (vaco.run.checkpoint) unless the user chose their own CheckpointIO
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = SafeCheckpointIO()
         if self.dirpath is None:
             run = getattr(trainer.logger, "version", None) or "run"
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints", str(run))
-        if trainer.global_rank == 0:  # one process per run (vaco.run_lock): this run's folder, from here on
+        if trainer.global_rank == 0:  # one process per run (vaco.run.lock): this run's folder, from here on
             taken_over = hold_run_lock(self.dirpath, "this run")
             if taken_over:
                 print(taken_over, file=sys.stderr, flush=True)
         super().setup(trainer, pl_module, stage)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        iteration = int(pl_module.version)  # a vaco.learner.Learner: updates done
+        iteration = int(pl_module.version)  # a vaco.learners.learner.Learner: updates done
         stop = self.stop_requested(trainer)
         due = self.every_n_iterations >= 1 and iteration % self.every_n_iterations == 0
         if due or stop:
@@ -224,7 +224,7 @@ class IterationLog(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_rank != 0:
             return
-        iteration = int(pl_module.version)  # a vaco.learner.Learner
+        iteration = int(pl_module.version)  # a vaco.learners.learner.Learner
         if iteration == self._printed:  # a batch abandoned on a stop signal (the LLM track): nothing new
             return
         self._printed = iteration

@@ -26,11 +26,11 @@ __all__ = ["main", "COMMANDS"]
 # name -> (module with a `main(argv)`, one-line description)
 USER_MODULE_COMMANDS = ("fit", "sweep")  # the commands that import class paths from the user's directory
 COMMANDS = {
-    "fit": ("vaco.fit", "train one run (LightningCLI: --config files, --print_config, --ckpt_path to resume)"),
-    "evaluate": ("vaco.evaluate", "run a checkpoint's policy for E episodes, optionally write a video"),
+    "fit": ("vaco.commands.fit", "train one run (LightningCLI: --config files, --print_config, --ckpt_path to resume)"),
+    "evaluate": ("vaco.commands.evaluate", "run a checkpoint's policy for E episodes, optionally write a video"),
     "sweep": ("vaco.sweep", "run a grid of `vaco fit` cells; skips finished cells, resumes interrupted ones"),
     "report": ("vaco.report", "rliable aggregates, curves and ablations from a sweep's MLflow runs"),
-    "ui": ("vaco.ui", "open the MLflow UI on the store `vaco fit` writes to (127.0.0.1)"),
+    "ui": ("vaco.commands.ui", "open the MLflow UI on the store `vaco fit` writes to (127.0.0.1)"),
 }
 
 
@@ -46,6 +46,16 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int | None:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `vaco --help | head`, `vaco report ... | less` quit early: stop quietly, as `ls | head` does
+        # (Python would print a traceback, and another one at exit when it flushes stdout)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(128 + getattr(signal, "SIGPIPE", 13))
+
+
+def _main(argv: list[str] | None) -> int | None:
     if argv is None and hasattr(signal, "SIGUSR1"):
         # `kill -USR1 <pid>` prints every thread's Python stack to stderr: a stuck run can be
         # diagnosed without stopping it (the tests use it when a run does not exit in time)

@@ -4,7 +4,7 @@ Two ``vaco fit --ckpt_path`` of one checkpoint (a job resubmitted while it still
 listed twice) would both resume the same MLflow run and write the same ``last.ckpt``: the run's
 history two runs interleaved. So ``vaco fit`` holds ``<checkpoint folder>/vaco.lock`` while it
 trains: a resume takes it before anything starts (``--ckpt_path``'s folder), a new run as soon as
-its folder is known (:class:`vaco.callbacks.IterationCheckpoint`). A second process refuses in one
+its folder is known (:class:`vaco.run.callbacks.IterationCheckpoint`). A second process refuses in one
 line naming the holder (pid, host, since when).
 
 The lock is a POSIX record lock (``fcntl.lockf``): the kernel drops it when its process dies,

@@ -8,7 +8,7 @@ the objective module (PPO-clip, PPO-KL, SPO, IMPALA, TV filter):
 3. run the advantage module once (IMPALA: before every optimisation step instead);
 4. epochs x minibatches of the objective with manual optimisation (``manual_backward`` keeps DDP
    in sync), Adam with linear annealing and gradient-norm clipping, CleanRL's defaults
-   (:class:`vaco.update.MinibatchUpdate`, an object whose every input is an argument, built per
+   (:class:`vaco.learners.update.MinibatchUpdate`, an object whose every input is an argument, built per
    iteration by :meth:`VacoModule.update`);
 5. update the observation statistics, store the new policy version in the buffer, evaluate.
 """
@@ -29,16 +29,16 @@ import torch
 from tensordict import TensorDictBase
 
 from vaco.advantages import AdvantageModule
-from vaco.checkpoint import numpy_rng_state, set_numpy_rng_state
 from vaco.data.episodes import learner_policy
 from vaco.data.normalization import RunningMeanStd, apply_normalizer, batch_moments, normalizer
-from vaco.learner import Learner, NonFiniteLossError, plain_fields, short_count, startup_seconds
+from vaco.learners.learner import Learner, NonFiniteLossError, plain_fields, short_count, startup_seconds
+from vaco.learners.networks import Critic, GaussianActor, gaussian_log_prob
+from vaco.learners.proximal import EWMAPolicy
+from vaco.learners.update import MinibatchUpdate
 from vaco.lightning_private import reopen_finished_epoch
-from vaco.networks import Critic, GaussianActor, gaussian_log_prob
 from vaco.objectives import Objective, metric_name
-from vaco.proximal import EWMAPolicy
+from vaco.run.checkpoint import numpy_rng_state, set_numpy_rng_state
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, PAPER_AXES, REALIGNED_PARAM, SCORE_PARAM, declared_axes
-from vaco.update import MinibatchUpdate
 
 __all__ = [
     "VacoModule",
@@ -150,7 +150,7 @@ class VacoModule(Learner):
         self.actor: GaussianActor | None = None
         self.critic: Critic | None = None
         self.obs_rms: RunningMeanStd | None = None
-        #: the EWMA of the actor's weights, for an objective whose proximal policy it is (vaco.proximal)
+        #: the EWMA of the actor's weights, for an objective whose proximal policy it is (vaco.learners.proximal)
         self.proximal_actor: EWMAPolicy | None = None
         self.generator = torch.Generator()
         self._saved_budget: int | None = None

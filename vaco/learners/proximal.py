@@ -4,7 +4,7 @@ exponential moving average (EWMA) of the actor's weights (Hilton, Cobbe and Schu
 An objective asks for a proximal policy by its ``proximal`` attribute (:class:`vaco.objectives.Objective`):
 ``"recompute"`` is the learner's log-probability from the iteration's one learner pass (no extra
 work), ``"ewma"`` this module's average, evaluated on each minibatch and stepped after every
-optimiser step by the run's update (:class:`vaco.update.MinibatchUpdate`) or a population's
+optimiser step by the run's update (:class:`vaco.learners.update.MinibatchUpdate`) or a population's
 (:class:`vaco.population.layout.PopulationUpdate`, every member's average stacked). The average is a
 submodule of the learner, so it is in every checkpoint and a resumed run continues it bit for bit.
 """

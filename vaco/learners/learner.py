@@ -228,7 +228,7 @@ class Learner(L.LightningModule, ABC):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Log ``metrics`` at ``step`` (rank 0) and update the progress shown beside the bar."""
-        self.last_metrics = metrics  # what vaco.callbacks.IterationLog prints when not on a terminal
+        self.last_metrics = metrics  # what vaco.run.callbacks.IterationLog prints when not on a terminal
         if self.logger is not None and self.global_rank == 0:
             self.logger.log_metrics(metrics, step=step)
         self.progress = self.progress_fields(metrics, step)

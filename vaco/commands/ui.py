@@ -14,7 +14,7 @@ SSH rather than listen on ``--host 0.0.0.0``.
 
 Every address of the UI (the root, an experiment's link, the home button) opens MLflow's
 model-training view, where MLflow 3 opens a fresh browser on its GenAI pages: the server is
-MLflow's own app with one script added to its page (:mod:`vaco.ui_app`). It prints the address
+MLflow's own app with one script added to its page (:mod:`vaco.commands.ui_app`). It prints the address
 of an experiment's runs table:
 the experiment given, else the one with the most recent run. The table opens with the columns a
 lag study is read by (algorithm, env, K, seed, eval/return, the lag and filter metrics), not
@@ -36,8 +36,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from vaco.commands.ui_app import QUERY, TOKEN_ENV
 from vaco.tracking import PARENT_TAG, TrackingStoreError, absolute_tracking_uri, check_tracking_store, redact_uri
-from vaco.ui_app import QUERY, TOKEN_ENV
 
 __all__ = ["main"]
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "--workers",
         "1",
         "--app-name",
-        "vaco",  # MLflow's app with the training view as a fresh browser's default (vaco.ui_app)
+        "vaco",  # MLflow's app with the training view as a fresh browser's default (vaco.commands.ui_app)
     ]
     token = secrets.token_urlsafe(24)  # in the server's environment (its own account's), never its command line
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", VACO_UI_PORT=str(args.port))

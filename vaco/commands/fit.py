@@ -27,25 +27,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vaco.callbacks import (
-    IterationCheckpoint,
-    IterationLog,
-    SaveConfigToMLflow,
-    VacoProgressBar,
-    listen_while_starting,
-    stop_listening,
-)
-from vaco.checkpoint import CheckpointError
-from vaco.config_errors import (
-    ConfigurationError,
-    check_command_line_values,
-    check_config_files,
-    config_files,
-    file_of_key,
-    given_on_command_line,
-    one_line,
-)
-from vaco.fit_checks import (
+from vaco.commands.fit_checks import (
     check_same_run,
     check_tracking,
     config_error,
@@ -56,11 +38,29 @@ from vaco.fit_checks import (
     resume_budget,
     resume_env_step,
 )
+from vaco.config_errors import (
+    ConfigurationError,
+    check_command_line_values,
+    check_config_files,
+    config_files,
+    file_of_key,
+    given_on_command_line,
+    one_line,
+)
 from vaco.hints import shell, vaco_command
-from vaco.learner import Learner, NonFiniteLossError
-from vaco.logger import VacoMLFlowLogger
-from vaco.rendezvous import host_store_on_loopback
-from vaco.run_lock import hold_run_lock, release_run_locks
+from vaco.learners.learner import Learner, NonFiniteLossError
+from vaco.run.callbacks import (
+    IterationCheckpoint,
+    IterationLog,
+    SaveConfigToMLflow,
+    VacoProgressBar,
+    listen_while_starting,
+    stop_listening,
+)
+from vaco.run.checkpoint import CheckpointError
+from vaco.run.lock import hold_run_lock, release_run_locks
+from vaco.run.logger import VacoMLFlowLogger
+from vaco.run.rendezvous import host_store_on_loopback
 from vaco.tracking import (
     CELL_TAG,
     DEFAULT_TRACKING_URI,
@@ -111,7 +111,7 @@ class VacoCLI(LightningCLI):
         self._argv = [str(a) for a in (args if isinstance(args, (list, tuple)) else sys.argv[1:])]
         self._budget_line: str | None = None
         super().__init__(
-            model_class=Learner,  # any vaco learner (vaco.learner.Learner): the two shipped, or your own
+            model_class=Learner,  # any vaco learner (vaco.learners.learner.Learner): the two shipped, or your own
             datamodule_class=L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
@@ -126,7 +126,7 @@ class VacoCLI(LightningCLI):
                 "enable_model_summary": False,
                 "log_every_n_steps": 1,
                 "logger": {
-                    "class_path": "vaco.logger.VacoMLFlowLogger",
+                    "class_path": "vaco.run.logger.VacoMLFlowLogger",
                     "init_args": {"experiment_name": "vaco", "tracking_uri": tracking_uri(), "log_model": True},
                 },
             },

@@ -38,10 +38,10 @@ def load_policy(ckpt_path: str, member: int | None = None):
     """The learner of a checkpoint as ``(env_id, policy)``; ``policy`` maps raw obs to (loc, scale).
     A population's checkpoint (``vaco fit --population``) holds its members' learners: ``member``
     picks one (required there, refused elsewhere)."""
-    from vaco.checkpoint import CheckpointError, load_checkpoint
     from vaco.data.episodes import learner_policy
     from vaco.data.normalization import RunningMeanStd
-    from vaco.networks import GaussianActor
+    from vaco.learners.networks import GaussianActor
+    from vaco.run.checkpoint import CheckpointError, load_checkpoint
 
     ckpt = load_checkpoint(ckpt_path, field="--ckpt")  # weights_only: never runs code from the file
     hparams = ckpt.get("hyper_parameters", {})
@@ -76,7 +76,7 @@ def _load(module, state: dict, prefix: str, ckpt_path: str) -> None:
     """``module``'s weights from the checkpoint's ``prefix`` entries; weights that do not fit the
     network its hyperparameters describe (an edited file, another version's) are one line naming
     the file and the first mismatch, not torch's traceback."""
-    from vaco.checkpoint import CheckpointError
+    from vaco.run.checkpoint import CheckpointError
 
     try:
         module.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.video:  # before anything is loaded: a missing writer costs nothing
             check_video_writer(args.video)
-        from vaco.checkpoint import is_llm_checkpoint, load_checkpoint
+        from vaco.run.checkpoint import is_llm_checkpoint, load_checkpoint
 
         ckpt = load_checkpoint(args.ckpt, field="--ckpt")  # weights_only: never runs code from the file
         if is_llm_checkpoint(ckpt):

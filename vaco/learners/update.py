@@ -20,8 +20,8 @@ from tensordict import TensorDictBase
 
 from vaco._checks import NonFiniteInputError
 from vaco.advantages import AdvantageModule
-from vaco.learner import NonFiniteLossError
-from vaco.networks import gaussian_entropy, gaussian_log_prob
+from vaco.learners.learner import NonFiniteLossError
+from vaco.learners.networks import gaussian_entropy, gaussian_log_prob
 from vaco.objectives import Objective
 
 __all__ = [
@@ -190,7 +190,7 @@ class MinibatchUpdate(UpdateLayout):
         normalize: raw observations -> the networks' inputs (the iteration's frozen statistics).
         learner_pass: ``(batch, flat)``: writes the critic's values and pi_T's ``log_prob`` into the
             batch (IMPALA's re-estimation).
-        proximal: the EWMA of the actor's weights (:class:`vaco.proximal.EWMAPolicy`) for an
+        proximal: the EWMA of the actor's weights (:class:`vaco.learners.proximal.EWMAPolicy`) for an
             objective whose proximal policy it is: evaluated on each minibatch, stepped after each
             optimiser step; None otherwise.
         generator: the CPU generator the minibatch permutations are drawn from (the same run on

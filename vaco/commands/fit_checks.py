@@ -1,6 +1,6 @@
 """What ``vaco fit`` checks before anything starts, and what a resumed run carries over.
 
-The order (``vaco.fit.VacoCLI``): the seed, the population's size, every folder the run will
+The order (``vaco.commands.fit.VacoCLI``): the seed, the population's size, every folder the run will
 write and the task (:func:`early_checks`), the tracking store (:func:`check_tracking`), the
 checkpoint to resume from (:func:`read_resume_checkpoint`, :func:`resume_budget`,
 :func:`continue_mlflow_run`, :func:`check_same_run`); and jsonargparse's parse errors said in
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
-from vaco.checkpoint import CheckpointError, load_checkpoint
 from vaco.config_errors import ConfigurationError, did_you_mean, one_line
-from vaco.learner import same_run_problem
+from vaco.learners.learner import same_run_problem
+from vaco.run.checkpoint import CheckpointError, load_checkpoint
 from vaco.tracking import TrackingStoreError, check_tracking_store, redact_uri, tracking_uri
 
 # vaco's own top-level fields, said in words where jsonargparse would list the types it tried

@@ -162,7 +162,7 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> None:
         raise
     # a writer killed mid-write (SIGKILL at the end of a grace period) leaves its temporary file,
     # up to a whole checkpoint, as a dot-file nobody sees: the next write of that path removes them
-    # (one process writes a run's checkpoints: vaco.run_lock)
+    # (one process writes a run's checkpoints: vaco.run.lock)
     for stale in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
         try:
             stale.unlink()
