@@ -129,6 +129,12 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
             ("--model.init_args.objective", "vaco.objectives.SequenceTVFilter"),
             "`model.objective`: SequenceTVFilter tests each completion of the LLM track's",
         ),
+        (  # a vaco class under a module that does not hold it: the module that does, and not the
+            # other types `trainer.logger` may take (a bool, a list)
+            ("--config", "logger.yaml"),
+            "`trainer.logger`: module 'vaco' has no attribute 'logger'. Did you mean "
+            "vaco.run.logger.VacoMLFlowLogger? (in logger.yaml)",
+        ),
     ],
     ids=[
         "discrete-actions",
@@ -141,12 +147,14 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
         "directory",
         "unknown-objective",
         "sequence-filter-on-mujoco",
+        "class-under-another-module",
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):
     (tmp_path / "tab.yaml").write_text("data:\n  init_args:\n\tnum_envs: 4\n")
     (tmp_path / "indent.yaml").write_text("data:\n  init_args:\n    num_envs: 4\n   num_steps: 8\n")
     (tmp_path / "typo.yaml").write_text("data:\n  init_args:\n    num_env: 4\n")
+    (tmp_path / "logger.yaml").write_text("trainer:\n  logger:\n    class_path: vaco.logger.VacoMLFlowLogger\n")
     out = _fit(tmp_path, *args)
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("vaco fit: error:")]

@@ -13,6 +13,7 @@ import difflib
 import importlib
 import inspect
 import re
+from pathlib import Path
 
 from vaco.files import YAMLTooLarge, load_yaml
 
@@ -91,12 +92,17 @@ def summarize_validation_error(message: str) -> str:
             reasons.append(f"{classes[-1]} has no field {name!r}.{hint}")
             continue
         reasons.append(line)
-    if path and path[-1] == "init_args" and classes and reasons and "has no attribute" in " ".join(reasons):
+    unimportable = bool(classes) and any("has no attribute" in r or "No module named" in r for r in reasons)
+    if unimportable:
+        # a class_path was given and its class could not be imported: the union's other members
+        # (`trainer.logger` may also be a bool or a list) are not what the user meant
+        reasons = [r for r in reasons if not r.startswith("Expected a <class")]
+    if path and path[-1] == "init_args" and unimportable:
         path.pop()  # the class itself could not be imported: name the class_path field
     field = ".".join(path)
     text = "; ".join(dict.fromkeys(reasons)) or message.strip().splitlines()[0]
     text = _NOT_ACCESSIBLE.sub("", text)
-    text += shipped_choices(text)
+    text += shipped_choices(text, classes[-1] if classes else None)
     return f"`{field}`: {text}" if field else text
 
 
@@ -225,13 +231,30 @@ _NOT_ACCESSIBLE = re.compile(r"Expected a path but \S+ either not accessible or 
 _NO_ATTRIBUTE = re.compile(r"module '(vaco(?:\.\w+)*)' has no attribute '(\w+)'")
 
 
-def shipped_choices(message: str) -> str:
+def defined_in(name: str) -> list[str]:
+    """The vaco modules whose source defines a class ``name`` (read as text: nothing is imported)."""
+    root = Path(__file__).resolve().parent
+    pattern = re.compile(rf"^class {re.escape(name)}\b", re.MULTILINE)
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if pattern.search(path.read_text(encoding="utf-8")):
+            parts = path.relative_to(root.parent).with_suffix("").parts
+            found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+def shipped_choices(message: str, class_path: str | None = None) -> str:
     """For a class path into a vaco module that has no such class, the classes it ships and a
-    did-you-mean (``vaco.objectives.PPO``: PPOClip, PPOKL, ...); else ``""``."""
+    did-you-mean (``vaco.objectives.PPO``: PPOClip, PPOKL, ...); for a vaco class named under a
+    module that does not hold it (``vaco.logger.VacoMLFlowLogger``), the module that does; else ``""``."""
     found = _NO_ATTRIBUTE.search(message)
     if not found:
         return ""
     module_name, wanted = found.groups()
+    name = (class_path or "").rpartition(".")[2]
+    homes = [f"{home}.{name}" for home in defined_in(name)] if class_path and class_path.startswith("vaco.") else []
+    if homes and class_path not in homes:
+        return f". Did you mean {' or '.join(homes)}?"
     try:
         module = importlib.import_module(module_name)
     except Exception:  # noqa: BLE001 - a suggestion is optional
