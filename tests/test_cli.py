@@ -49,6 +49,8 @@ def test_the_command_list_is_the_same_everywhere():
     assert wrong.returncode == 2 and "fit, evaluate, sweep, report, ui" in wrong.stderr
     typo = run_cli("fti")
     assert typo.returncode == 2 and "Did you mean fit?" in typo.stderr
+    as_module = subprocess.run([sys.executable, "-m", "vaco", "--help"], capture_output=True, text=True, timeout=120)
+    assert as_module.returncode == 0 and as_module.stdout == top.stdout, as_module.stderr
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--version"]])
