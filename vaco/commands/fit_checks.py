@@ -33,7 +33,7 @@ _TYPE_WORDS = {
 def _configs_in(folder: str) -> str:
     """The shipped configs of ``configs/<folder>`` (this directory's, else the clone vaco runs from)."""
 
-    for root in (Path("configs"), Path(__file__).resolve().parents[1] / "configs"):
+    for root in (Path("configs"), Path(__file__).resolve().parents[2] / "configs"):  # the clone's configs/
         names = sorted(p.stem for p in (root / folder).glob("*.yaml"))
         if names:
             return ", ".join(names)
