@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot
 import numpy as np
 import pytest
 from matplotlib import image as mpimg
@@ -575,3 +577,41 @@ def test_a_normalisation_that_cannot_carry_the_differences_is_flagged_first(tmp_
     assert "under 4 times the seeds' own spread" in line
     apart = [run("vaco", s, 1000.0 + s) for s in range(3)] + [run("ppo_clip", s, 100.0 + s) for s in range(3)]
     assert build_report("apart", apart, reps=50).weak_scale == []
+
+
+def test_no_algorithms_curve_hides_under_anothers():
+    """Two algorithms with the same returns (one seed a cell, a filter that never fired: the README's
+    tiny sweep) draw the same curve: each must still be seen in the plot itself, not only in its
+    legend. The figure is rendered without its legends and every algorithm's line colour is looked
+    for among the pixels (drawn in one style, the algorithm drawn last covered the other)."""
+    steps = np.arange(1, 6) * 1000.0
+    runs = []
+    for algo, level in (("vaco", 0.6), ("ppo_clip", 1.0), ("vaco_no_realign", 1.0)):
+        for K in (1, 4):
+            for seed in (1, 2, 3):
+                ret = 1000.0 * level * steps / steps[-1] + 10.0 * seed  # the same for ppo_clip and vaco_no_realign
+                runs.append(make_run(algo, "Hopper-v5", K, seed, {"eval/return": (steps, ret)}))
+    rep = R.build_report("twins", runs, reps=50, seed=0)
+    figures = {
+        "returns": R.figure_returns(rep),
+        "sample efficiency": R.figure_sample_efficiency(rep)[0],
+        "performance profiles": R.figure_performance_profiles(rep)[0],
+    }
+    for name, fig in figures.items():
+        colours = {}
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                label = str(line.get_label()).split(" (n=")[0]
+                if label in ("vaco", "ppo_clip", "vaco_no_realign"):
+                    colours[label] = np.array(matplotlib.colors.to_rgb(line.get_color()))
+            if ax.get_legend() is not None:
+                ax.get_legend().remove()
+        for legend in list(fig.legends):
+            legend.remove()
+        assert set(colours) == {"vaco", "ppo_clip", "vaco_no_realign"}, (name, colours)
+        fig.canvas.draw()
+        pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255.0
+        for algo, rgb in colours.items():
+            seen = int((np.abs(pixels - rgb).max(-1) < 0.03).sum())
+            assert seen > 30, f"{name}: {algo}'s curve is hidden ({seen} pixels of its colour)"
+        matplotlib.pyplot.close(fig)

@@ -61,6 +61,24 @@ def _algo_colors(report: Report) -> dict[str, tuple]:
     return _colors(report.algorithms)
 
 
+#: one dash pattern per algorithm beside its colour: where algorithms' curves coincide (one seed, a
+#: filter that never fired), the solid line lies lowest and each dashed one's gaps show those beneath
+DASHES = ("-", (0, (6, 2)), (0, (2, 1.5)), (0, (6, 2, 1.5, 2)), (0, (10, 3)), (0, (1, 1)))
+
+
+def _dash(axes, report: Report) -> None:
+    """Each algorithm's lines in ``axes`` drawn in its dash pattern (a line's label names its
+    algorithm, as ``"ppo_clip"``, ``"ppo_clip (n=4)"`` or ``"ppo_clip vs vaco"``). Call it before
+    the legend is built, so that the legend shows the patterns too."""
+    order = {a: i for i, a in enumerate(report.algorithms)}
+    for ax in np.ravel(axes):
+        for line in ax.get_lines():
+            name = str(line.get_label()).split(" (n=")[0].split(" vs ")[0]
+            if name in order:
+                line.set_linestyle(DASHES[order[name] % len(DASHES)])
+                line.set_zorder(2 + 0.01 * order[name])  # the solid first algorithm at the bottom
+
+
 def _sample_sd(values: np.ndarray) -> np.ndarray:
     """The sample standard deviation over the first axis (ddof = 1); 0 for a single run."""
     values = np.asarray(values, dtype=np.float64)
@@ -191,6 +209,7 @@ def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
         "IQM normalised final score",
         "Final score against K" + (f"\n({note})" if note else ""),
     )
+    _dash(ax, report)
     ax.legend(fontsize="small")
     fig.tight_layout()
     return fig, estimates, notes
@@ -221,6 +240,7 @@ def figure_returns(report: Report):
                 ax.set_xlabel("env steps")
             if j == 0:
                 ax.set_ylabel(report.score_metric)
+    _dash(axes, report)
     handles, labels = _legend_entries(axes)
     _legend_above(fig, handles, labels, columns=6, height=1.0 + 0.12 / len(tasks))
     fig.tight_layout()
@@ -271,6 +291,7 @@ def figure_sample_efficiency(report: Report, efficiency: SampleEfficiency | None
         "IQM of mean normalised value over training",
         "Area under the curve (normalised)",
     )
+    _dash(axes, report)
     handles, labels = axes[0, -1].get_legend_handles_labels()
     _legend_above(fig, handles, labels, columns=6, height=1.08)
     note = _no_interval_note(
@@ -308,6 +329,7 @@ def figure_performance_profiles(report: Report, data: Profiles | None = None):
             ticklabelsize="small",
         )
         axes[0, j].set_title(f"K={K}")
+        _dash(axes[0, j], report)
         axes[0, j].legend(fontsize="small")
     fig.tight_layout()
     return fig, data.notes
@@ -356,6 +378,7 @@ def figure_tv(report: Report):
             if j == 0:
                 ax.set_ylabel(label)
             ax.grid(alpha=0.25)
+    _dash(axes, report)
     handles, labels = axes[0, 0].get_legend_handles_labels()
     _legend_above(fig, handles, labels, columns=7, height=1.05)
     fig.tight_layout()
@@ -388,6 +411,7 @@ def figure_fractions(report: Report):
     axes[1, 0].set_ylabel("clip fraction\n(other objectives)")
     for ax in axes.ravel():
         ax.grid(alpha=0.25)
+    _dash(axes, report)
     handles, labels = _legend_entries(axes)
     _legend_above(fig, handles, labels, columns=6, height=1.05)
     fig.tight_layout()
@@ -441,6 +465,7 @@ def figure_robustness(report: Report, data=None):
     left.set_ylabel(f"IQM(K) / IQM(K={data.k_ref})")
     left.set_title(f"Score relative to the algorithm's own K={data.k_ref}")
     left.grid(alpha=0.25)
+    _dash(left, report)
     left.legend(fontsize="small")
     others = list(dict.fromkeys(a for a, _ in data.interactions))
     for i, algo in enumerate(others):
@@ -458,6 +483,7 @@ def figure_robustness(report: Report, data=None):
     right.set_title("Difference of drops (> 0: loses less than the baseline)")
     right.grid(alpha=0.25)
     if others:
+        _dash(right, report)
         right.legend(fontsize="small")
     fig.tight_layout()
     return fig
