@@ -64,6 +64,22 @@ def test_output_into_a_closed_pipe_stops_quietly(argv):
     assert stderr == "", stderr
 
 
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(tmp_path):
+    """Only a closed stdout is a quiet stop: a command whose own pipe breaks (an actor's, a socket)
+    fails with its traceback while its stdout is still read."""
+    (tmp_path / "boom.py").write_text("def main(argv):\n    raise BrokenPipeError('a pipe to an actor')\n")
+    script = "from vaco.commands import cli\ncli.COMMANDS['boom'] = ('boom', '')\ncli.main(['boom'])\n"
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+    )
+    assert out.returncode == 1 and "BrokenPipeError: a pipe to an actor" in out.stderr, out.stderr
+
+
 def test_fit_help_lists_vacos_own_fields_with_their_docs_and_defaults():
     out = run_cli("fit", "--help")
     assert out.returncode == 0

@@ -15,6 +15,7 @@ import ctypes.util
 import faulthandler
 import importlib
 import os
+import select
 import signal
 import sys
 
@@ -49,10 +50,23 @@ def main(argv: list[str] | None = None) -> int | None:
     try:
         return _main(argv)
     except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # another pipe broke (an actor's, a server's socket): that is an error to report
         # `vaco --help | head`, `vaco report ... | less` quit early: stop quietly, as `ls | head` does
         # (Python would print a traceback, and another one at exit when it flushes stdout)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + getattr(signal, "SIGPIPE", 13))
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll(2) reports POLLERR on such a pipe's
+    write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll on this platform, or no real stdout
+        return False
 
 
 def _main(argv: list[str] | None) -> int | None:
