@@ -4,12 +4,10 @@
 # that hangs or compiles for too long still leaves the others' logs under $OUT. Figures it
 # prints go to docs/gpu.md and docs/performance.md with the card's name (info.log).
 #   CHECKS="population llm warp test fit update" (the default, in this order)  GRAPH=true|false (the fit's cuda_graph)
-#   population first: the other four ran on an H100 on 2026-11-27, populations and `test` on an H200 on 2026-11-28 (docs/gpu.md).
-#   Since that lease (unmeasured): a population on cuda updates in the GPU layout with no host sync per
-#   minibatch and its members act and record in one call a step; the next lease runs first
-#   CHECKS="population_fit population_collection llm" POPS="1 16" (population_collection times the
-#   batched lockstep beside the one-by-one one), then `test`.
-#   POP=16 (the population compared with one run: see check_population)
+#   Measured: warp, test, fit, update on an H100 (2026-11-27); population_worlds and test on an H200 (2026-11-28);
+#   population_fit (POPS="1 16 32") and population_collection (MEMBERS="1 16 32") on an H200 (2026-12-04): docs/gpu.md.
+#   Never run on a GPU: llm (the LLM track's decoders) and update's --collect-on warp.
+#   POP=16 (the population compared with one run: see check_population)  MEMBERS="1 4 16" (population_collection's sizes)
 #   DEADLINE=<epoch seconds>: no check runs past it (each one's limit is cut to the time left; one with
 #   under 10 s left is skipped and says so), so that a device call's own limit never kills the script
 #   before its logs are written. population = population_worlds population_fit population_collection.
@@ -102,7 +100,7 @@ check_population_worlds() {
 }
 check_population_collection() {
   step "populations on Warp on cuda: S members x 500 worlds collected in turn and in lockstep, side by side"
-  run_for "$T_POP_COLLECT" python3 benchmarks/population_collection.py --device cuda --members 1 4 16 --worlds 500 \
+  run_for "$T_POP_COLLECT" python3 benchmarks/population_collection.py --device cuda --members ${MEMBERS:-1 4 16} --worlds 500 \
     --steps 32 --iterations 3 --rounds 1 --out "$OUT/population_collection.json" 2>&1 | tee "$OUT/population_collection.log"
   echo "rc=$?" | tee -a "$OUT/population_collection.log"
 }
