@@ -569,6 +569,7 @@ def test_a_new_sqlite_store_opened_by_four_commands_at_once_is_set_up_once(tmp_p
         "from pathlib import Path\n"
         "from vaco.run.logger import VacoMLFlowLogger\n"
         "from vaco.tracking import check_tracking_store\n"
+        "Path(sys.argv[2] + sys.argv[3]).touch()\n"  # imported: ready
         "while not Path(sys.argv[2]).exists():\n"
         "    time.sleep(0.001)\n"
         "check_tracking_store(sys.argv[1])\n"
@@ -583,7 +584,11 @@ def test_a_new_sqlite_store_opened_by_four_commands_at_once_is_set_up_once(tmp_p
         )
         for i in range(4)
     ]
-    time.sleep(10)  # every process imported and waits at the line
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"go{i}").exists() for i in range(4)):  # every process imported and waits at the line
+        gone = [p for p in procs if p.poll() is not None]
+        assert not gone and time.monotonic() < deadline, [p.communicate()[0][-1500:] for p in gone]
+        time.sleep(0.05)
     go.touch()
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, "\n".join(o[-1500:] for o in outputs)

@@ -36,26 +36,6 @@ def _sweep(tmp_path: Path, uri: str, *args: str, timeout: int = 900) -> subproce
 
 
 # ---------------------------------------------------------------- SLURM (submitit)
-@pytest.mark.slow
-def test_slurm_launcher_runs_the_cells_through_submitits_local_executor(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    start = time.monotonic()
-    out = _sweep(tmp_path, uri, *ONLY, "--launcher", "slurm", "--slurm-executor", "local")
-    elapsed = time.monotonic() - start
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    print(f"slurm (submitit local executor), 2 tiny cells: {elapsed:.0f} s")
-    assert "submitted 2 cells as local job array" in out.stdout
-    runs = cell_runs(uri)
-    assert sorted(runs) == sorted([FIRST, SECOND])
-    assert all(len(r) == 1 and r[0].info.status == "FINISHED" for r in runs.values())
-    # the cells ran as submitit jobs: their logs are in the submitit folder and their own
-    assert list((tmp_path / "out" / "submitit").glob("*_log.out"))
-    assert "vaco fit --config" in (tmp_path / "out" / FIRST / "train.log").read_text()
-    # a rerun submits nothing: every cell finished
-    again = _sweep(tmp_path, uri, *ONLY, "--launcher", "slurm", "--slurm-executor", "local")
-    assert again.returncode == 0 and "nothing to do" in again.stdout
-
-
 def test_slurm_job_array_script_carries_the_sweeps_resources(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = _sweep(
@@ -363,7 +343,9 @@ def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(t
     each cell's train.log and submitit's pickles must not carry the password. A real `mlflow server`
     behind MLflow's basic-auth app: the right password runs both launchers; a wrong one is one line
     naming MLFLOW_TRACKING_URI before any work (its /health is open to anyone: the check must
-    authenticate)."""
+    authenticate). The SLURM launcher runs its cells as a job array through submitit's local
+    executor (the job code a cluster runs), skips the cell the local launcher finished in the same
+    store, and a rerun submits nothing."""
     secret = "Sup3rSecretPw"
     server_dir = tmp_path / "server"
     server_dir.mkdir()
@@ -389,11 +371,19 @@ def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(t
         (tmp_path / "local").mkdir()
         (tmp_path / "slurm").mkdir()
         local = _sweep(tmp_path / "local", uri, "--only", FIRST)
-        slurm = _sweep(tmp_path / "slurm", uri, "--only", SECOND, "--launcher", "slurm", "--slurm-executor", "local")
+        slurm = _sweep(tmp_path / "slurm", uri, *ONLY, "--launcher", "slurm", "--slurm-executor", "local")
         for out in (local, slurm):
             assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert f"skip   {FIRST} (finished)" in slurm.stdout, slurm.stdout[-3000:]
+        assert "submitted 1 cells as local job array" in slurm.stdout, slurm.stdout[-3000:]
         runs = cell_runs(uri)
+        assert sorted(runs) == sorted([FIRST, SECOND])
         assert all(len(runs[c]) == 1 and runs[c][0].info.status == "FINISHED" for c in (FIRST, SECOND))
+        # the cell ran as a submitit job: its log is in the submitit folder and its own
+        assert list((tmp_path / "slurm" / "out" / "submitit").glob("*_log.out"))
+        assert "vaco fit --config" in (tmp_path / "slurm" / "out" / SECOND / "train.log").read_text()
+        again = _sweep(tmp_path / "slurm", uri, *ONLY, "--launcher", "slurm", "--slurm-executor", "local")
+        assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout[-3000:]
     texts = {"stdout/stderr": local.stdout + local.stderr + slurm.stdout + slurm.stderr}
     for root in (tmp_path / "local", tmp_path / "slurm"):  # (the server's own files hold its admin password)
         for path in root.rglob("*"):

@@ -56,7 +56,7 @@ def test_one_generation_batch_of_the_paper_config_on_smollm2_weights(tmp_path_fa
         "--model.init_args.max_prompt_length",
         "96",
         "--model.init_args.max_completion_length",
-        "32",
+        "16",
         "--model.init_args.micro_batch_size",
         "2",
         "--model.init_args.generation_batch_size",
