@@ -384,7 +384,7 @@ def test_a_password_in_an_http_tracking_uri_leaks_nowhere_with_either_launcher(t
         assert "vaco fit --config" in (tmp_path / "slurm" / "out" / SECOND / "train.log").read_text()
         again = _sweep(tmp_path / "slurm", uri, *ONLY, "--launcher", "slurm", "--slurm-executor", "local")
         assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout[-3000:]
-    texts = {"stdout/stderr": local.stdout + local.stderr + slurm.stdout + slurm.stderr}
+    texts = {"stdout/stderr": "".join(o.stdout + o.stderr for o in (local, slurm, again))}
     for root in (tmp_path / "local", tmp_path / "slurm"):  # (the server's own files hold its admin password)
         for path in root.rglob("*"):
             if path.is_file() and path.suffix != ".ckpt":
