@@ -2,7 +2,7 @@
 
 The package is the workflow: :mod:`~vaco.report.runs` (read runs from MLflow or a data file),
 :mod:`~vaco.report.scores` (statistics as data), :mod:`~vaco.report.tables` (the aggregate tables), :mod:`~vaco.report.robustness` (each algorithm's
-drop from its own K = 1), :mod:`~vaco.report.sensitivity` (those verdicts under every scoring),
+drop from its own K = 1), :mod:`~vaco.report.ranking` (the algorithms ordered by it), :mod:`~vaco.report.sensitivity` (those verdicts under every scoring),
 :mod:`~vaco.report.design` (the 2x2 step-size design's contrasts), :mod:`~vaco.report.figures` (drawn from them),
 :mod:`~vaco.report.summary` (``summary.md``), :mod:`~vaco.report.report_cli` (``vaco report``, whose
 docstring, printed by ``vaco report --help``, states the protocol). Everything is importable from
@@ -14,6 +14,7 @@ import vaco.report.ablations as _ablations
 import vaco.report.decision as _decision
 import vaco.report.design as _design
 import vaco.report.figures as _figures
+import vaco.report.ranking as _ranking
 import vaco.report.report_cli as _report_cli
 import vaco.report.robustness as _robustness
 import vaco.report.robustness_summary as _robustness_summary
@@ -26,6 +27,7 @@ from vaco.report.ablations import *  # noqa: F403
 from vaco.report.decision import *  # noqa: F403
 from vaco.report.design import *  # noqa: F403
 from vaco.report.figures import *  # noqa: F403
+from vaco.report.ranking import *  # noqa: F403
 from vaco.report.report_cli import *  # noqa: F403
 from vaco.report.robustness import *  # noqa: F403
 from vaco.report.robustness_summary import *  # noqa: F403
@@ -41,6 +43,7 @@ __all__ = sorted(
         *_decision.__all__,
         *_design.__all__,
         *_figures.__all__,
+        *_ranking.__all__,
         *_report_cli.__all__,
         *_robustness.__all__,
         *_robustness_summary.__all__,

@@ -20,6 +20,7 @@ from vaco.report.tables import (
     SampleEfficiency,
     Scores,
     aggregate_scores,
+    improvement_baseline,
     iqm_against_k,
     main_groups,
     profiles,
@@ -193,26 +194,56 @@ def _vs_k_axis(
     ax.grid(alpha=0.25)
 
 
+#: more algorithms than this and the score-against-K figure draws one panel each (12 lines in one
+#: axes hide each other's intervals)
+PANELS_ABOVE = 6
+
+
 def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
-    """IQM of the normalised final score against K, one line per algorithm."""
+    """IQM of the normalised final score against K, one line per algorithm; with more than
+    :data:`PANELS_ABOVE` algorithms, one panel per algorithm on a shared axis, the baseline
+    (:func:`vaco.report.tables.improvement_baseline`) drawn in grey in every other panel."""
     plt = pyplot()
     scores = scores or iqm_against_k(report)
     estimates, notes = scores.estimates, scores.notes
     series = _k_series(main_groups(report), lambda r: r.algorithm)
-    fig, ax = plt.subplots(figsize=(6, 4))
     note = _no_interval_note(estimates, report.min_runs)
-    _vs_k_axis(
-        ax,
-        estimates,
-        series,
-        _algo_colors(report),
-        "IQM normalised final score",
-        "Final score against K" + (f"\n({note})" if note else ""),
-    )
+    title = "Final score against K" + (f" ({note})" if note else "")
+    if len(series) > PANELS_ABOVE:
+        return _iqm_vs_k_panels(report, estimates, series, title), estimates, notes
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _vs_k_axis(ax, estimates, series, _algo_colors(report), "IQM normalised final score", title.replace(" (", "\n(", 1))
     _dash(ax, report)
     ax.legend(fontsize="small")
     fig.tight_layout()
     return fig, estimates, notes
+
+
+def _iqm_vs_k_panels(report: Report, estimates, series, title: str):
+    plt = pyplot()
+    baseline = improvement_baseline(report)
+    # one algorithm a panel: one colour for it (the palette's tenth is grey, the baseline's here)
+    own = dict.fromkeys(series, _colors(["x"])["x"])
+    columns = 4
+    rows = -(-len(series) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows + 0.6), sharex=True, sharey=True)
+    axes = np.ravel(axes)
+    for ax, name in zip(axes, series):
+        if baseline in series and name != baseline:
+            grey = dict.fromkeys(series, (0.6, 0.6, 0.6))
+            _vs_k_axis(ax, estimates, {baseline: series[baseline]}, grey, "", "")
+        _vs_k_axis(ax, estimates, {name: series[name]}, own, "", name)
+        ax.set_xlabel("")
+    for ax in axes[len(series) :]:
+        ax.set_visible(False)
+    for ax in axes[::columns]:
+        ax.set_ylabel("IQM normalised final score")
+    for ax in axes[columns * (rows - 1) :]:
+        ax.set_xlabel("degree of asynchrony K")
+    words = f"; grey: {baseline}" if baseline in series else ""
+    fig.suptitle(f"{title}{words}", fontsize="medium")
+    fig.tight_layout()
+    return fig
 
 
 def figure_returns(report: Report):

@@ -52,7 +52,7 @@ from vaco.report.decision import DEFAULT_MARGIN
 from vaco.report.design import two_by_two
 from vaco.report.figures import use_file_backend
 from vaco.report.robustness import robustness
-from vaco.report.robustness_summary import design_lines, scoring_lines, verdict_lines
+from vaco.report.robustness_summary import design_lines, ranking_lines, scoring_lines, verdict_lines
 from vaco.report.runs import load_runs, log_report, read_runs, save_runs
 from vaco.report.scores import NORMALIZATIONS, SCORES, build_report
 from vaco.report.sensitivity import sensitivity
@@ -421,7 +421,7 @@ def _print_verdicts(report, lag, scoring, two) -> None:
         print(f"vaco report: read with care: {line}")
     if lag.drops:
         print(f"robustness to lag ({report.score} score), decided at margin {report.margin:g} ({report.units} units):")
-        print("\n".join(verdict_lines(lag)))
+        print("\n".join(verdict_lines(lag) + ranking_lines(report, lag)))
     if scoring is not None and scoring.rows:
         flagged = scoring_lines(scoring)
         print("verdicts under every scoring: " + ("none depends on it" if not flagged else "scale-dependent:"))

@@ -1,16 +1,18 @@
 """The summary's "Robustness to lag" section: each algorithm's drop from its own K = 1, the
-difference of drops against the baseline with its verdict (``vaco.report.decision``), per task."""
+difference of drops against the baseline with its verdict (``vaco.report.decision``), the
+algorithms ranked by their drop (``vaco.report.ranking``), per task."""
 
 from __future__ import annotations
 
 from vaco.report.decision import PERMUTATION_BELOW, Verdict
 from vaco.report.design import Design
 from vaco.report.markdown import estimate_text, markdown_table
+from vaco.report.ranking import Ranking, rankings
 from vaco.report.robustness import Robustness
 from vaco.report.scores import Report
 from vaco.report.sensitivity import SCALES, Sensitivity, SensitivityRow
 
-__all__ = ["design_lines", "scoring_lines", "verdict_lines"]
+__all__ = ["design_lines", "ranking_lines", "scoring_lines", "verdict_lines"]
 
 SCORE_WORDS = {
     "final": "normalised final scores (the last evaluation)",
@@ -69,6 +71,7 @@ def robustness_section(
             "",
         ]
     s += ["Each algorithm against its own K = " + str(k_ref) + ":", "", _drop_table(data)]
+    s += _ranking_part(report, rankings(report, data))
     s += [
         "",
         "Per task: mean normalised score at K = " + str(k_ref) + " and at K, and the per-seed drop "
@@ -269,6 +272,51 @@ def _drop_table(data: Robustness) -> str:
             for (_, K), d in data.drops.items()
         ],
     )
+
+
+def _ranking_part(report: Report, found: list[Ranking]) -> list[str]:
+    if not found:
+        return []
+    s = [
+        "",
+        f"Ranked by drop (exploratory: an ordering, not a test): rank 1 loses least of its own K = {found[0].k_ref}; "
+        f"every algorithm on the seeds they all have (so a drop here can differ from the table above where an "
+        "algorithm has more); **rank interval**: the 2.5th-97.5th percentiles of its rank over "
+        f"the paired bootstrap ({report.reps} resamples, seed {report.seed}); **P(first)**: the share of resamples in "
+        "which its drop is the smallest. An algorithm that learned little at "
+        f"K = {found[0].k_ref} has little to lose: read a rank beside its IQM there.",
+    ]
+    for r in found:
+        s += ["", f"At K = {r.K} ({r.seeds} paired seeds per task, {', '.join(r.tasks)}):", ""]
+        s += [
+            markdown_table(
+                ["rank", "algorithm", "drop", "rank interval", "P(first)", f"IQM K={r.k_ref}", "IQM K"],
+                [
+                    (
+                        x.rank,
+                        x.algorithm,
+                        estimate_text(x.drop, x.drop_interval),
+                        "-" if x.rank_interval is None else f"{x.rank_interval[0]}-{x.rank_interval[1]}",
+                        "-" if x.rank_interval is None else f"{x.p_first:.2f}",
+                        f"{x.level_ref:.3f}",
+                        f"{x.level:.3f}",
+                    )
+                    for x in r.ranks
+                ],
+            )
+        ]
+        s += [f"- {n}" for n in r.notes]
+    return s
+
+
+def ranking_lines(report: Report, data: Robustness) -> list[str]:
+    """One line per K, as `vaco report` prints it: the algorithms in rank order with their drops."""
+    return [
+        f"  ranked by drop at K={r.K} ({r.seeds} seeds a task; exploratory): "
+        + ", ".join(f"{x.rank}. {x.algorithm} {x.drop:.3f}" for x in r.ranks)
+        for r in rankings(report, data)
+        if r.ranks
+    ]
 
 
 def _task_drop_table(report: Report, data: Robustness) -> str:
