@@ -141,3 +141,11 @@ def test_many_algorithms_get_one_panel_each_with_the_baseline_in_grey_and_their_
             assert list(line.get_ydata()) == pytest.approx([estimates[f"{label} K={K}"].point[0] for K in (1, 4)])
     few = R.build_report("few", [r for r in runs if r.algorithm in names[:PANELS_ABOVE]], reps=20)
     assert len(figure_iqm_vs_k(few)[0].axes) == 1  # up to PANELS_ABOVE algorithms share one axes
+    # the robustness figure: each algorithm's drop at K = 4 with its interval, smallest at the top
+    lag = R.robustness(rep)
+    (ax,) = R.figure_robustness(rep, lag).axes
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    drops = [lag.drops[(name, 4)].drop for name in labels]
+    points = sorted((line.get_ydata()[0], line.get_xdata()[0]) for line in ax.get_lines() if len(line.get_xdata()) == 1)
+    assert labels == [d.algorithm for d in sorted((lag.drops[(a, 4)] for a in names), key=lambda d: d.drop)]
+    assert [x for _, x in reversed(points)] == pytest.approx(drops)  # top (highest y) first

@@ -477,6 +477,8 @@ def figure_robustness(report: Report, data=None):
 
     plt = pyplot()
     data = data or robustness(report)
+    if len({a for a, _ in data.drops}) > PANELS_ABOVE:
+        return _drops_ranked(report, data)
     colors = _algo_colors(report)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     algos = list(dict.fromkeys(a for a, _ in data.drops))
@@ -516,5 +518,39 @@ def figure_robustness(report: Report, data=None):
     if others:
         _dash(right, report)
         right.legend(fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
+def _drops_ranked(report: Report, data):
+    """Many algorithms: one panel per K, each algorithm's drop from its own K_ref with its 95% paired
+    interval, smallest drop at the top (the ranking's order, :mod:`vaco.report.ranking`), the
+    baseline's drop as a grey line."""
+    plt = pyplot()
+    ks = sorted({K for _, K in data.drops})
+    rows = max(sum(1 for _, k in data.drops if k == K) for K in ks)
+    fig, axes = plt.subplots(1, len(ks), figsize=(5 * len(ks), 0.32 * rows + 1.6), sharex=True, squeeze=False)
+    for ax, K in zip(axes[0], ks):
+        drops = sorted((d for (_, k), d in data.drops.items() if k == K), key=lambda d: d.drop)
+        y = np.arange(len(drops))[::-1]
+        for yi, d in zip(y, drops):
+            color = (0.45, 0.45, 0.45) if d.algorithm == data.baseline else _colors(["x"])["x"]
+            ax.plot([d.drop], [yi], marker="o", color=color)
+            if d.drop_interval is not None:
+                ax.hlines(yi, d.drop_interval[0], d.drop_interval[1], color=color, alpha=0.6, linewidth=3)
+            if d.algorithm == data.baseline:
+                ax.axvline(d.drop, color=color, linewidth=0.8, linestyle="--")
+        ax.set_yticks(y, [d.algorithm for d in drops])
+        ax.axvline(0.0, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xlabel(f"drop: IQM(K={data.k_ref}) - IQM(K={K})")
+        ax.set_title(f"K = {K} (smallest drop at the top)")
+        ax.grid(alpha=0.25, axis="x")
+    fig.suptitle(
+        "Each algorithm's loss from its own K="
+        + str(data.k_ref)
+        + (f"; dashed: {data.baseline}'s" if data.baseline else "")
+        + "; 95% paired intervals",
+        fontsize="medium",
+    )
     fig.tight_layout()
     return fig
