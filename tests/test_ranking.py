@@ -111,6 +111,14 @@ def test_the_summary_and_the_printed_line_give_the_ranking():
         assert f"| {r.rank} | {r.algorithm} | {r.drop:.3f} [" in text and f"| {interval} | {r.p_first:.2f} |" in text
     (line,) = ranking_lines(rep, lag)
     assert line.index("1. vaco") < line.index("4. ppo_clip")
+    # no seed that every algorithm ran: no ranking, and the summary says why instead of a table
+    apart = [r for r in _runs() if r.algorithm != "mid_b"]
+    apart += [_run("mid_b", r.env, r.K, r.seed + 100, 1000.0) for r in _runs() if r.algorithm == "mid_b"]
+    rep = R.build_report("apart", apart, reps=10, baseline="ppo_clip")
+    (ranking,) = R.rankings(rep, R.robustness(rep))
+    assert ranking.ranks == [] and "no seed has runs of every algorithm at K=1 and K=4" in ranking.notes[0]
+    text = "\n".join(robustness_section(rep, R.robustness(rep), None))
+    assert "- K=4: no seed has runs of every algorithm" in text and "At K = 4 (" not in text
     # two algorithms: the difference of drops is the comparison, no ranking
     two = R.build_report("two", [r for r in _runs() if r.algorithm in ("vaco", "ppo_clip")], reps=10)
     assert R.rankings(two, R.robustness(two)) == [] and "Ranked by drop" not in "\n".join(

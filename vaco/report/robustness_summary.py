@@ -287,6 +287,9 @@ def _ranking_part(report: Report, found: list[Ranking]) -> list[str]:
         f"K = {found[0].k_ref} has little to lose: read a rank beside its IQM there.",
     ]
     for r in found:
+        if not r.ranks:
+            s += ["", *(f"- {n}" for n in r.notes)]
+            continue
         s += ["", f"At K = {r.K} ({r.seeds} paired seeds per task, {', '.join(r.tasks)}):", ""]
         s += [
             markdown_table(
