@@ -460,53 +460,57 @@ def test_an_llm_report_asks_the_papers_question_on_accuracy_as_accuracy():
     assert abs(by_hand) < 0.02
 
 
-@pytest.mark.slow
-def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_record(tmp_path, capsys):
-    """docs/data/confirm_k4.csv.gz holds only finished cells of configs/sweeps/confirm_lag.yaml (each
-    once, evaluated 6 times to 245,760 steps); its record (confirm_k4_record.json) declares the plan
-    before the first run started; and every family verdict `vaco report` derives from the data and
-    record alone is the one the table of results.md states, with the look its seeds make it."""
+def _judged_from_committed(study: str, sweep_file: str):
+    """A confirmatory study's committed data and plan record (``docs/data/<study>.csv.gz`` and
+    ``<study>_record.json``): every run a finished cell of its sweep file, once, evaluated 6 times to
+    245,760 steps; the plan declared (and its sweep file committed) before the first run started; and
+    the plan judged on the data against the record's looks, as `vaco report --data` judges it
+    (normalised by the plan's references). Returns the judgement and the record's judgements."""
     import json
-    import re
     from datetime import datetime
 
     from vaco import sweep as S
+    from vaco.study.judge import judge_plan, plan_from_tags, read_judgements
 
     repo = Path(__file__).resolve().parents[1]
-    sweep = S.load_sweep(repo / "configs/sweeps/confirm_lag.yaml")
-    cells = {c.id: c for c in S.expand(sweep)}
-    data = repo / "docs/data/confirm_k4.csv.gz"
-    _assert_finished_runs_of(R.read_runs(data), cells, [40_960 * i for i in range(1, 7)])
-
-    record = json.loads((repo / "docs/data/confirm_k4_record.json").read_text())
+    cells = {c.id: c for c in S.expand(S.load_sweep(repo / sweep_file))}
+    runs = R.read_runs(repo / f"docs/data/{study}.csv.gz")
+    _assert_finished_runs_of(runs, cells, [40_960 * i for i in range(1, 7)])
+    record = json.loads((repo / f"docs/data/{study}_record.json").read_text())
     tags = record["parent_run_tags"]
     utc = "%Y-%m-%d %H:%M:%S UTC"
     declared = datetime.strptime(tags["vaco.plan.declared"], utc)
     committed = datetime.strptime(tags["vaco.plan.commit"].split(" ", 1)[1], utc)
     assert committed <= declared < datetime.strptime(record["first_run_start"], utc)
-    looks = json.loads(tags["vaco.plan"])["looks"]
+    plan = plan_from_tags(tags)
+    fixed = {task: (low, high) for task, low, high in plan.references}
+    report = R.build_report(study, runs, score=plan.score, margin=plan.margin, fixed_bounds=fixed)
+    earlier = read_judgements(tags)
+    return judge_plan(plan, report, tags["vaco.plan.declared"], earlier, tags["vaco.plan.commit"]), earlier
 
-    assert R.main(["--data", str(data), "--no-sensitivity", "--out", str(tmp_path / "report")]) == 0
-    out = capsys.readouterr().out
-    line = re.compile(
-        r"^  (\S+ vs ppo_clip at K=4): .*? ([+-]\d\.\d{3}) (\[[^\]]+\]).*?; (\d+) seeds, .*?-> \*\*([^*]+)\*\*", re.M
-    )
-    verdicts = line.findall(out)
-    assert len(verdicts) == 3, out
-    table = (repo / "docs/results.md").read_text().split("# Exploratory evidence")[0]
-    for name, estimate, interval, seeds, word in verdicts:
-        stated = f"**{word}** (look {looks.index(int(seeds)) + 1}, {seeds} seeds): {estimate} {interval}"
-        assert stated in table, (name, stated)
-    # what each verdict rests on (each task alone, IQM and untrimmed mean): results.md's sensitivity table
-    split = re.findall(
-        r"^    sensitivity, not a verdict: .*?HalfCheetah-v5 (\S+) \(mean (\S+)\); Hopper-v5 (\S+) \(mean (\S+)\)$",
-        out,
-        re.M,
-    )
-    assert len(split) == 3, out
-    text = (repo / "docs/results.md").read_text()
-    for hc, hc_mean, hop, hop_mean in split:
-        assert f"| {hc} ({hc_mean}) | {hop} ({hop_mean}) |" in text, (hc, hop)
+
+@pytest.mark.slow
+def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_record():
+    """docs/data/confirm_k4.csv.gz and its record (see :func:`_judged_from_committed`): every family
+    verdict judged from them alone is the one the table of results.md states, with the look its
+    seeds make it and the words the sweep recorded at its last look; and each task's split (IQM and
+    untrimmed mean) is results.md's sensitivity table."""
+    judged, earlier = _judged_from_committed("confirm_k4", "configs/sweeps/confirm_lag.yaml")
+    assert len(judged.verdicts) == 3 and not judged.missing
+    last = [j for j in earlier if j.by == "until-decided"][-1]
+    assert {v.comparison.label(): v.word for v in judged.verdicts} == last.words
+    text = (Path(__file__).resolve().parents[1] / "docs/results.md").read_text()
+    table = text.split("# Exploratory evidence")[0]
+    for v in judged.verdicts:
+        look = judged.plan.looks.index(v.seeds) + 1
+        stated = (
+            f"**{v.word}** (look {look}, {v.seeds} seeds): {v.estimate:+.3f} [{v.interval[0]:.3f}, {v.interval[1]:.3f}]"
+        )
+        assert stated in table, (v.comparison.label(), stated)
+        hc, hop = (
+            dict((task, (iqm, mean)) for task, iqm, mean in v.per_task)[t] for t in ("HalfCheetah-v5", "Hopper-v5")
+        )
+        assert f"| {hc[0]:+.3f} ({hc[1]:+.3f}) | {hop[0]:+.3f} ({hop[1]:+.3f}) |" in text, v.comparison.label()
 
 
 def test_the_llm_cpu_grids_accuracies_in_llm_md_come_from_its_committed_data():
