@@ -654,7 +654,10 @@ def _continued_in_a_new_store(tmp_path, sweep_file, old_client, old_parent):
     new_uri = f"sqlite:///{tmp_path / 'new.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": new_uri}
     command = [VACO, "sweep", "--config", str(sweep_file), "--out", str(tmp_path / "out2"), "--until-decided"]
-    out = subprocess.run([*command, "--finished-in", str(data)], capture_output=True, text=True, env=env)
+    ledger = tmp_path / "ledger.csv.gz"  # the next block's file: the runs and the record carried on again
+    out = subprocess.run(
+        [*command, "--finished-in", str(data), "--save-data", str(ledger)], capture_output=True, text=True, env=env
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
     assert "28 of them finished in" in out.stdout and f"the plan's record comes from {record}" in out.stdout
     assert f"declared {old_tags['vaco.plan.declared']}" in out.stdout and "**equivalent**" in out.stdout
@@ -667,6 +670,11 @@ def _continued_in_a_new_store(tmp_path, sweep_file, old_client, old_parent):
         assert tags[key] == old_tags[key], key
     assert tags["vaco.plan.carried_from"] == str(record)
     assert [j.by for j in read_judgements(tags)] == ["until-decided", "report"]
+    from vaco.report.runs import read_runs
+    from vaco.study.judge import read_record
+
+    assert sorted(r.name for r in read_runs(ledger)) == sorted(r.name for r in read_runs(data))
+    assert read_record(tmp_path / "ledger_record.json") == {k: v for k, v in tags.items() if k.startswith("vaco.plan")}
     both = subprocess.run(
         [VACO, "report", "--experiment", "looks", "--data", str(data), "--no-sensitivity", "--reps", "200"]
         + ["--out", str(tmp_path / "r4")],

@@ -406,6 +406,65 @@ def test_a_sweep_continued_in_a_new_store_counts_the_cells_its_data_files_hold(
 
 
 @pytest.mark.slow
+def test_a_sweep_saves_its_finished_runs_so_the_next_block_goes_on_in_any_store(
+    tmp_path_factory, tmp_path, monkeypatch, capsys
+):
+    """``--save-data DATA``: every FINISHED run of the sweep, the store's and the ``--finished-in``
+    files' (whatever ``--only`` ran), in the data file `vaco report` reads, the same bytes for the same
+    runs; a block continued from DATA in a new store writes DATA again with nothing lost. Bad input
+    is one line naming the flag, before any store is made."""
+    from vaco.report.runs import load_runs, read_runs, runs_to_frame, save_runs
+
+    def frame(runs):
+        return runs_to_frame(sorted(runs, key=lambda r: r.name)).reset_index(drop=True)
+
+    s = full_sweep(tmp_path_factory)
+    stored, _ = load_runs(s.experiment, s.uri)
+    assert len(stored) == 5
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", s.uri)
+    base = ["--config", str(TINY), "--out", str(s.out)]
+    ledger = tmp_path / "ledger.csv.gz"
+    assert S.main([*base, "--status", "--save-data", str(ledger)]) == 0
+    assert f"5 finished runs of the sweep (this store's) -> {ledger}; nothing judged" in capsys.readouterr().out
+    assert frame(read_runs(ledger)).equals(frame(stored))
+    first_bytes = ledger.read_bytes()
+    assert S.main([*base, "--status", "--save-data", str(ledger)]) == 0
+    assert ledger.read_bytes() == first_bytes  # no time in the gzip header: a committed file moves with its runs only
+    assert not list(tmp_path.glob(".*partial"))
+
+    # a new store, two runs carried: --status writes them; then a block of one cell (--only) in the
+    # new store, continued from and saved to the same file, holds all three
+    two = save_runs([r for r in stored if r.name in (FIRST, SECOND)], tmp_path / "two.csv.gz")
+    new_uri = f"sqlite:///{tmp_path / 'new.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_uri)
+    base = ["--config", str(TINY), "--out", str(tmp_path / "out")]
+    assert S.main([*base, "--finished-in", str(two), "--status", "--save-data", str(ledger)]) == 0
+    assert "2 finished runs of the sweep (this store's and the --finished-in files')" in capsys.readouterr().out
+    assert sorted(r.name for r in read_runs(ledger)) == sorted((FIRST, SECOND))
+    assert S.main([*base, "--finished-in", str(ledger), "--only", ABLATIONS[0], "--save-data", str(ledger)]) == 0
+    saved = read_runs(ledger)
+    assert sorted(r.name for r in saved) == sorted((FIRST, SECOND, ABLATIONS[0]))
+    (new_run,) = load_runs(s.experiment, new_uri)[0]
+    assert frame([r for r in saved if r.name == ABLATIONS[0]]).equals(frame([new_run]))
+    assert frame([r for r in saved if r.name != ABLATIONS[0]]).equals(
+        frame([r for r in stored if r.name in (FIRST, SECOND)])
+    )
+    capsys.readouterr()
+
+    fresh = f"sqlite:///{tmp_path / 'never.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", fresh)
+    for extra, message in (
+        (["--save-data", str(tmp_path / "runs.txt")], "must end in .csv.gz"),
+        (["--save-data", str(tmp_path)], "is a folder"),
+        (["--dry-run", "--save-data", str(ledger)], "a dry run writes nothing"),
+    ):
+        assert S.main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("vaco sweep: `--save-data`: ") and message in err[0], err
+    assert not (tmp_path / "never.db").exists()
+
+
+@pytest.mark.slow
 def test_an_interrupted_sweep_resumes_its_cell_and_skips_the_finished_one(tmp_path_factory):
     s = interrupted_sweep(tmp_path_factory)
     # -- stopped by SIGINT while the second cell was running

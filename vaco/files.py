@@ -19,6 +19,7 @@ __all__ = [
     "load_yaml",
     "open_append",
     "open_for_lock",
+    "write_bytes_atomic",
     "write_text_atomic",
 ]
 
@@ -109,7 +110,12 @@ def current_umask() -> int:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, fsync, then ``os.replace``: a reader (or a
+    """Write ``text`` (UTF-8) atomically: :func:`write_bytes_atomic`."""
+    return write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, fsync, then ``os.replace``: a reader (or a
     rerun after a kill) sees the old file or the new one, never a part. The file gets the mode a
     plain ``open`` would give it (0666 less the umask), not ``mkstemp``'s 0600."""
     path = Path(path)
@@ -117,8 +123,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -292,11 +292,21 @@ def runs_from_frame(frame) -> list[Run]:
 
 
 def save_runs(runs: list[Run], path: str | os.PathLike) -> Path:
-    """Write the runs as a data file (CSV; gzipped when the name ends in .gz)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    runs_to_frame(runs).to_csv(path, index=False)
-    return path
+    """Write the runs as a data file (CSV; gzipped when the name ends in .gz, compressed as pandas infers
+    from other endings), atomically: a reader, or the next block of a sweep continued from the file,
+    sees the old file or the new one, never a part. Gzip's header carries no time, so the same runs
+    give the same bytes (a committed data file changes only where its runs do)."""
+    import io
+
+    from pandas.io.common import infer_compression
+
+    from vaco.files import write_bytes_atomic
+
+    method = infer_compression(str(path), "infer")
+    compression = None if method is None else {"method": method, **({"mtime": 0} if method == "gzip" else {})}
+    buffer = io.BytesIO()
+    runs_to_frame(runs).to_csv(buffer, index=False, compression=compression)
+    return write_bytes_atomic(path, buffer.getvalue())
 
 
 #: the most a data file may hold, uncompressed (an export of 2,000 runs is ~110 MB): a gzip bomb

@@ -35,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from vaco.files import write_text_atomic
 from vaco.report.robustness import difference_of_drops
 from vaco.study.plan import Comparison, StudyPlan, holm_levels, schedule, sequential_holm
 from vaco.tracking import PARENT_TAG, PLAN_TAG
@@ -441,9 +442,10 @@ def plan_tags(tags: Mapping[str, str]) -> dict[str, str]:
 
 
 def write_record(path, tags: Mapping[str, str], runs) -> Path:
-    """Keep a declared plan's record beside an exported data file (``vaco report --save-data``): the
-    parent run's plan tags, and when the exported runs started. A study continued in a new store
-    (``vaco sweep --finished-in``) carries it onto its new parent run."""
+    """Keep a declared plan's record beside an exported data file (``vaco report --save-data``, ``vaco
+    sweep --save-data``; written atomically): the parent run's plan tags, and when the exported runs
+    started. A study continued in a new store (``vaco sweep --finished-in``) carries it onto its new
+    parent run."""
     starts = sorted(r.start_time for r in runs if r.start_time)
     when = (
         datetime.datetime.fromtimestamp(starts[0] / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -453,9 +455,7 @@ def write_record(path, tags: Mapping[str, str], runs) -> Path:
     record = {"parent_run_tags": plan_tags(tags), "finished_runs": sum(r.status == "FINISHED" for r in runs)}
     if when:
         record["first_run_start"] = when
-    path = Path(path)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return path
+    return write_text_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def read_record(path) -> dict[str, str]:

@@ -17,7 +17,17 @@ from vaco.sweep.grid import Cell, Sweep, expand
 from vaco.sweep.schema import SweepError
 from vaco.tracking import CELL_TAG, PARENT_TAG, PLAN_TAG, SETTINGS_TAG, absolute_tracking_uri, search_all_runs
 
-__all__ = ["resolve_tracking_uri", "sweep_runs", "plan", "parent_run", "lock", "check_plan", "check_output_dir"]
+__all__ = [
+    "resolve_tracking_uri",
+    "sweep_runs",
+    "plan",
+    "parent_run",
+    "lock",
+    "check_plan",
+    "check_output_dir",
+    "finished_runs",
+    "plan_record_tags",
+]
 
 
 def resolve_tracking_uri() -> str:
@@ -219,3 +229,57 @@ def sweep_file_commit(path) -> str | None:
         return None
     dirty = git("status", "--porcelain", "--", path.name)
     return found + (" (the file has uncommitted changes)" if dirty else "")
+
+
+def finished_runs(sweep: Sweep, uri: str, carried=()) -> list:
+    """Every FINISHED run of the sweep's cells (all of them, whatever ``--only`` narrowed), as
+    :class:`vaco.report.runs.Run`: this store's, and those the ``carried`` data files
+    (``--finished-in``) hold for cells this store has not finished, in the sweep's cell order. A
+    carried run whose coordinates are not its cell's is refused (SweepError naming the file)."""
+    from vaco.report.runs import load_runs, read_runs
+
+    cells = {c.id: c for c in expand(sweep)}
+    found = {}
+    for path in dict.fromkeys(carried):
+        try:
+            runs = read_runs(path)
+        except (OSError, ValueError) as err:
+            raise SweepError(f"`--finished-in {path}`: {str(err).removeprefix('`--data`: ')}") from None
+        for run in runs:
+            cell = cells.get(run.name)
+            if cell is None or run.status != "FINISHED":
+                continue
+            if (run.algorithm, run.K, run.seed) != (cell.algorithm, cell.K, cell.seed):
+                raise SweepError(
+                    f"`--finished-in {path}`: its run {run.name!r} is {run.algorithm} K={run.K} seed={run.seed}, "
+                    f"but this sweep's cell of that name is {cell.algorithm} K={cell.K} seed={cell.seed}"
+                )
+            found[run.name] = run
+    if not _sqlite_missing(uri):
+        import mlflow
+
+        if mlflow.MlflowClient(uri).get_experiment_by_name(sweep.experiment) is not None:
+            for run in load_runs(sweep.experiment, uri)[0]:
+                if run.name in cells:
+                    found[run.name] = run  # the store's run where a file holds one too
+    return [found[c] for c in cells if c in found]
+
+
+def plan_record_tags(sweep: Sweep, uri: str, carried: dict[str, str] | None = None) -> dict[str, str] | None:
+    """The tags a declared plan's record keeps: the store's parent run's (its declaration and every
+    recorded look), else ``carried`` (a ``--finished-in`` record, when nothing ran in this store);
+    None for a sweep without a plan or with neither."""
+    if sweep.plan is None:
+        return None
+    if not _sqlite_missing(uri):
+        import mlflow
+
+        client = mlflow.MlflowClient(uri)
+        exp = client.get_experiment_by_name(sweep.experiment)
+        if exp is not None:
+            found = client.search_runs(
+                [exp.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1
+            )
+            if found and found[0].data.tags.get(f"{PLAN_TAG}.digest") == sweep.plan.digest:
+                return dict(found[0].data.tags)
+    return carried

@@ -13,7 +13,16 @@ from vaco.sweep.grid import Cell, PopulationCell, Sweep, expand, pack
 from vaco.sweep.launcher import BUILTIN, Launcher, launcher_class
 from vaco.sweep.loader import load_sweep, validate_with_cli
 from vaco.sweep.schema import RESOURCE_FIELDS, SweepError, check_resources
-from vaco.sweep.state import check_output_dir, check_plan, lock, parent_run, plan, resolve_tracking_uri
+from vaco.sweep.state import (
+    check_output_dir,
+    check_plan,
+    finished_runs,
+    lock,
+    parent_run,
+    plan,
+    plan_record_tags,
+    resolve_tracking_uri,
+)
 from vaco.tracking import (
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
@@ -56,6 +65,15 @@ def _parser() -> argparse.ArgumentParser:
         help="a `vaco report --save-data` file: cells whose FINISHED runs it holds count as finished "
         "(a study continued in a new MLflow store; repeatable); a declared plan's record beside it "
         "(runs_record.json for runs.csv.gz) carries the plan's declaration and looks to the new store",
+    )
+    parser.add_argument(
+        "--save-data",
+        default=None,
+        metavar="DATA",
+        help="when the sweep stops (every cell done, --stop-after, Ctrl-C) write every FINISHED run of the sweep, "
+        "this store's and the --finished-in files', to DATA (.csv.gz; the format `vaco report --save-data` writes), "
+        "with a declared plan's record beside it; nothing is judged or summarised. With --status: write it and run "
+        "nothing. The next block goes on from it in any store: --finished-in DATA",
     )
     parser.add_argument(
         "--all-cells", action="store_true", help="--dry-run/--status: list every cell, even in a large sweep"
@@ -118,13 +136,26 @@ def main(argv: list[str] | None = None) -> int:
         _say_plan(p, args)
         if args.dry_run or args.status:
             _list_cells(p, args)
-            return 0
-        return _run_looks(p, args) if args.until_decided else _run(p, args)
+            return _saved(p, args, 0) if args.status else 0
+        return _saved(p, args, _run_looks(p, args) if args.until_decided else _run(p, args))
     finally:
         if args.prestarted is not None:
             args.prestarted.close()
         if runner is not None:
             runner.close()
+
+
+def _saved(p: _Plan, args, rc: int) -> int:
+    """``--save-data`` once the sweep has stopped, however it stopped; a file it cannot write is one
+    line (the runs stay in the store: rerun with ``--status --save-data``), exit code 2 after a clean run."""
+    if not args.save_data:
+        return rc
+    try:
+        save_finished(p, args.save_data, args.finished_in)
+    except (SweepError, OSError, ValueError) as err:
+        print(f"vaco sweep: `--save-data {args.save_data}`: {err}", file=sys.stderr)
+        return rc or 2
+    return rc
 
 
 def _guess(args) -> type[Launcher] | None:
@@ -139,6 +170,8 @@ def _plan(args) -> _Plan:
     each cell's state; raises SweepError naming the field."""
     if args.jobs is not None and args.jobs < 1:
         raise SweepError(f"`--jobs` must be >= 1, got {args.jobs}")
+    if args.save_data is not None:
+        _check_save_data(args.save_data, args.dry_run)
     # a launcher named here is checked before the sweep file, whose loading imports torch and Lightning (~7 s)
     kind = launcher_class(args.launcher, "--launcher") if args.launcher is not None else None
     sweep = load_sweep(args.config, args.out)
@@ -190,6 +223,43 @@ def _plan(args) -> _Plan:
             if states.get(cell_id) != "finished":
                 states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
     return _Plan(sweep, launcher, resources, cells, uri, runner, states, from_data, record, record_from)
+
+
+def _check_save_data(path: str, dry_run: bool) -> None:
+    """``--save-data``: refused in one line before anything runs (a file it cannot write would
+    otherwise be found only when the block ends)."""
+    import os
+    from pathlib import Path
+
+    where = Path(path)
+    if dry_run:
+        raise SweepError(
+            "`--save-data`: a dry run writes nothing; `--status --save-data DATA` writes it and runs nothing"
+        )
+    if where.is_dir():
+        raise SweepError(f"`--save-data`: {path} is a folder; name the file, e.g. {where / 'runs.csv.gz'}")
+    if not where.name.endswith((".csv.gz", ".csv")):
+        raise SweepError(
+            f"`--save-data`: {path} must end in .csv.gz (or .csv): the data file `vaco report --data` reads"
+        )
+    parent = next(a for a in (where.absolute().parent, *where.absolute().parents) if a.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise SweepError(f"`--save-data`: cannot write in {parent}; choose a folder you can write to")
+
+
+def save_finished(p: _Plan, path: str, carried: list[str]) -> None:
+    """``--save-data``: the sweep's FINISHED runs (this store's and the ``carried`` files') to ``path``
+    and a declared plan's record beside it, each written atomically; nothing is judged, so a block's
+    export reads no verdict before its look is complete."""
+    from vaco.report.runs import save_runs
+    from vaco.study.judge import record_path, write_record
+
+    runs = finished_runs(p.sweep, p.uri, carried)
+    save_runs(runs, path)
+    tags = plan_record_tags(p.sweep, p.uri, p.record)
+    record = f" and the plan's record -> {write_record(record_path(path), tags, runs)}" if tags is not None else ""
+    where = "this store's and the --finished-in files'" if carried else "this store's"
+    say(f"{len(runs)} finished runs of the sweep ({where}) -> {path}{record}; nothing judged")
 
 
 def _finished_in(paths: list[str], cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
