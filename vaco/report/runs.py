@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import json
 import os
 from collections import Counter
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vaco.files import write_bytes_atomic
 from vaco.tracking import (
     FRACTION_PARAM,
     PARENT_TAG,
@@ -296,11 +298,7 @@ def save_runs(runs: list[Run], path: str | os.PathLike) -> Path:
     from other endings), atomically: a reader, or the next block of a sweep continued from the file,
     sees the old file or the new one, never a part. Gzip's header carries no time, so the same runs
     give the same bytes (a committed data file changes only where its runs do)."""
-    import io
-
     from pandas.io.common import infer_compression
-
-    from vaco.files import write_bytes_atomic
 
     method = infer_compression(str(path), "infer")
     compression = None if method is None else {"method": method, **({"mtime": 0} if method == "gzip" else {})}

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import os
 import sys
+from pathlib import Path
 
 from vaco.study.looks import judge_look, look_cells
 from vaco.sweep.cells import say
@@ -228,9 +230,6 @@ def _plan(args) -> _Plan:
 def _check_save_data(path: str, dry_run: bool) -> None:
     """``--save-data``: refused in one line before anything runs (a file it cannot write would
     otherwise be found only when the block ends)."""
-    import os
-    from pathlib import Path
-
     where = Path(path)
     if dry_run:
         raise SweepError(
