@@ -411,8 +411,15 @@ def test_a_sweep_saves_its_finished_runs_so_the_next_block_goes_on_in_any_store(
 ):
     """``--save-data DATA``: every FINISHED run of the sweep, the store's and the ``--finished-in``
     files' (whatever ``--only`` ran), in the data file `vaco report` reads, the same bytes for the same
-    runs; a block continued from DATA in a new store writes DATA again with nothing lost. Bad input
-    is one line naming the flag, before any store is made."""
+    runs; a block continued from DATA in a new store writes DATA after each cell, so a sweep killed
+    outright loses nothing that finished. Bad input is one line naming the flag, before any store is
+    made."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from helpers.tiny_sweep import _processes_mentioning
     from vaco.report.runs import load_runs, read_runs, runs_to_frame, save_runs
 
     def frame(runs):
@@ -441,7 +448,43 @@ def test_a_sweep_saves_its_finished_runs_so_the_next_block_goes_on_in_any_store(
     assert S.main([*base, "--finished-in", str(two), "--status", "--save-data", str(ledger)]) == 0
     assert "2 finished runs of the sweep (this store's and the --finished-in files')" in capsys.readouterr().out
     assert sorted(r.name for r in read_runs(ledger)) == sorted((FIRST, SECOND))
-    assert S.main([*base, "--finished-in", str(ledger), "--only", ABLATIONS[0], "--save-data", str(ledger)]) == 0
+    # a block of two cells in the new store, one at a time, going on from and saving to that file:
+    # once the first has finished the file holds it, so a sweep killed by SIGKILL before the second
+    # ends (no save at its end) has lost nothing that finished
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "vaco", "sweep", "--config", str(TINY), "--out", str(out), "--jobs", "1"]
+    command += [
+        "--finished-in",
+        str(ledger),
+        "--save-data",
+        str(ledger),
+        "--only",
+        ABLATIONS[0],
+        "--only",
+        ABLATIONS[1],
+    ]
+    log = tmp_path / "block.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            command, env={**os.environ, "MLFLOW_TRACKING_URI": new_uri}, stdout=fh, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.monotonic() + 400
+            while len(read_runs(ledger)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert proc.poll() is None, log.read_text()[-3000:]
+            proc.kill()
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    deadline = time.monotonic() + 60  # its cells end with it (they die with their parent)
+    while _processes_mentioning(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_mentioning(str(out)) == []
+    text = log.read_text()
+    assert f"done   {ABLATIONS[0]}" in text and "sweep finished" not in text and "nothing judged" not in text
     saved = read_runs(ledger)
     assert sorted(r.name for r in saved) == sorted((FIRST, SECOND, ABLATIONS[0]))
     (new_run,) = load_runs(s.experiment, new_uri)[0]

@@ -129,12 +129,15 @@ def _fraction_metric(params: dict[str, str]) -> str:
     return "train/filter_fraction" if _number(params.get("delta")) is not None else "train/clip_fraction"
 
 
-def load_runs(experiment: str, uri: str | None = None, include_unfinished: bool = False) -> tuple[list[Run], list[str]]:
+def load_runs(
+    experiment: str, uri: str | None = None, include_unfinished: bool = False, known: dict | None = None
+) -> tuple[list[Run], list[str]]:
     """The training runs of an MLflow experiment (not the report's own run) and notes on what was left out.
 
     A run needs the params ``algorithm``, ``env``, ``K``, ``seed`` (``vaco fit`` logs them). Runs
     that did not FINISH are left out unless ``include_unfinished``; of runs with the same
-    coordinates only the newest is kept.
+    coordinates only the newest is kept. ``known`` (run id -> Run) is a cache of FINISHED runs read
+    before, whose histories are not read again (a finished run does not change); new ones are added.
     """
     import mlflow
 
@@ -173,6 +176,9 @@ def load_runs(experiment: str, uri: str | None = None, include_unfinished: bool 
         notes.append(f"{duplicates} run(s) repeated the coordinates of another; the newest of each was kept")
     runs = []
     for r in kept.values():
+        if known is not None and r.info.run_id in known:
+            runs.append(known[r.info.run_id])
+            continue
         p = r.data.params
         histories = {}
         score_metric = p.get(SCORE_PARAM, "eval/return")
@@ -200,6 +206,8 @@ def load_runs(experiment: str, uri: str | None = None, include_unfinished: bool 
                 variant_of=_name(p.get(VARIANT_PARAM)),
             )
         )
+        if known is not None and r.info.status == "FINISHED":
+            known[r.info.run_id] = runs[-1]
     return runs, notes
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import ClassVar
 
 from vaco.sweep.grid import Cell, Sweep
@@ -57,6 +58,10 @@ class Launcher(ABC):
         #: after :meth:`launch` returned 0: the cells were handed over and finish after ``vaco
         #: sweep`` has returned (a SLURM submission without ``--wait``): the parent run stays RUNNING
         self.detached = False
+        #: called with no arguments in the launcher's own process after each cell (or population)
+        #: that finished, if the launcher sees it finish (the local and Ray ones do): `vaco sweep
+        #: --save-data` keeps the runs so far there. A launcher whose cells finish elsewhere may ignore it
+        self.on_cell_done: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ what a launcher provides
     @classmethod

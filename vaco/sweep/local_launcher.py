@@ -265,6 +265,8 @@ class LocalLauncher(Launcher):
         if finished:
             self.done.append((job.cell, seconds, job.resumed))
             say(f"done   {job.cell.id} in {_hms(seconds)}   [{self._status(None)}]")
+            if self.on_cell_done is not None:
+                self.on_cell_done()
             return
         if self.stop_requested:
             return

@@ -91,6 +91,8 @@ class RayLauncher(Launcher):
                     try:
                         ray.get(ref)
                         say(f"done   {cell.id}   [{len(pending)} left]")
+                        if self.on_cell_done is not None:
+                            self.on_cell_done()
                     except Exception as err:  # noqa: BLE001 - the task's error, or the worker's death
                         failed += 1
                         say(f"FAILED {cell.id}: {str(err).strip().splitlines()[-1][:300]}")

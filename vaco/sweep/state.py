@@ -25,6 +25,7 @@ __all__ = [
     "lock",
     "check_plan",
     "check_output_dir",
+    "carried_runs",
     "finished_runs",
     "plan_record_tags",
 ]
@@ -231,16 +232,15 @@ def sweep_file_commit(path) -> str | None:
     return found + (" (the file has uncommitted changes)" if dirty else "")
 
 
-def finished_runs(sweep: Sweep, uri: str, carried=()) -> list:
-    """Every FINISHED run of the sweep's cells (all of them, whatever ``--only`` narrowed), as
-    :class:`vaco.report.runs.Run`: this store's, and those the ``carried`` data files
-    (``--finished-in``) hold for cells this store has not finished, in the sweep's cell order. A
-    carried run whose coordinates are not its cell's is refused (SweepError naming the file)."""
-    from vaco.report.runs import load_runs, read_runs
+def carried_runs(sweep: Sweep, paths=()) -> dict:
+    """Cell id -> the FINISHED :class:`vaco.report.runs.Run` the data files ``paths``
+    (``--finished-in``) hold for the sweep's cells (all of them, whatever ``--only`` narrowed); a
+    run whose coordinates are not its cell's is refused (SweepError naming the file)."""
+    from vaco.report.runs import read_runs
 
     cells = {c.id: c for c in expand(sweep)}
     found = {}
-    for path in dict.fromkeys(carried):
+    for path in dict.fromkeys(paths):
         try:
             runs = read_runs(path)
         except (OSError, ValueError) as err:
@@ -255,13 +255,24 @@ def finished_runs(sweep: Sweep, uri: str, carried=()) -> list:
                     f"but this sweep's cell of that name is {cell.algorithm} K={cell.K} seed={cell.seed}"
                 )
             found[run.name] = run
+    return found
+
+
+def finished_runs(sweep: Sweep, uri: str, carried: dict | None = None, known: dict | None = None) -> list:
+    """Every FINISHED run of the sweep's cells, in the sweep's cell order: this store's, and the
+    ``carried`` runs (:func:`carried_runs`) of cells this store has not finished. ``known`` (run id
+    -> Run, filled here) keeps the runs already read: a FINISHED run does not change, so a sweep
+    that saves after every cell reads only the new ones."""
+    from vaco.report.runs import load_runs
+
+    cells = [c.id for c in expand(sweep)]
+    found = dict(carried or {})
     if not _sqlite_missing(uri):
         import mlflow
 
         if mlflow.MlflowClient(uri).get_experiment_by_name(sweep.experiment) is not None:
-            for run in load_runs(sweep.experiment, uri)[0]:
-                if run.name in cells:
-                    found[run.name] = run  # the store's run where a file holds one too
+            for run in load_runs(sweep.experiment, uri, known=known)[0]:
+                found[run.name] = run  # the store's run where a file holds one too
     return [found[c] for c in cells if c in found]
 
 

@@ -16,6 +16,7 @@ from vaco.sweep.launcher import BUILTIN, Launcher, launcher_class
 from vaco.sweep.loader import load_sweep, validate_with_cli
 from vaco.sweep.schema import RESOURCE_FIELDS, SweepError, check_resources
 from vaco.sweep.state import (
+    carried_runs,
     check_output_dir,
     check_plan,
     finished_runs,
@@ -72,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         "--save-data",
         default=None,
         metavar="DATA",
-        help="when the sweep stops (every cell done, --stop-after, Ctrl-C) write every FINISHED run of the sweep, "
+        help="after each cell that finishes and when the sweep stops, write every FINISHED run of the sweep, "
         "this store's and the --finished-in files', to DATA (.csv.gz; the format `vaco report --save-data` writes), "
         "with a declared plan's record beside it; nothing is judged or summarised. With --status: write it and run "
         "nothing. The next block goes on from it in any store: --finished-in DATA",
@@ -114,6 +115,7 @@ class _Plan:
     from_data: dict[str, str] = dataclasses.field(default_factory=dict)  # cell id -> the --finished-in file
     record: dict[str, str] | None = None  # a declared plan's tags from a --finished-in file's record
     record_from: str | None = None  # that record's file
+    saver: DataSaver | None = None  # --save-data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vaco sweep: {err}", file=sys.stderr)
             return 2
         runner = p.runner
+        if args.save_data:
+            p.saver = DataSaver(p, args.save_data, args.finished_in)
         if args.prestarted is not None:  # not taken by the launcher: the file names another one
             args.prestarted.close()
             args.prestarted = None
@@ -150,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
 def _saved(p: _Plan, args, rc: int) -> int:
     """``--save-data`` once the sweep has stopped, however it stopped; a file it cannot write is one
     line (the runs stay in the store: rerun with ``--status --save-data``), exit code 2 after a clean run."""
-    if not args.save_data:
+    if p.saver is None:
         return rc
     try:
-        save_finished(p, args.save_data, args.finished_in)
+        say(p.saver.save())
     except (SweepError, OSError, ValueError) as err:
         print(f"vaco sweep: `--save-data {args.save_data}`: {err}", file=sys.stderr)
         return rc or 2
@@ -246,19 +250,45 @@ def _check_save_data(path: str, dry_run: bool) -> None:
         raise SweepError(f"`--save-data`: cannot write in {parent}; choose a folder you can write to")
 
 
-def save_finished(p: _Plan, path: str, carried: list[str]) -> None:
-    """``--save-data``: the sweep's FINISHED runs (this store's and the ``carried`` files') to ``path``
-    and a declared plan's record beside it, each written atomically; nothing is judged, so a block's
-    export reads no verdict before its look is complete."""
-    from vaco.report.runs import save_runs
-    from vaco.study.judge import record_path, write_record
+class DataSaver:
+    """``--save-data``: the sweep's FINISHED runs (this store's and the ``--finished-in`` files') to
+    ``path`` and a declared plan's record beside it, each written atomically, after every cell that
+    finishes (the local launcher) and once more when the sweep stops; nothing is judged, so a
+    block's export reads no verdict before its look is complete. Runs read once are kept (a FINISHED
+    run does not change): a save after a cell reads only the new ones."""
 
-    runs = finished_runs(p.sweep, p.uri, carried)
-    save_runs(runs, path)
-    tags = plan_record_tags(p.sweep, p.uri, p.record)
-    record = f" and the plan's record -> {write_record(record_path(path), tags, runs)}" if tags is not None else ""
-    where = "this store's and the --finished-in files'" if carried else "this store's"
-    say(f"{len(runs)} finished runs of the sweep ({where}) -> {path}{record}; nothing judged")
+    def __init__(self, p: _Plan, path: str, carried: list[str]) -> None:
+        self.p, self.path, self.carried = p, path, carried
+        self.known: dict = {}  # run id -> Run
+        self.from_files: dict | None = None  # cell id -> Run of the --finished-in files
+        self.warned = False
+
+    def save(self) -> str:
+        from vaco.report.runs import save_runs
+        from vaco.study.judge import record_path, write_record
+
+        if self.from_files is None:
+            self.from_files = carried_runs(self.p.sweep, self.carried)
+        runs = finished_runs(self.p.sweep, self.p.uri, self.from_files, self.known)
+        save_runs(runs, self.path)
+        tags = plan_record_tags(self.p.sweep, self.p.uri, self.p.record)
+        record = f" and the plan's record -> {write_record(record_path(self.path), tags, runs)}" if tags else ""
+        where = "this store's and the --finished-in files'" if self.carried else "this store's"
+        return f"{len(runs)} finished runs of the sweep ({where}) -> {self.path}{record}; nothing judged"
+
+    def after_cell(self) -> None:
+        """Called by the launcher after each cell that finished; a failure is said once, not fatal
+        (the runs stay in the store, and the sweep saves again when it stops)."""
+        try:
+            self.save()
+        except (SweepError, OSError, ValueError) as err:
+            if not self.warned:
+                self.warned = True
+                print(
+                    f"vaco sweep: warning: `--save-data {self.path}` not written after a cell ({err}); "
+                    "tried again when the sweep stops",
+                    file=sys.stderr,
+                )
 
 
 def _finished_in(paths: list[str], cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
@@ -457,6 +487,7 @@ def _run(p: _Plan, args) -> int:
     sweep.parent_run_id = parent_run(client, sweep, cells, p.record, p.record_from)
     status = "FAILED"
     try:
+        runner.on_cell_done = p.saver.after_cell if p.saver is not None else None
         rc = runner.launch(todo)
         if rc == 0 and runner.detached:
             status = "RUNNING"  # submitted: the cells report to MLflow themselves
