@@ -233,9 +233,13 @@ def sweep_file_commit(path) -> str | None:
 
 
 def carried_runs(sweep: Sweep, paths=()) -> dict:
-    """Cell id -> the FINISHED :class:`vaco.report.runs.Run` the data files ``paths``
-    (``--finished-in``) hold for the sweep's cells (all of them, whatever ``--only`` narrowed); a
-    run whose coordinates are not its cell's is refused (SweepError naming the file)."""
+    """Cell id -> (file, :class:`vaco.report.runs.Run`): the FINISHED runs the data files ``paths``
+    (``--finished-in``) hold for the sweep's cells (same name, algorithm, K and seed; all the cells,
+    whatever ``--only`` narrowed), the first file's where several hold one. A run whose coordinates
+    are not its cell's is refused (SweepError naming the file). A data file keeps no sweep settings,
+    so that these runs used the sweep file's ``overrides`` is the user's word."""
+    if not paths:
+        return {}
     from vaco.report.runs import read_runs
 
     cells = {c.id: c for c in expand(sweep)}
@@ -247,26 +251,26 @@ def carried_runs(sweep: Sweep, paths=()) -> dict:
             raise SweepError(f"`--finished-in {path}`: {str(err).removeprefix('`--data`: ')}") from None
         for run in runs:
             cell = cells.get(run.name)
-            if cell is None or run.status != "FINISHED":
+            if cell is None or run.status != "FINISHED" or run.name in found:
                 continue
             if (run.algorithm, run.K, run.seed) != (cell.algorithm, cell.K, cell.seed):
                 raise SweepError(
                     f"`--finished-in {path}`: its run {run.name!r} is {run.algorithm} K={run.K} seed={run.seed}, "
                     f"but this sweep's cell of that name is {cell.algorithm} K={cell.K} seed={cell.seed}"
                 )
-            found[run.name] = run
+            found[run.name] = (str(path), run)
     return found
 
 
 def finished_runs(sweep: Sweep, uri: str, carried: dict | None = None, known: dict | None = None) -> list:
     """Every FINISHED run of the sweep's cells, in the sweep's cell order: this store's, and the
-    ``carried`` runs (:func:`carried_runs`) of cells this store has not finished. ``known`` (run id
+    ``carried`` ones (:func:`carried_runs`) of cells this store has not finished. ``known`` (run id
     -> Run, filled here) keeps the runs already read: a FINISHED run does not change, so a sweep
     that saves after every cell reads only the new ones."""
     from vaco.report.runs import load_runs
 
     cells = [c.id for c in expand(sweep)]
-    found = dict(carried or {})
+    found = {cell_id: run for cell_id, (_, run) in (carried or {}).items()}
     if not _sqlite_missing(uri):
         import mlflow
 

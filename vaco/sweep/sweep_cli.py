@@ -115,6 +115,7 @@ class _Plan:
     from_data: dict[str, str] = dataclasses.field(default_factory=dict)  # cell id -> the --finished-in file
     record: dict[str, str] | None = None  # a declared plan's tags from a --finished-in file's record
     record_from: str | None = None  # that record's file
+    carried: dict = dataclasses.field(default_factory=dict)  # cell id -> (file, Run) of the --finished-in files
     saver: DataSaver | None = None  # --save-data
 
 
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         runner = p.runner
         if args.save_data:
-            p.saver = DataSaver(p, args.save_data, args.finished_in)
+            p.saver = DataSaver(p, args.save_data)
         if args.prestarted is not None:  # not taken by the launcher: the file names another one
             args.prestarted.close()
             args.prestarted = None
@@ -222,13 +223,14 @@ def _plan(args) -> _Plan:
                 f"not {launcher}"
             )
     states = plan(sweep, cells, uri, with_running=args.status)
-    from_data = _finished_in(args.finished_in, cells, states)
+    carried = carried_runs(sweep, args.finished_in)
+    from_data = _finished_in(carried, cells, states)
     record, record_from = _carried_record(args.finished_in, sweep)
     if (args.status or args.dry_run) and runner is not None:  # a dry run refuses what the real run would
         for cell_id, state in runner.job_states().items():
             if states.get(cell_id) != "finished":
                 states[cell_id] = "queued" if state in ("PENDING", "REQUEUED", "CONFIGURING") else "running"
-    return _Plan(sweep, launcher, resources, cells, uri, runner, states, from_data, record, record_from)
+    return _Plan(sweep, launcher, resources, cells, uri, runner, states, from_data, record, record_from, carried)
 
 
 def _check_save_data(path: str, dry_run: bool) -> None:
@@ -257,23 +259,20 @@ class DataSaver:
     block's export reads no verdict before its look is complete. Runs read once are kept (a FINISHED
     run does not change): a save after a cell reads only the new ones."""
 
-    def __init__(self, p: _Plan, path: str, carried: list[str]) -> None:
-        self.p, self.path, self.carried = p, path, carried
+    def __init__(self, p: _Plan, path: str) -> None:
+        self.p, self.path = p, path
         self.known: dict = {}  # run id -> Run
-        self.from_files: dict | None = None  # cell id -> Run of the --finished-in files
         self.warned = False
 
     def save(self) -> str:
         from vaco.report.runs import save_runs
         from vaco.study.judge import record_path, write_record
 
-        if self.from_files is None:
-            self.from_files = carried_runs(self.p.sweep, self.carried)
-        runs = finished_runs(self.p.sweep, self.p.uri, self.from_files, self.known)
+        runs = finished_runs(self.p.sweep, self.p.uri, self.p.carried, self.known)
         save_runs(runs, self.path)
         tags = plan_record_tags(self.p.sweep, self.p.uri, self.p.record)
         record = f" and the plan's record -> {write_record(record_path(self.path), tags, runs)}" if tags else ""
-        where = "this store's and the --finished-in files'" if self.carried else "this store's"
+        where = "this store's and the --finished-in files'" if self.p.carried else "this store's"
         return f"{len(runs)} finished runs of the sweep ({where}) -> {self.path}{record}; nothing judged"
 
     def after_cell(self) -> None:
@@ -291,32 +290,14 @@ class DataSaver:
                 )
 
 
-def _finished_in(paths: list[str], cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
-    """``--finished-in``: the cells whose FINISHED run a data file holds (same name, algorithm, K
-    and seed) are marked finished in ``states``; returns cell id -> file. A data file keeps no
-    sweep settings, so that these runs used this file's ``overrides`` is the user's word."""
-    if not paths:
-        return {}
-    from vaco.report.runs import read_runs
-
-    by_id = {c.id: c for c in cells}
+def _finished_in(carried: dict, cells: list[Cell], states: dict[str, str]) -> dict[str, str]:
+    """``--finished-in``: the cells not finished in this store whose FINISHED run a data file holds
+    (:func:`vaco.sweep.state.carried_runs`) are marked finished in ``states``; returns cell id -> file."""
     found: dict[str, str] = {}
-    for path in paths:
-        try:
-            runs = read_runs(path)
-        except (OSError, ValueError) as err:
-            raise SweepError(f"`--finished-in {path}`: {str(err).removeprefix('`--data`: ')}") from None
-        for run in runs:
-            cell = by_id.get(run.name)
-            if cell is None or run.status != "FINISHED" or states[cell.id] == "finished":
-                continue
-            if (run.algorithm, run.K, run.seed) != (cell.algorithm, cell.K, cell.seed):
-                raise SweepError(
-                    f"`--finished-in {path}`: its run {run.name!r} is {run.algorithm} K={run.K} seed={run.seed}, "
-                    f"but this sweep's cell of that name is {cell.algorithm} K={cell.K} seed={cell.seed}"
-                )
+    for cell in cells:
+        if cell.id in carried and states[cell.id] != "finished":
             states[cell.id] = "finished"
-            found[cell.id] = path
+            found[cell.id] = carried[cell.id][0]
     return found
 
 
