@@ -489,6 +489,40 @@ def _judged_from_committed(study: str, sweep_file: str):
     return judge_plan(plan, report, tags["vaco.plan.declared"], earlier, tags["vaco.plan.commit"]), earlier
 
 
+def test_the_lag_benchmarks_kept_runs_are_its_declared_cells_and_no_look_was_read_early():
+    """docs/data/lag_bench_runs.csv.gz, the benchmark's runs kept between blocks, and its record: every
+    run a finished cell of configs/sweeps/lag_bench.yaml, once, evaluated 6 times to 245,760 steps; the
+    record is the sweep file's plan (same digest), declared after its commit and before the first run;
+    no look is recorded before all of look 1's cells have finished, and every recorded look was taken
+    by `--until-decided`; results.md states how many of look 1's runs the file holds."""
+    import json
+    from datetime import datetime
+
+    from vaco import sweep as S
+    from vaco.study.judge import read_judgements
+    from vaco.study.looks import look_cells
+
+    repo = Path(__file__).resolve().parents[1]
+    sweep = S.load_sweep(repo / "configs/sweeps/lag_bench.yaml")
+    cells = {c.id: c for c in S.expand(sweep)}
+    runs = R.read_runs(repo / "docs/data/lag_bench_runs.csv.gz")
+    _assert_finished_runs_of(runs, cells, [40_960 * i for i in range(1, 7)])
+    record = json.loads((repo / "docs/data/lag_bench_runs_record.json").read_text())
+    tags = record["parent_run_tags"]
+    assert tags["vaco.plan.digest"] == sweep.plan.digest and record["finished_runs"] == len(runs)
+    utc = "%Y-%m-%d %H:%M:%S UTC"
+    declared = datetime.strptime(tags["vaco.plan.declared"], utc)
+    committed = datetime.strptime(tags["vaco.plan.commit"].split(" ", 1)[1], utc)
+    assert committed <= declared < datetime.strptime(record["first_run_start"], utc)
+    look1 = {c.id for c in look_cells(list(cells.values()), sweep.plan.looks[0])}
+    looks = read_judgements(tags)
+    assert all(j.by == "until-decided" for j in looks)
+    if not look1 <= {r.name for r in runs}:
+        assert not looks, "a look was recorded before look 1's runs were all in"
+        kept = sum(r.name in look1 for r in runs)
+        assert f"{kept} of its {len(look1)} runs" in (repo / "docs/results.md").read_text()
+
+
 @pytest.mark.slow
 def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_record():
     """docs/data/confirm_k4.csv.gz and its record (see :func:`_judged_from_committed`): every family
