@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -491,6 +492,55 @@ def test_a_look_after_a_decision_counts_the_seeds_of_the_open_comparisons_only()
     ]  # fmt: skip
 
 
+def test_status_says_which_look_runs_and_how_much_of_it_has_finished():
+    """`vaco sweep --status` of a planned sweep (the lag benchmark's file): the look --until-decided
+    runs is the first not recorded, counted over that look's cells only (the first 12 seeds of every
+    cell at look 1; at look 2 the first 24 of the open comparisons' arms at K = 4 and 1, nothing at
+    K = 16), with the running ones; a `vaco report` reading is not a look; a settled family or the
+    last look runs nothing. The counts here come from the cells' coordinates, not from look_cells."""
+    from helpers.runs import REPO
+    from vaco import sweep as S
+    from vaco.study.judge import Judgement
+    from vaco.study.looks import look_progress
+
+    sweep = S.load_sweep(REPO / "configs/sweeps/lag_bench.yaml")
+    plan, cells = sweep.plan, S.expand(sweep)
+    labels = [c.label() for c in plan.family]
+    states = {c.id: "finished" if c.seed <= 4003 else "running" if c.seed == 4004 else "new" for c in cells}
+    states.update({c.id: "finished" for c in cells if c.algorithm == "ppo_clip" and c.seed <= 4020})
+    look1 = [c for c in cells if c.seed <= 4012]
+    assert len(look1) == 12 * 2 * (2 * 12 + 8)
+    done1 = sum(c.seed <= 4003 or c.algorithm == "ppo_clip" for c in look1)
+    running1 = sum(c.seed == 4004 and c.algorithm != "ppo_clip" for c in look1)
+    said = (
+        f"look 1 of 3 (12 seeds): {done1} of its {len(look1)} cells finished, {running1} running; looks recorded: none"
+    )
+    report = Judgement(12, "2026-12-05 00:00:00 UTC", "report", dict.fromkeys(labels, "differs"))
+    assert look_progress(plan, cells, states, []) == said
+    assert look_progress(plan, cells, states, [report]) == said
+
+    # look 1 recorded: VACO vs PPO-clip differs, the other three go on to look 2 with their arms only
+    words = {labels[0]: "differs", **dict.fromkeys(labels[1:], "undecided")}
+    recorded = [Judgement(12, "2026-12-05 00:00:00 UTC", "until-decided", words), report]
+    arms = {"vaco", "decoupled_ppo", "ppo_clip", "ppo_ewma"}
+    look2 = [c for c in cells if c.algorithm in arms and c.K in (1, 4) and c.seed <= 4024]
+    assert len(look2) == 4 * 2 * 2 * 24
+    done2 = sum(c.seed <= 4003 or (c.algorithm == "ppo_clip" and c.seed <= 4020) for c in look2)
+    running2 = sum(c.seed == 4004 and c.algorithm != "ppo_clip" for c in look2)
+    assert look_progress(plan, cells, states, recorded) == (
+        f"look 2 of 3 (24 seeds, the arms of {'; '.join(labels[1:])}): {done2} of its {len(look2)} cells finished, "
+        f"{running2} running; looks recorded: 12 seeds"
+    )
+    settled = Judgement(
+        24, "2026-12-06 00:00:00 UTC", "until-decided", {**words, **dict.fromkeys(labels[1:], "equivalent")}
+    )
+    assert look_progress(plan, cells, states, [*recorded, settled]).startswith(
+        "every primary comparison is decided (looks recorded: 12 seeds, 24 seeds)"
+    )
+    last = [Judgement(s, "2026-12-06 00:00:00 UTC", "until-decided", words) for s in (12, 24, 36)]
+    assert look_progress(plan, cells, states, last).startswith("the last look (36 seeds) is recorded")
+
+
 @pytest.mark.slow
 def test_the_equivalent_branch_and_the_floor_rule():
     """Equivalent: two arms that lose the same (12 seeds, 2 tasks, margin 0.05) are declared
@@ -581,6 +631,9 @@ def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_
     command = [VACO, "sweep", "--config", str(path), "--out", str(tmp_path / "out"), "--until-decided"]
     stopped = subprocess.run([*command, "--jobs", "1", "--stop-after", "1"], capture_output=True, text=True)
     assert stopped.returncode == 124, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    part = subprocess.run([*command[:-1], "--status"], capture_output=True, text=True)
+    said = re.search(r"look 1 of 2 \(7 seeds\): (\d+) of its 28 cells finished; looks recorded: none", part.stdout)
+    assert part.returncode == 0 and said and int(said[1]) < 28, part.stdout[-3000:]
     out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
     text = out.stdout
@@ -589,6 +642,8 @@ def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_
     assert "**equivalent**" in text and "scores normalised by the plan's fixed references" in text
     assert "IQM at K 0.500 / 0.500" in text  # the references, applied at the look
     assert "every primary comparison is decided at look 1 (7 seeds): stopping before the next look" in text
+    status = subprocess.run([*command[:-1], "--status"], capture_output=True, text=True)
+    assert status.returncode == 0 and "looks recorded: 7 seeds): --until-decided runs nothing more" in status.stdout
     client = mlflow.MlflowClient(mlflow_uri)
     experiment = client.get_experiment_by_name("looks").experiment_id
     (parent,) = client.search_runs([experiment], filter_string="tags.`vaco.sweep.parent` = 'true'")

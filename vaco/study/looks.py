@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from vaco.tracking import PLAN_TAG
 
-__all__ = ["judge_look", "look_cells", "look_needs", "seed_ranks"]
+__all__ = ["judge_look", "look_cells", "look_needs", "look_progress", "seed_ranks"]
 
 
 def seed_ranks(cells: Sequence) -> dict[str, int]:
@@ -37,6 +37,35 @@ def look_cells(cells: Sequence, seeds: int, needed=None) -> list:
     ranks = seed_ranks(cells)
     k_ref = min(c.K for c in cells)
     return [c for c in cells if ranks[c.id] < seeds and (needed is None or look_needs(c, needed, k_ref))]
+
+
+def look_progress(plan, cells: Sequence, states: Mapping[str, str], readings: Sequence) -> str:
+    """Where ``--until-decided`` stands, for ``vaco sweep --status``: the look it runs now (the first
+    not recorded), how many of that look's cells have finished or are running, and the looks
+    recorded so far (``readings``: the plan's record, :func:`vaco.study.judge.read_judgements`). A
+    look after the first holds only the arms of the comparisons the recorded looks left open, as
+    :func:`look_cells` names them when the sweep runs."""
+    from vaco.study.judge import DECIDED, FLOOR_WORD
+
+    ours = [j for j in readings if j.by == "until-decided"]
+    taken = sorted({j.seeds for j in ours})
+    recorded = ", ".join(f"{s} seeds" for s in taken) or "none"
+    shut = {label for j in ours for label, word in j.words.items() if word in (*DECIDED, FLOOR_WORD)}
+    still_open = [c for c in plan.family if c.label() not in shut]
+    if taken and not still_open:
+        return f"every primary comparison is decided (looks recorded: {recorded}): --until-decided runs nothing more"
+    k = sum(1 for seeds in plan.looks if taken and seeds <= taken[-1])
+    if k == len(plan.looks):
+        return f"the last look ({plan.looks[-1]} seeds) is recorded: what is undecided stays undecided"
+    look = look_cells(cells, plan.looks[k], still_open if k else None)
+    done = sum(states.get(c.id) == "finished" for c in look)
+    running = sum(states.get(c.id) == "running" for c in look)
+    arms = f", the arms of {'; '.join(c.label() for c in still_open)}" if k else ""
+    return (
+        f"look {k + 1} of {len(plan.looks)} ({plan.looks[k]} seeds{arms}): {done} of its {len(look)} cells finished"
+        + (f", {running} running" if running else "")
+        + f"; looks recorded: {recorded}"
+    )
 
 
 def judge_look(sweep, uri: str, cell_ids: set[str], from_data: Mapping[str, str]):

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from vaco.study.looks import judge_look, look_cells
+from vaco.study.looks import judge_look, look_cells, look_progress
 from vaco.sweep.cells import say
 from vaco.sweep.grid import Cell, PopulationCell, Sweep, expand, pack
 from vaco.sweep.launcher import BUILTIN, Launcher, launcher_class
@@ -383,6 +383,11 @@ def _say_plan(p: _Plan, args) -> None:
             f"{study.spending}, alpha {study.alpha:g}, margin {study.margin:g}, {study.test} test"
             + (f", floor {study.floor:g}" if study.floor is not None else "")
         )
+        if args.status or args.dry_run:
+            from vaco.study.judge import read_judgements
+
+            tags = plan_record_tags(sweep, uri, p.record)
+            say(look_progress(study, p.cells, states, read_judgements(tags) if tags else []))
         tasks = len({c.env for c in p.cells})
         for line in undecidable_looks(study, tasks):
             print(f"vaco sweep: warning: {line}", file=sys.stderr)
