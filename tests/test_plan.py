@@ -634,6 +634,8 @@ def test_until_decided_stops_early_resumes_and_normalises_by_the_references(tmp_
     part = subprocess.run([*command[:-1], "--status"], capture_output=True, text=True)
     said = re.search(r"look 1 of 2 \(7 seeds\): (\d+) of its 28 cells finished; looks recorded: none", part.stdout)
     assert part.returncode == 0 and said and int(said[1]) < 28, part.stdout[-3000:]
+    narrowed = subprocess.run([*command[:-1], "--status", "--only", "vaco-*"], capture_output=True, text=True)
+    assert narrowed.returncode == 0 and "look 1 of 2 (" not in narrowed.stdout  # a look is over all the cells
     out = subprocess.run(command, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-3000:]
     text = out.stdout

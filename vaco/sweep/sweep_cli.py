@@ -383,7 +383,7 @@ def _say_plan(p: _Plan, args) -> None:
             f"{study.spending}, alpha {study.alpha:g}, margin {study.margin:g}, {study.test} test"
             + (f", floor {study.floor:g}" if study.floor is not None else "")
         )
-        if args.status or args.dry_run:
+        if (args.status or args.dry_run) and not args.only:  # a look is over all the cells
             from vaco.study.judge import read_judgements
 
             tags = plan_record_tags(sweep, uri, p.record)
