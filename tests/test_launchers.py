@@ -172,8 +172,15 @@ def test_an_odd_jobs_record_is_refused_before_anything_is_submitted(tmp_path, od
 @pytest.mark.slow
 def test_ray_retries_a_cell_whose_worker_died_and_it_resumes_into_the_same_run(tmp_path):
     """A real local Ray cluster (2 CPUs, 127.0.0.1). The first cell's worker is SIGKILLed once
-    the cell has a checkpoint; Ray retries the task, the cell resumes, one MLflow run per cell."""
+    the cell has a checkpoint; Ray retries the task, the cell resumes, one MLflow run per cell.
+    `--save-data` writes the file as each cell finishes: it first appears holding one run, while
+    the other cell still runs, and holds both at the end."""
+    from vaco.report.runs import read_runs
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ledger = tmp_path / "ledger.csv.gz"
+    log_path = tmp_path / "sweep.log"
+    log_file = log_path.open("w")
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", RAY_DISABLE_USAGE_STATS="1")
     start = time.monotonic()
     sweep = subprocess.Popen(
@@ -189,12 +196,13 @@ def test_ray_retries_a_cell_whose_worker_died_and_it_resumes_into_the_same_run(t
             "ray",
             "--ray-cpus",
             "2",
+            "--save-data",
+            str(ledger),
         ],
         cwd=tmp_path,
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=log_file,
         stderr=subprocess.STDOUT,
-        text=True,
         start_new_session=True,
     )
     cell = tmp_path / "out" / FIRST
@@ -212,14 +220,22 @@ def test_ray_retries_a_cell_whose_worker_died_and_it_resumes_into_the_same_run(t
                 except (CheckpointError, ValueError, ProcessLookupError):
                     killed = None
             time.sleep(0.1)
-        output, _ = sweep.communicate(timeout=600)
+        first_seen = None  # the runs the data file holds when it first appears
+        while sweep.poll() is None and time.monotonic() < deadline + 600:
+            if first_seen is None and ledger.exists():
+                first_seen = sorted(r.name for r in read_runs(ledger))
+            time.sleep(0.1)
     finally:
         if sweep.poll() is None:
             os.killpg(sweep.pid, signal.SIGKILL)
             sweep.wait()
+        log_file.close()
     elapsed = time.monotonic() - start
     print(f"ray (local cluster, 2 CPUs), 2 tiny cells with one worker killed: {elapsed:.0f} s")
+    output = log_path.read_text()
     assert sweep.returncode == 0, output[-4000:]
+    assert first_seen is not None and len(first_seen) == 1, first_seen  # saved after the first cell
+    assert sorted(r.name for r in read_runs(ledger)) == sorted([FIRST, SECOND])
     runs = cell_runs(uri)
     assert sorted(runs) == sorted([FIRST, SECOND])
     for cell_id, found in runs.items():  # no duplicate MLflow runs, all finished
