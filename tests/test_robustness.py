@@ -465,7 +465,8 @@ def _judged_from_committed(study: str, sweep_file: str):
     ``<study>_record.json``): every run a finished cell of its sweep file, once, evaluated 6 times to
     245,760 steps; the plan declared (and its sweep file committed) before the first run started; and
     the plan judged on the data against the record's looks, as `vaco report --data` judges it
-    (normalised by the plan's references). Returns the judgement and the record's judgements."""
+    (normalised by the plan's references). Returns the judgement, the record's judgements and the
+    report judged."""
     import json
     from datetime import datetime
 
@@ -486,7 +487,7 @@ def _judged_from_committed(study: str, sweep_file: str):
     fixed = {task: (low, high) for task, low, high in plan.references}
     report = R.build_report(study, runs, score=plan.score, margin=plan.margin, fixed_bounds=fixed)
     earlier = read_judgements(tags)
-    return judge_plan(plan, report, tags["vaco.plan.declared"], earlier, tags["vaco.plan.commit"]), earlier
+    return judge_plan(plan, report, tags["vaco.plan.declared"], earlier, tags["vaco.plan.commit"]), earlier, report
 
 
 def test_the_lag_benchmarks_kept_runs_are_its_declared_cells_and_no_look_was_read_early():
@@ -521,16 +522,15 @@ def test_the_lag_benchmarks_kept_runs_are_its_declared_cells_and_no_look_was_rea
         assert not looks, "a look was recorded before look 1's runs were all in"
         kept = sum(r.name in look1 for r in runs)
         assert f"{kept} of its {len(look1)} runs" in (repo / "docs/results.md").read_text()
+    else:
+        assert sweep.plan.looks[0] in {j.seeds for j in looks}, "look 1's runs are all in, but no look was judged"
 
 
-@pytest.mark.slow
-def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_record():
-    """docs/data/confirm_k4.csv.gz and its record (see :func:`_judged_from_committed`): every family
-    verdict judged from them alone is the one the table of results.md states, with the look its
-    seeds make it and the words the sweep recorded at its last look; and each task's split (IQM and
-    untrimmed mean) is results.md's sensitivity table."""
-    judged, earlier = _judged_from_committed("confirm_k4", "configs/sweeps/confirm_lag.yaml")
-    assert len(judged.verdicts) == 3 and not judged.missing
+def _assert_verdicts_stated(judged, earlier) -> None:
+    """Every family verdict judged from a study's committed data is the one its sweep recorded at its
+    last look (``--until-decided``) and the one the table of results.md states, with the look its
+    seeds make it; and each task's split (IQM and untrimmed mean, HalfCheetah then Hopper) is in
+    results.md beside it."""
     last = [j for j in earlier if j.by == "until-decided"][-1]
     assert {v.comparison.label(): v.word for v in judged.verdicts} == last.words
     text = (Path(__file__).resolve().parents[1] / "docs/results.md").read_text()
@@ -545,6 +545,29 @@ def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_recor
             dict((task, (iqm, mean)) for task, iqm, mean in v.per_task)[t] for t in ("HalfCheetah-v5", "Hopper-v5")
         )
         assert f"| {hc[0]:+.3f} ({hc[1]:+.3f}) | {hop[0]:+.3f} ({hop[1]:+.3f}) |" in text, v.comparison.label()
+
+
+@pytest.mark.slow
+def test_the_confirmatory_studys_verdicts_come_from_its_committed_data_and_record():
+    """docs/data/confirm_k4.csv.gz and its record (see :func:`_judged_from_committed`): every family
+    verdict judged from them alone is the one the table of results.md states, with the look its
+    seeds make it and the words the sweep recorded at its last look; and each task's split (IQM and
+    untrimmed mean) is results.md's sensitivity table."""
+    judged, earlier, _ = _judged_from_committed("confirm_k4", "configs/sweeps/confirm_lag.yaml")
+    assert len(judged.verdicts) == 3 and not judged.missing
+    _assert_verdicts_stated(judged, earlier)
+
+
+@pytest.mark.slow
+def test_the_lag_benchmarks_verdicts_and_figures_come_from_its_committed_data_and_record():
+    """docs/data/lag_bench_runs.csv.gz and its record (see :func:`_judged_from_committed`), once a
+    look has been judged: its four verdicts, judged from them alone, are the words `--until-decided`
+    recorded at its last look and the ones results.md's table states with each task's split; and
+    docs/figures/lag_bench/summary.md (the exploratory drops and differences of drops) is the data's."""
+    judged, earlier, report = _judged_from_committed("lag_bench_runs", "configs/sweeps/lag_bench.yaml")
+    assert earlier and len(judged.verdicts) == 4 and not judged.missing
+    _assert_verdicts_stated(judged, earlier)
+    _assert_summary_is_the_datas(report, Path(__file__).resolve().parents[1] / "docs/figures/lag_bench/summary.md")
 
 
 def test_the_llm_cpu_grids_accuracies_in_llm_md_come_from_its_committed_data():
