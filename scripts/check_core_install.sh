@@ -29,7 +29,8 @@ small=(--data.init_args.num_envs 2 --data.init_args.num_steps 64 --data.init_arg
        --data.init_args.eval_episodes 2 --data.init_args.eval_envs 2 --trainer.enable_progress_bar false)
 step() { echo "core check: $*"; }
 step "vaco --help"; "$VACO" --help >/dev/null
-step "vaco fit --help lists --population"; "$VACO" fit --help | grep -q -- "--population"
+# (to a file, not a pipe: `grep -q` stops reading at its match and, under pipefail, the writer's SIGPIPE fails the step)
+step "vaco fit --help lists --population"; "$VACO" fit --help > fit_help.log; grep -q -- "--population" fit_help.log
 step "vaco fit (the demo's config, small budget)"
 "$VACO" fit --config configs/demo.yaml "${small[@]}" > fit.log 2>&1 || { cat fit.log; exit 1; }
 ckpt=$(ls checkpoints/*/last.ckpt | head -1)
