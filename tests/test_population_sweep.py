@@ -152,7 +152,7 @@ def test_a_stopped_population_is_counted_as_resuming_not_new(tmp_path, mlflow_ur
 @pytest.mark.parametrize(
     ("collection", "population", "expected"),
     [
-        (None, None, [4, 1]),  # the default, in process: 4 seeds a process (the fifth alone)
+        (None, None, [5]),  # the default, in process: up to 12 seeds a process, so the cell's five in one
         (None, 1, [1] * 5),  # `population: 1`: every seed alone
         (None, 2, [2, 2, 1]),
         ("vaco.data.parallel.Actors", None, [1] * 5),  # actor processes: alone
@@ -181,5 +181,36 @@ def test_a_sweep_packs_seeds_into_populations_by_default_sized_by_the_backend(
     if population is None and collection is None:
         dry = _sweep(path, tmp_path / "out", "--dry-run")
         assert dry.returncode == 0, dry.stderr
-        assert "population: auto, the default (4 seeds a process" in dry.stdout
-        assert "4 of the 5 cells to run would run as 1 populations" in dry.stdout
+        assert "population: auto, the default (up to 12 seeds a process" in dry.stdout
+        assert "5 of the 5 cells to run would run as 1 populations" in dry.stdout
+
+
+@pytest.mark.parametrize(("seeds", "expected"), [(12, [12]), (13, [7, 6]), (20, [10, 10]), (25, [9, 9, 7])])
+def test_auto_populations_are_evened_out_over_a_cells_seeds(tmp_path, seeds, expected):
+    """`population: auto` in process packs up to 12 seeds a process, the cell's seeds split evenly
+    (20 seeds: two of 10, not 12 and 8), from the sweep file alone (a rerun forms the same ones)."""
+    from vaco.sweep.grid import pack
+
+    body = {**SWEEP, "defaults": {"env": "inverted_pendulum", "K": 2, "seed": list(range(1, seeds + 1))}}
+    body.pop("population")
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump(body))
+    sweep = S.load_sweep(path, output_dir=str(tmp_path / "out"))
+    cells = S.expand(sweep)
+    jobs, _ = pack(sweep, cells, dict.fromkeys((c.id for c in cells), "new"))
+    assert [len(getattr(job, "members", (job,))) for job in jobs] == expected
+    # a rerun with the first members finished forms the same chunks (the rest of the first one, then the others)
+    done = {c.id for c in cells[:3]}
+    jobs, _ = pack(sweep, [c for c in cells if c.id not in done], {c.id: "new" for c in cells if c.id not in done})
+    assert [len(getattr(job, "members", (job,))) for job in jobs] == [expected[0] - 3, *expected[1:]]
+
+
+def test_jobs_auto_is_one_cell_a_usable_core(tmp_path):
+    import os
+
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "jobs": "auto"}))
+    assert S.load_sweep(path, output_dir=str(tmp_path / "out")).jobs == len(os.sched_getaffinity(0))
+    path.write_text(yaml.safe_dump({**SWEEP, "jobs": "two"}))
+    with pytest.raises(S.SweepError, match="`jobs` must be an integer >= 1 or `auto`"):
+        S.load_sweep(path, output_dir=str(tmp_path / "out"))

@@ -69,6 +69,12 @@ class UpdateLayout:
         """The minibatch of samples ``idx`` (a slice of :meth:`draw_order`'s result), a plain dict."""
         raise NotImplementedError
 
+    def shuffle(self, train: Mapping[str, torch.Tensor], order: torch.Tensor, num_minibatches: int, size: int):
+        """An epoch's minibatches at once: ``{key: [num_minibatches, ...]}`` whose ``[k]`` holds the
+        values :meth:`gather` gives for the ``k``-th slice of ``order``, each one contiguous block
+        (one gather a key an epoch, not one a minibatch)."""
+        raise NotImplementedError
+
     def learner(self, minibatch: dict[str, torch.Tensor]) -> None:
         """Add the learner's quantities, with gradient (:func:`policy_quantities` and ``value``)."""
         raise NotImplementedError
@@ -136,10 +142,15 @@ def minibatch_epochs(
         # drawn on the CPU generator(s), whatever the device: the same run on any device
         order = layout.draw_order(n, device)
         orders.append(order)
+        # the epoch's minibatches in one gather a key (the same values as one gather a minibatch);
+        # IMPALA's advantage changes before every step, so it gathers each minibatch after that
+        shuffled = None if reestimate is not None else layout.shuffle(train, order, num_minibatches, size)
         for k in range(num_minibatches):
-            if reestimate is not None:
+            if shuffled is None:
                 train.update(reestimate())
-            minibatch = layout.gather(train, order[..., k * size : (k + 1) * size])
+                minibatch = layout.gather(train, order[..., k * size : (k + 1) * size])
+            else:
+                minibatch = {key: value[k] for key, value in shuffled.items()}
             layout.learner(minibatch)
             loss, out = layout.losses(minibatch)
             finite = torch.isfinite(loss)
@@ -262,6 +273,10 @@ class MinibatchUpdate(UpdateLayout):
     def gather(self, train, idx):
         # a plain dict: building a TensorDict per minibatch costs more than the gather
         return {key: value[idx] for key, value in train.items()}
+
+    def shuffle(self, train, order, num_minibatches, size):
+        idx = order[: num_minibatches * size]
+        return {key: value[idx].view(num_minibatches, size, *value.shape[1:]) for key, value in train.items()}
 
     def learner(self, minibatch: dict[str, torch.Tensor]) -> None:
         obs = self.normalize(minibatch["observation"])

@@ -320,6 +320,12 @@ class PopulationUpdate(UpdateLayout):
     def gather(self, train, idx):
         return {key: value[self.member_index, idx] for key, value in train.items()}
 
+    def shuffle(self, train, order, num_minibatches, size):
+        # [M, S, size]: minibatch k of every member one contiguous block [S, size, ...]
+        idx = order[:, : num_minibatches * size].reshape(self.size, num_minibatches, size).transpose(0, 1)
+        members = self.member_index.view(1, self.size, 1)
+        return {key: value[members, idx] for key, value in train.items()}
+
     def learner(self, minibatch: dict[str, torch.Tensor]) -> None:
         """The learner's quantities on ``[S, B, ...]`` minibatches, as a run's layout computes them."""
         params = self.params

@@ -189,7 +189,7 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     for group in groups.values():
         if not any(c.id in todo for c in group):
             continue
-        size = population_size(sweep, group[0])
+        size = population_size(sweep, group[0], len(group))
         for start in range(0, len(group), size):
             chunk = [c for c in group[start : start + size] if c.id in todo]
             # a member with its own checkpoint resumes alone; the LLM track is not batched
@@ -209,17 +209,20 @@ def pack(sweep: Sweep, cells: list[Cell], states: dict[str, str]) -> tuple[list,
     return jobs, out
 
 
-#: members per population where a sweep file leaves ``population`` at ``auto``, by the cells'
-#: collection backend: what docs/sweeps.md's measurements found fastest. In process (gymnasium) and
-#: envpool on a CPU: 4 (8 Hopper seeds as populations of 4 took 2.2x less wall time than 8 solo
-#: cells on two cores); Warp: 16 (16 x 500 Hopper worlds on one H200, 6.67x one run's steps/s).
-#: Actor processes and DDP: alone (each member would start its own actors; DDP is refused).
-AUTO_POPULATION = {"InProcess": 4, "EnvPool": 4, "Warp": 16}
+#: most members per population where a sweep file leaves ``population`` at ``auto``, by the cells'
+#: collection backend: what docs/performance.md's measurements found fastest. In process
+#: (gymnasium, members in lockstep): 12 (the stage-2 cell on Hopper cost 1.3-1.4x less CPU a seed
+#: as one population of 12 than as three of 4, on two cores); envpool on a CPU: 4 (its members step
+#: in turn); Warp: 16 (16 x 500 Hopper worlds on one H200, 6.67x one run's steps/s). Actor
+#: processes and DDP: alone (each member would start its own actors; DDP is refused).
+AUTO_POPULATION = {"InProcess": 12, "EnvPool": 4, "Warp": 16}
 
 
-def population_size(sweep: Sweep, cell: Cell) -> int:
+def population_size(sweep: Sweep, cell: Cell, seeds: int | None = None) -> int:
     """Members per population for ``cell``'s seeds: the sweep file's ``population``, or with
-    ``auto`` (the default) :data:`AUTO_POPULATION` of the cell's collection backend."""
+    ``auto`` (the default) :data:`AUTO_POPULATION` of the cell's collection backend, evened out
+    over the cell's ``seeds`` (20 seeds at most 12 a process: two populations of 10, not 12 and 8).
+    It depends on the sweep file alone, so that a rerun forms the same populations."""
     if sweep.population != "auto":
         return sweep.population
     config = cell_config(sweep, cell)
@@ -229,7 +232,10 @@ def population_size(sweep: Sweep, cell: Cell) -> int:
         return 1
     collection = ((config.get("data") or {}).get("init_args") or {}).get("collection") or "vaco.data.InProcess"
     name = collection.get("class_path", "") if isinstance(collection, dict) else str(collection)
-    return AUTO_POPULATION.get(name.rsplit(".", 1)[-1], 1)
+    most = AUTO_POPULATION.get(name.rsplit(".", 1)[-1], 1)
+    if seeds is None or seeds <= most:
+        return most
+    return -(-seeds // -(-seeds // most))  # ceil(seeds / the number of populations)
 
 
 def _batchable(algo: Algorithm) -> bool:

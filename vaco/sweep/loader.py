@@ -83,8 +83,10 @@ def load_sweep(path: str | os.PathLike, output_dir: str | None = None) -> Sweep:
             "sweeps/<experiment>): rename it or set `output_dir`"
         )
     jobs = raw.get("jobs", 1)
+    if jobs == "auto":  # one cell a core this process may use, each cell one torch thread
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if not (isinstance(jobs, int) and not isinstance(jobs, bool) and jobs >= 1):
-        raise SweepError(f"`jobs` must be an integer >= 1, got {jobs!r}")
+        raise SweepError(f"`jobs` must be an integer >= 1 or `auto` (one cell a core), got {jobs!r}")
     population = raw.get("population", "auto")
     if population != "auto" and not (
         isinstance(population, int) and not isinstance(population, bool) and population >= 1
@@ -485,7 +487,7 @@ def validate_with_cli(sweep: Sweep, cells: list[Cell], tracking_uri: str) -> Non
     seen = set()
     seeds_of = Counter(seedless_id(cell) for cell in cells)  # a cell's seeds: a population's most members
     for cell in cells:
-        members = min(population_size(sweep, cell), seeds_of[seedless_id(cell)])
+        members = min(population_size(sweep, cell, seeds_of[seedless_id(cell)]), seeds_of[seedless_id(cell)])
         _check_memory(sweep, cell, tracking_uri, members=members)
         key = (cell.algorithm, cell.env, tuple(axis for axis, _ in cell.settings))
         if key in seen:

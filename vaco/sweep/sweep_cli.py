@@ -355,8 +355,8 @@ def _population_setting(sweep: Sweep) -> str:
     if sweep.population != "auto":
         return f"population: {sweep.population}"
     return (
-        "population: auto, the default (4 seeds a process in process or on envpool, 16 on Warp, "
-        "docs/sweeps.md; `population: 1` runs every seed alone)"
+        "population: auto, the default (up to 12 seeds a process in process, 4 on envpool, 16 on Warp, "
+        "evened out over a cell's seeds; docs/sweeps.md; `population: 1` runs every seed alone)"
     )
 
 
