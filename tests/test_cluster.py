@@ -289,3 +289,67 @@ def test_a_population_through_real_sbatch_is_one_job_that_survives_a_requeue(slu
     assert stopped and "--ckpt_path" in log, log[-3000:]
     resumed = re.search(r"^iter +(\d+)/", log[stopped.end() :], re.M)
     assert resumed and int(resumed.group(1)) == int(stopped.group(1)) + 1, log[-3000:]
+
+
+@pytest.mark.slow
+def test_vaco_ui_on_postgresql_puts_no_password_on_any_command_line(tmp_path):
+    """`vaco ui` on a PostgreSQL store (its URI, password included, in MLFLOW_TRACKING_URI): while the
+    UI serves, no process's command line holds the password (every account reads them all: /proc/*/cmdline
+    is world-readable), and the UI answers with the store's runs. `--store` with a password is refused in
+    one line before anything starts."""
+    import signal
+    import urllib.request
+
+    from helpers.mlflow_server import free_port
+
+    url, why = postgres(SECRET)
+    if url is None:
+        pytest.skip(why)
+    client = mlflow.MlflowClient(url)
+    if client.get_experiment_by_name("vaco-ui-secret") is None:
+        client.create_experiment("vaco-ui-secret")
+    refused = _vaco("ui", "--store", url, cwd=tmp_path, env={}, timeout=60)
+    assert refused.returncode == 2 and "`--store` carries user info or a secret" in refused.stderr, refused.stderr
+    assert SECRET not in refused.stdout + refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    port = free_port()
+    ui = subprocess.Popen(
+        [VACO, "ui", "--port", str(port)],
+        cwd=tmp_path,
+        env=dict(os.environ, MLFLOW_TRACKING_URI=url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line, lines, deadline = "", [], time.monotonic() + 120
+        while "vaco_token=" not in line:
+            assert ui.poll() is None and time.monotonic() < deadline, "".join(lines)
+            line = ui.stdout.readline()
+            lines.append(line)
+        token = re.search(r"\?vaco_token=([\w-]+)#", line).group(1)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search",
+            data=b'{"max_results": 50}',
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as found:  # the server reads the store it was given
+            assert "vaco-ui-secret" in found.read().decode()
+        seen = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            seen += str(port).encode() in cmdline  # the UI's own processes (its server, its workers)
+            assert SECRET.encode() not in cmdline, cmdline.replace(b"\0", b" ")
+        assert seen >= 1
+        assert SECRET not in "".join(lines)
+    finally:
+        os.killpg(ui.pid, signal.SIGINT)
+        try:
+            ui.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()

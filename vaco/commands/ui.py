@@ -37,7 +37,14 @@ import urllib.request
 from pathlib import Path
 
 from vaco.commands.ui_app import QUERY, TOKEN_ENV
-from vaco.tracking import PARENT_TAG, TrackingStoreError, absolute_tracking_uri, check_tracking_store, redact_uri
+from vaco.tracking import (
+    PARENT_TAG,
+    TrackingStoreError,
+    absolute_tracking_uri,
+    check_tracking_store,
+    has_secrets,
+    redact_uri,
+)
 
 __all__ = ["main"]
 
@@ -66,6 +73,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if has_secrets(args.store):
+        print(
+            "vaco ui: error: `--store` carries user info or a secret (a password, a token), which every account on "
+            "this machine reads in the process list: set MLFLOW_TRACKING_URI to it instead, or keep the password in "
+            "~/.pgpass",
+            file=sys.stderr,
+        )
+        return 2
     store = absolute_tracking_uri(args.store)
     if store.startswith(("http://", "https://")):
         print(f"vaco ui: the store is already a server: open {store}")
@@ -79,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vaco ui: error: `--store`: {store} has no runs yet (run `vaco fit` first)", file=sys.stderr)
         return 2
     mlflow = str(Path(sys.executable).with_name("mlflow"))
+    # the store goes in the server's environment (its own account's), never on its command line:
+    # a PostgreSQL URI carries its password, and every account reads every process's command line
     command = [
         mlflow,
         "ui",
-        "--backend-store-uri",
-        store,
         "--host",
         args.host,
         "--port",
@@ -95,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     token = secrets.token_urlsafe(24)  # in the server's environment (its own account's), never its command line
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", VACO_UI_PORT=str(args.port))
+    env["MLFLOW_BACKEND_STORE_URI"] = store
     env[TOKEN_ENV] = token
     # MLflow's server imports a Starlette module Starlette deprecates: a warning on every start that
     # asks nothing of a vaco user (the user's own PYTHONWARNINGS stay, after this one)
