@@ -26,7 +26,7 @@ from scipy.stats import binom, trim_mean
 
 from vaco.report.robustness import iqm
 from vaco.study import randomisation as Z
-from vaco.study.sizing import first_look_rates, units
+from vaco.study.sizing import equal_drop_null, first_look_rates, sequential_null_rates, units
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = ("ppo_clip", "vaco", "vaco_delta01", "vaco_delta04")  # the first is the family's control
@@ -85,6 +85,75 @@ def test_the_randomisation_test_holds_its_size_when_the_arms_differ_in_level_not
     assert _within(int((p <= 0.05).sum()), p.size, 0.05), (p <= 0.05).mean()
     assert _within(int((p <= first).sum()), p.size, first), (p <= first).mean()
     assert _within(family_hits, studies, M * first)
+
+
+# ------------------------------------------------------------------------------ the whole rule, heavy-tailed arms
+#: the lag benchmark's arms whose runs are heavy-tailed or differ most from PPO-clip's in spread (12 seeds each)
+HEAVY = ("ppo_clip", "cispo", "impala", "mis", "tis")
+
+
+@cache
+def lag_bench_units() -> np.ndarray:
+    from vaco.report.runs import read_runs
+
+    runs = read_runs(REPO / "docs/data/lag_bench_runs.csv.gz")
+    data = units(runs, HEAVY, (1, 4), REFERENCES, "eval/return")
+    assert data.shape == (5, 2, 12, 2)
+    return data
+
+
+def test_the_equal_drop_null_keeps_each_arms_shape_and_gives_every_arm_the_controls_drop():
+    data = lag_bench_units()
+    null = equal_drop_null(data)
+    drops = [_iqm64(null[a, 0]) - _iqm64(null[a, 1]) for a in range(len(HEAVY))]
+    assert drops == pytest.approx([drops[0]] * len(HEAVY), abs=1e-12)
+    assert np.array_equal(null[:, 0], data[:, 0]) and np.array_equal(null[0], data[0])
+    moved = null[1:, 1] - data[1:, 1]  # one constant an arm: spreads and tails unchanged
+    assert np.allclose(moved, moved[:, :1, :1])
+
+
+@cache
+def _heavy_rates(test: str):
+    """Four corrections of the lag benchmark (CISPO, IMPALA, MIS, TIS: heavy tails, collapsing seeds,
+    other spreads than PPO-clip's) each moved to PPO-clip's drop, every arm drawing its own committed
+    seeds, the family of four judged at 12, 24 and 36 seeds by the group-sequential Holm rule."""
+    return sequential_null_rates(lag_bench_units(), test, LOOKS, ALPHA, 1500, seed=13)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "test",
+    [
+        "randomisation",
+        pytest.param(
+            "bootstrap",
+            marks=pytest.mark.xfail(strict=True, reason="the percentile bootstrap is liberal with 12 seeds a cell"),
+        ),
+    ],
+)
+def test_the_whole_sequential_rule_holds_its_family_wise_rate_where_the_arms_differ_in_shape(test):
+    """The family-wise rate of "differs" over every look is within the 99.9% binomial quantile of 5%."""
+    rates = _heavy_rates(test)
+    assert rates.first_levels == pytest.approx((0.00513,) * 3, abs=5e-6)
+    assert _within(rates.family, rates.studies, ALPHA), rates.family / rates.studies
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured: CISPO against PPO-clip meets the first Holm step's level (0.00513) in 1.0% of its looks "
+    "(1500 studies x 3 looks), where the level allows 0.513%; no test here holds it yet (docs/sweeps.md)",
+)
+def test_each_comparison_holds_the_smallest_holm_level_where_the_arms_differ_in_shape():
+    """Each comparison's rate of p at or below the smallest level the rule uses (the first Holm step's,
+    0.00513 at every Pocock look), pooled over the looks, is within the 99.9% binomial quantile of that
+    level. The studentised randomisation test fails it for CISPO, whose K = 4 runs are the most
+    heavy-tailed: swapping its units with PPO-clip's mixes two differently skewed distributions."""
+    rates = _heavy_rates("randomisation")
+    looks = len(LOOKS)
+    for c, name in enumerate(HEAVY[1:]):
+        hits = int(rates.per_look[:, c].sum())
+        assert _within(hits, rates.studies * looks, rates.first_levels[0]), (name, hits / (rates.studies * looks))
 
 
 # ------------------------------------------------------------------------------ against loops written here

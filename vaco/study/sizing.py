@@ -24,6 +24,16 @@ out the seed's correlation between arms.
 comparison of a family with a shared control is null and keeps the heavy tails of the real data;
 ``shift`` adds a level to the non-control arms at both K (a null of equal drops, unequal levels).
 ``tests/test_plan_size.py`` uses them.
+
+**Size of the whole rule where the arms differ in shape** (:func:`equal_drop_null`,
+:func:`sequential_null_rates`): label swaps make every arm the control's distribution, which hides
+what a swap test meets when the arms differ in spread and tails (a heavy-tailed correction against
+PPO-clip). Here each arm keeps its own runs: a study draws each arm's ``(K_ref, K)`` pairs from that
+arm's own committed seeds (with replacement, per task), and every arm but the control has its K
+scores moved by one constant so that its drop (the IQM over its seeds x tasks at ``K_ref`` minus at
+``K``, of the whole committed cell) equals the control's: equal drops, unequal levels, spreads and
+tails. Each study is judged at every look by the group-sequential Holm rule, a comparison decided
+at a look staying decided.
 """
 
 from __future__ import annotations
@@ -35,7 +45,16 @@ import numpy as np
 
 from vaco.study.plan import holm_levels, sequential_holm
 
-__all__ = ["Pilot", "first_look_rates", "null_study", "plan_p", "simulate_plan", "units"]
+__all__ = [
+    "Pilot",
+    "equal_drop_null",
+    "first_look_rates",
+    "null_study",
+    "plan_p",
+    "sequential_null_rates",
+    "simulate_plan",
+    "units",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,3 +197,69 @@ def first_look_rates(
         family_hits += any(sequential_holm(p, levels, 0))
         ps += p
     return family_hits, np.asarray(ps), levels[m - 1][0]
+
+
+def equal_drop_null(data: np.ndarray) -> np.ndarray:
+    """``data`` (arm, K in (ref, K), seed, task), the control first, with every other arm's K scores
+    moved by the constant that makes its drop (IQM of its whole cell at ref minus at K) the control's."""
+    from vaco.report.robustness import iqm
+
+    drops = iqm(data[:, 0]) - iqm(data[:, 1])  # per arm, over seeds x tasks
+    out = data.copy()
+    out[1:, 1] += (drops[1:] - drops[0])[:, None, None]  # IQM(x + c) = IQM(x) + c
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class NullRates:
+    """What :func:`sequential_null_rates` counts over its null studies."""
+
+    studies: int
+    family: int  # studies with any "differs" at any look
+    per_look: np.ndarray  # (looks, comparisons): the studies whose comparison's p met the first Holm step's level there
+    first_levels: tuple[float, ...]  # that level at each look (alpha / m's boundary)
+    any_look: np.ndarray  # (comparisons,): studies where it met that level at some look
+
+
+def sequential_null_rates(
+    data: np.ndarray,
+    test: str,
+    looks: Sequence[int],
+    alpha: float,
+    studies: int,
+    seed: int,
+    swaps: int = 1999,
+) -> NullRates:
+    """Null studies of ``data`` (arm, K in (ref, K), seed, task; the control first), each arm drawing
+    its own seeds (:func:`equal_drop_null`: equal drops), judged at every look of ``looks`` (Pocock)
+    by the group-sequential Holm rule with every other arm against the control. Counts the studies
+    with any "differs" and, per comparison, where its p met the smallest level the rule uses (the
+    first Holm step's, alpha / m's boundary)."""
+    null = equal_drop_null(np.asarray(data, dtype=np.float64))
+    arms, _, seeds, tasks = null.shape
+    m = arms - 1
+    levels = holm_levels(list(looks), alpha, "pocock", m)
+    first = levels[m - 1]
+    rng = np.random.default_rng(seed)
+    family = 0
+    per_look = np.zeros((len(looks), m), dtype=int)
+    any_look = np.zeros(m, dtype=int)
+    for s in range(studies):
+        # each arm's own seeds, drawn per task; a seed's (ref, K) pair stays together
+        rows = rng.integers(0, seeds, size=(arms, looks[-1], tasks))
+        study = null[np.arange(arms)[:, None, None], :, rows, np.arange(tasks)[None, None, :]]  # arm, n, task, K
+        study = np.moveaxis(study, -1, 1)  # arm, K, n, task
+        rejected, met = [False] * m, np.zeros(m, dtype=bool)
+        for k, n in enumerate(looks):
+            cells = study[:, :, :n]
+            p = [
+                plan_p(test, (cells[a, 0], cells[a, 1], cells[0, 0], cells[0, 1]), 0.05, s * len(looks) + k, swaps)
+                for a in range(1, m + 1)
+            ]
+            hit = np.asarray(p) <= first[k]
+            per_look[k] += hit
+            met |= hit
+            rejected = sequential_holm(p, levels, k, rejected)
+        family += any(rejected)
+        any_look += met
+    return NullRates(studies, family, per_look, tuple(first), any_look)
