@@ -745,6 +745,19 @@ def _continued_in_a_new_store(tmp_path, sweep_file, old_client, old_parent):
         and "recorded on the sweep's parent" in both.stdout
     )
     assert len(read_judgements(client.get_run(parent.info.run_id).data.tags)) == 3
+    # another score than the plan's: the rule's reading of it, labelled sensitivity and never recorded as a look
+    other_score = subprocess.run(
+        [VACO, "report", "--experiment", "looks", "--data", str(data), "--no-sensitivity", "--reps", "200"]
+        + ["--score", "auc", "--out", str(tmp_path / "r6")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert other_score.returncode == 0, other_score.stderr[-3000:]
+    assert "score sensitivity, not verdicts: the plan's rule and references on the auc score" in other_score.stdout
+    assert "recorded on the sweep's parent" not in other_score.stdout
+    assert (tmp_path / "r6" / "plan.md").read_text().startswith("# The study plan's rule on another score")
+    assert len(read_judgements(client.get_run(parent.info.run_id).data.tags)) == 3
     alone = subprocess.run(
         [VACO, "report", "--data", str(data), "--no-sensitivity", "--reps", "200", "--out", str(tmp_path / "r5")],
         capture_output=True,
@@ -845,3 +858,22 @@ def test_a_non_finite_score_is_left_out_by_a_stated_rule_and_never_becomes_a_ver
     assert all(math.isfinite(i.difference) for i in lag.interactions.values())
     with pytest.raises(ValueError, match=r"has no finished run with eval/return to report on \(2 left out"):
         R.build_report("nan", bad)
+
+
+def test_an_undecided_comparison_names_the_seeds_it_needs_at_the_level_the_rule_holds_it_to():
+    """A plan's undecided comparison is sized at its Holm step's level, not at 0.05: more seeds the
+    smaller the level, the report's normal approximation on the paired seeds' spread."""
+    import types
+
+    from vaco.report.decision import seeds_needed
+    from vaco.study.judge import _seeds_needed
+
+    rng = np.random.default_rng(4)
+    cells = tuple(rng.normal(0.5, 0.2, size=(12, 2)) for _ in range(4))
+    xr, xk, yr, yk = cells
+    paired = (yr - yk) - (xr - xk)
+    found = types.SimpleNamespace(cells=cells, difference=0.06, seeds=12)
+    at_005 = seeds_needed(paired, 0.06, 0.05, alpha=0.05)
+    at_plan = _seeds_needed(found, 0.05, 0.0221)
+    assert at_plan == seeds_needed(paired, 0.06, 0.05, alpha=0.0221) and at_plan > at_005 > 12
+    assert _seeds_needed(found, 0.05, 0.0) is None  # a look whose level is 0 cannot decide

@@ -126,6 +126,34 @@ def test_the_summary_and_the_printed_line_give_the_ranking():
     )
 
 
+def test_an_algorithm_below_the_floor_at_k_ref_is_listed_apart_not_ranked():
+    """An algorithm that learned little before any lag (IQM at K = 1 under the floor) has little to
+    lose: its small drop is shown apart and marked, and the others are ranked among themselves as
+    they would be without it."""
+    rng = np.random.default_rng(1)
+    stuck = [
+        _run("stuck", env, K, s, scale * (0.02 + rng.normal(0, 0.005)))
+        for env, scale in TASKS
+        for K in (1, 4)
+        for s in SEEDS
+    ]
+    rep = R.build_report("floor", _runs() + stuck, reps=100, baseline="ppo_clip")
+    lag = R.robustness(rep)
+    (ranking,) = R.rankings(rep, lag)
+    assert [x.algorithm for x in ranking.apart] == ["stuck"] and ranking.floor == R.FLOOR == 0.1
+    assert ranking.apart[0].level_ref < 0.1 and ranking.apart[0].rank_interval is None
+    assert "stuck" not in [x.algorithm for x in ranking.ranks]
+    assert abs(ranking.apart[0].drop) < min(abs(x.drop) for x in ranking.ranks)  # it would have ranked first
+    (everyone,) = R.rankings(rep, lag, floor=None)
+    assert everyone.ranks[0].algorithm == "stuck" and everyone.apart == []
+    others = [x.algorithm for x in everyone.ranks if x.algorithm != "stuck"]
+    assert [x.algorithm for x in ranking.ranks] == others and [x.rank for x in ranking.ranks] == [1, 2, 3, 4]
+    text = "\n".join(robustness_section(rep, lag, None))
+    assert "Below the floor at K = 1 (IQM under 0.1: little to lose; **not ranked**): stuck drop" in text
+    (line,) = ranking_lines(rep, lag)
+    assert line.endswith("below the floor at K=1, not ranked: stuck")
+
+
 @pytest.mark.slow
 def test_many_algorithms_get_one_panel_each_with_the_baseline_in_grey_and_their_own_iqms():
     from vaco.report.figures import PANELS_ABOVE, figure_iqm_vs_k, use_file_backend

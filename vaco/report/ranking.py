@@ -14,9 +14,12 @@ how they order, and the bootstrap says how firmly. At each K:
 * **P(first)**: the share of resamples in which the algorithm has the smallest drop.
 
 Ties share the lowest rank (``scipy.stats.rankdata``'s ``"min"``). A ranking is exploratory: it
-is not a test, and a plan's declared family is judged elsewhere (:mod:`vaco.study.judge`). An
-algorithm at the floor at K_ref (it learned little before any lag) has little to lose: read the
-ranks beside its IQM at K_ref.
+is not a test, and a plan's declared family is judged elsewhere (:mod:`vaco.study.judge`).
+
+**The floor**: an algorithm whose IQM at K_ref is below ``floor`` (normalised units; the lag
+benchmark's plans use 0.1) learned little before any lag, so it has little to lose and a small drop
+would flatter it. It is not ranked: it is listed apart (:attr:`Ranking.apart`), with its drop and
+levels, and the others are ranked among themselves.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from vaco.report.robustness import Robustness, iqm, paired_bootstrap, paired_cells
+from vaco.report.robustness import FLOOR, Robustness, iqm, paired_bootstrap, paired_cells
 from vaco.report.scores import Report
 
 __all__ = ["Rank", "Ranking", "rankings"]
@@ -55,6 +58,9 @@ class Ranking:
     seeds: int  # paired seeds per task, common to every algorithm ranked
     tasks: tuple[str, ...]
     notes: list[str]
+    #: the algorithms below the floor at K_ref (same seeds), not ranked: rank 0, no interval
+    apart: list[Rank] = dataclasses.field(default_factory=list)
+    floor: float | None = None
 
 
 def _ranks(drops: np.ndarray) -> np.ndarray:
@@ -64,9 +70,10 @@ def _ranks(drops: np.ndarray) -> np.ndarray:
     return rankdata(drops, method="min", axis=-1).astype(int)
 
 
-def rankings(report: Report, data: Robustness) -> list[Ranking]:
+def rankings(report: Report, data: Robustness, floor: float | None = FLOOR) -> list[Ranking]:
     """One ranking per K above ``data.k_ref`` where three or more algorithms have a drop (with two,
-    the difference of drops is the comparison)."""
+    the difference of drops is the comparison); those below ``floor`` at K_ref listed apart (None:
+    rank every one)."""
     main = report.main_runs()
     out = []
     for K in sorted({K for _, K in data.drops}):
@@ -96,28 +103,37 @@ def rankings(report: Report, data: Robustness) -> list[Ranking]:
             return np.stack([iqm(ref) - iqm(cur) for ref, cur in zip(cells[::2], cells[1::2])], axis=-1)
 
         point = drops(*mats)
-        rank = _ranks(point)
-        interval = p_first = None
+        low = [i for i in range(len(algos)) if floor is not None and iqm(mats[2 * i]) < floor]
+        ranked = [i for i in range(len(algos)) if i not in low]
+        rank = np.zeros(len(algos), dtype=int)
+        rank[ranked] = _ranks(point[ranked])
+        interval = p_first = low_high = None
         if n >= report.min_runs:
             samples = paired_bootstrap(mats, drops, report.reps, report.seed)
-            ranks = _ranks(samples)
-            interval = np.percentile(ranks, [2.5, 97.5], axis=0, method="inverted_cdf")  # ranks that occurred
             low_high = np.percentile(samples, [2.5, 97.5], axis=0)
-            p_first = (ranks == 1).mean(axis=0)
+            ranks = _ranks(samples[:, ranked])
+            interval = np.zeros((2, len(algos)), dtype=int)
+            interval[:, ranked] = np.percentile(
+                ranks, [2.5, 97.5], axis=0, method="inverted_cdf"
+            )  # ranks that occurred
+            p_first = np.full(len(algos), np.nan)
+            p_first[ranked] = (ranks == 1).mean(axis=0)
         rows = [
             Rank(
                 a,
                 K,
                 int(rank[i]),
                 float(point[i]),
-                None if interval is None else low_high[:, i],
+                None if low_high is None else low_high[:, i],
                 float(iqm(mats[2 * i])),
                 float(iqm(mats[2 * i + 1])),
-                None if interval is None else (int(interval[0, i]), int(interval[1, i])),
+                None if interval is None or i in low else (int(interval[0, i]), int(interval[1, i])),
                 float("nan") if p_first is None else float(p_first[i]),
             )
             for i, a in enumerate(algos)
         ]
         rows.sort(key=lambda r: (r.rank, r.drop, algos.index(r.algorithm)))
-        out.append(Ranking(K, data.k_ref, rows, n, tuple(tasks), notes))
+        apart = [r for r in rows if r.rank == 0]
+        ranking = Ranking(K, data.k_ref, [r for r in rows if r.rank > 0], n, tuple(tasks), notes, apart, floor)
+        out.append(ranking)
     return out

@@ -40,6 +40,7 @@ from vaco.report.tables import improvement_baseline
 
 __all__ = [
     "FEW_RESAMPLES",
+    "FLOOR",
     "Drop",
     "Interaction",
     "Robustness",
@@ -49,6 +50,11 @@ __all__ = [
     "paired_cells",
     "robustness",
 ]
+
+#: IQM (normalised units) below which an arm learned little: a ranking lists it apart at K_ref
+#: (:mod:`vaco.report.ranking`), and no seed count is offered for a comparison whose arms are both
+#: below it at K (the lag benchmark's plans judge such a comparison "at the floor: uninformative")
+FLOOR = 0.1
 
 FEW_RESAMPLES = 1000  # fewer distinct resamples per task than this: the summary warns
 
@@ -382,6 +388,9 @@ def difference_of_drops(
     verdict = decide(
         float(point[0]), (yr - yk) - (xr - xk), report.margin, None if samples is None else samples[:, 0], report.seed
     )
+    if verdict.seeds_needed is not None and max(_iqm(xk), _iqm(yk)) < FLOOR:
+        # both arms near the floor at K: more seeds would measure two collapses, not which loses less
+        verdict = dataclasses.replace(verdict, seeds_needed=None)
     return Interaction(
         algo,
         baseline,

@@ -284,7 +284,9 @@ def _ranking_part(report: Report, found: list[Ranking]) -> list[str]:
         "algorithm has more); **rank interval**: the 2.5th-97.5th percentiles of its rank over "
         f"the paired bootstrap ({report.reps} resamples, seed {report.seed}); **P(first)**: the share of resamples in "
         "which its drop is the smallest. An algorithm that learned little at "
-        f"K = {found[0].k_ref} has little to lose: read a rank beside its IQM there.",
+        f"K = {found[0].k_ref} has little to lose: one whose IQM there is below the floor"
+        + (f" ({found[0].floor:g})" if found[0].floor is not None else "")
+        + " is not ranked but listed apart, marked, with its drop.",
     ]
     for r in found:
         if not r.ranks:
@@ -308,6 +310,17 @@ def _ranking_part(report: Report, found: list[Ranking]) -> list[str]:
                 ],
             )
         ]
+        if r.apart:
+            s += [
+                "",
+                f"Below the floor at K = {r.k_ref} (IQM under {r.floor:g}: little to lose; **not ranked**): "
+                + "; ".join(
+                    f"{x.algorithm} drop {estimate_text(x.drop, x.drop_interval)} (IQM K={r.k_ref} "
+                    f"{x.level_ref:.3f}, K={r.K} {x.level:.3f})"
+                    for x in r.apart
+                )
+                + ".",
+            ]
         s += [f"- {n}" for n in r.notes]
     return s
 
@@ -317,6 +330,11 @@ def ranking_lines(report: Report, data: Robustness) -> list[str]:
     return [
         f"  ranked by drop at K={r.K} ({r.seeds} seeds a task; exploratory): "
         + ", ".join(f"{x.rank}. {x.algorithm} {x.drop:.3f}" for x in r.ranks)
+        + (
+            f"; below the floor at K={r.k_ref}, not ranked: {', '.join(x.algorithm for x in r.apart)}"
+            if r.apart
+            else ""
+        )
         for r in rankings(report, data)
         if r.ranks
     ]

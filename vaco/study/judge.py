@@ -35,7 +35,10 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from vaco.files import write_text_atomic
+from vaco.report.decision import seeds_needed
 from vaco.report.robustness import difference_of_drops
 from vaco.study.plan import Comparison, StudyPlan, holm_levels, schedule, sequential_holm
 from vaco.tracking import PARENT_TAG, PLAN_TAG
@@ -229,7 +232,7 @@ def judge_plan(
                 declared_tost,
                 step_e[idx],
                 word,
-                i.verdict.seeds_needed if word == "undecided" else None,
+                _seeds_needed(i, plan.margin, step_d[idx]) if word == "undecided" else None,
                 method,
                 decided_at,
                 i.per_task,
@@ -239,6 +242,18 @@ def judge_plan(
     return PlanJudgement(
         plan, declared, seeds, look, tuple(looks), verdicts, missing, report.reps, commit, len(report.excluded)
     )
+
+
+def _seeds_needed(interaction, margin: float, level: float) -> int | None:
+    """Seeds a task that would decide an undecided comparison at 80% power at the level the plan's
+    rule holds it to at this look (its Holm step's), not at 0.05: the report's normal approximation
+    (:func:`vaco.report.decision.seeds_needed`) on its paired seeds' spread."""
+    if interaction.cells is None or not level > 0:
+        return None
+    xr, xk, yr, yk = (np.asarray(c, dtype=np.float64) for c in interaction.cells)
+    paired = (yr - yk) - (xr - xk)
+    needed = seeds_needed(paired, interaction.difference, margin, alpha=level)
+    return None if needed is None else max(needed, interaction.seeds + 1)
 
 
 def _tests(plan: StudyPlan, interaction, seed: int) -> dict[str, tuple[float, float, str]]:
@@ -315,7 +330,7 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
         )
     for v in judgement.verdicts:
         interval = "" if v.interval is None else f" [{v.interval[0]:.3f}, {v.interval[1]:.3f}]"
-        needed = f" (seeds needed: {v.seeds_needed})" if v.seeds_needed else ""
+        needed = f" (seeds a task needed at level {v.level_differs:.3g}: {v.seeds_needed})" if v.seeds_needed else ""
         at_earlier = f" (decided at the {v.decided_at}-seed look)" if v.decided_at else ""
         tests = (
             f"p {v.p_differs:.3g} (Holm step level {v.level_differs:.3g}), TOST p {v.p_equivalent:.3g} "
