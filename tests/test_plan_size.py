@@ -112,14 +112,6 @@ def test_the_equal_drop_null_keeps_each_arms_shape_and_gives_every_arm_the_contr
     assert np.allclose(moved, moved[:, :1, :1])
 
 
-@cache
-def _heavy_rates(test: str):
-    """Four corrections of the lag benchmark (CISPO, IMPALA, MIS, TIS: heavy tails, collapsing seeds,
-    other spreads than PPO-clip's) each moved to PPO-clip's drop, every arm drawing its own committed
-    seeds, the family of four judged at 12, 24 and 36 seeds by the group-sequential Holm rule."""
-    return sequential_null_rates(lag_bench_units(), test, LOOKS, ALPHA, 1500, seed=13)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "test",
@@ -131,29 +123,29 @@ def _heavy_rates(test: str):
         ),
     ],
 )
-def test_the_whole_sequential_rule_holds_its_family_wise_rate_where_the_arms_differ_in_shape(test):
-    """The family-wise rate of "differs" over every look is within the 99.9% binomial quantile of 5%."""
-    rates = _heavy_rates(test)
+def test_the_whole_sequential_rule_where_the_arms_differ_in_shape(test):
+    """Four corrections of the lag benchmark (CISPO, IMPALA, MIS, TIS: heavy tails, collapsing seeds,
+    other spreads than PPO-clip's) each moved to PPO-clip's drop, every arm drawing its own committed
+    seeds, the family of four judged at 12, 24 and 36 seeds by the group-sequential Holm rule.
+
+    The family-wise rate of "differs" over every look is within the 99.9% binomial quantile of 5%. Each
+    comparison's rate of p at or below the smallest level the rule uses (the first Holm step's, 0.00513
+    at every Pocock look), pooled over the looks, is within that quantile of the level for IMPALA, MIS
+    and TIS, and **above it for CISPO** (measured 1.0% of 4,500 looks), whose K = 4 runs are the most
+    heavy-tailed: swapping its units with PPO-clip's mixes two differently skewed distributions. That
+    excess is what docs/sweeps.md and the randomisation module state; a test that removes it makes this
+    assertion fail, so the docs are revised with it."""
+    rates = sequential_null_rates(lag_bench_units(), test, LOOKS, ALPHA, 1500, seed=13)
     assert rates.first_levels == pytest.approx((0.00513,) * 3, abs=5e-6)
     assert _within(rates.family, rates.studies, ALPHA), rates.family / rates.studies
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="measured: CISPO against PPO-clip meets the first Holm step's level (0.00513) in 1.0% of its looks "
-    "(1500 studies x 3 looks), where the level allows 0.513%; no test here holds it yet (docs/sweeps.md)",
-)
-def test_each_comparison_holds_the_smallest_holm_level_where_the_arms_differ_in_shape():
-    """Each comparison's rate of p at or below the smallest level the rule uses (the first Holm step's,
-    0.00513 at every Pocock look), pooled over the looks, is within the 99.9% binomial quantile of that
-    level. The studentised randomisation test fails it for CISPO, whose K = 4 runs are the most
-    heavy-tailed: swapping its units with PPO-clip's mixes two differently skewed distributions."""
-    rates = _heavy_rates("randomisation")
-    looks = len(LOOKS)
-    for c, name in enumerate(HEAVY[1:]):
-        hits = int(rates.per_look[:, c].sum())
-        assert _within(hits, rates.studies * looks, rates.first_levels[0]), (name, hits / (rates.studies * looks))
+    looks, level = len(LOOKS), rates.first_levels[0]
+    within = {
+        name: _within(int(rates.per_look[:, c].sum()), rates.studies * looks, level) for c, name in enumerate(HEAVY[1:])
+    }
+    assert within == {"cispo": False, "impala": True, "mis": True, "tis": True}, (
+        within,
+        (rates.per_look.sum(axis=0) / (rates.studies * looks)).round(4),
+    )
 
 
 # ------------------------------------------------------------------------------ against loops written here
