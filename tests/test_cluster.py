@@ -216,8 +216,31 @@ def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     if url is None:
         pytest.skip(why)
     env = {"MLFLOW_TRACKING_URI": url}
-    out = _vaco("sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST, cwd=tmp_path, env=env)
+    # the sweep, its zygote and its cell run while every process's command line (world-readable) is read
+    sweep = subprocess.Popen(
+        [VACO, "sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST],
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen, shown = set(), []
+    while sweep.poll() is None:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            seen.add(cmdline)
+            if SECRET.encode() in cmdline:
+                shown.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        time.sleep(0.05)
+    stdout, stderr = sweep.communicate(timeout=60)
+    out = subprocess.CompletedProcess(sweep.args, sweep.returncode, stdout, stderr)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert not shown, shown
+    assert any(b"fit" in c and b"config.yaml" in c for c in seen) or any(b"sweep" in c for c in seen)
     report = _vaco(
         "report", "--experiment", "vaco-tiny", "--out", str(tmp_path / "report"), "--reps", "20", cwd=tmp_path, env=env
     )
