@@ -34,15 +34,19 @@ REFERENCES = {"Hopper-v5": (300.0, 1500.0), "HalfCheetah-v5": (-300.0, 1800.0)} 
 LOOKS, ALPHA, M = [12, 24, 36], 0.05, 3
 
 
-@cache
-def committed_units() -> np.ndarray:
-    """(arm, K in (1, 4), seed, task) normalised final scores of the seeds every arm has."""
+def _units(data_file: str, arms: tuple[str, ...]) -> np.ndarray:
+    """(arm, K in (1, 4), seed, task) normalised final scores of a committed file's seeds every arm has
+    (12 a cell, two tasks)."""
     from vaco.report.runs import read_runs
 
-    runs = read_runs(REPO / "docs/data/confirm_k4.csv.gz")
-    data = units(runs, ARMS, (1, 4), REFERENCES, "eval/return")
-    assert data.shape == (4, 2, 12, 2)
+    data = units(read_runs(REPO / "docs/data" / data_file), arms, (1, 4), REFERENCES, "eval/return")
+    assert data.shape == (len(arms), 2, 12, 2)
     return data
+
+
+@cache
+def committed_units() -> np.ndarray:
+    return _units("confirm_k4.csv.gz", ARMS)
 
 
 def _rates(test: str, studies: int, seed: int, shift: float = 0.0):
@@ -94,12 +98,7 @@ HEAVY = ("ppo_clip", "cispo", "impala", "mis", "tis")
 
 @cache
 def lag_bench_units() -> np.ndarray:
-    from vaco.report.runs import read_runs
-
-    runs = read_runs(REPO / "docs/data/lag_bench_runs.csv.gz")
-    data = units(runs, HEAVY, (1, 4), REFERENCES, "eval/return")
-    assert data.shape == (5, 2, 12, 2)
-    return data
+    return _units("lag_bench_runs.csv.gz", HEAVY)
 
 
 def test_the_equal_drop_null_keeps_each_arms_shape_and_gives_every_arm_the_controls_drop():

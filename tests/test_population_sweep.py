@@ -149,6 +149,18 @@ def test_a_stopped_population_is_counted_as_resuming_not_new(tmp_path, mlflow_ur
     assert f"  resume    {CELLS[0]}" in dry.stdout and f"  new       {CELLS[3]}" in dry.stdout
 
 
+def _packed(tmp_path, body: dict):
+    """The sweep file ``body`` written and loaded, its cells, and its jobs' sizes as `pack` forms them."""
+    from vaco.sweep.grid import pack
+
+    path = tmp_path / "auto.yaml"
+    path.write_text(yaml.safe_dump(body))
+    sweep = S.load_sweep(path, output_dir=str(tmp_path / "out"))
+    cells = S.expand(sweep)
+    jobs, _ = pack(sweep, cells, dict.fromkeys((c.id for c in cells), "new"))
+    return path, sweep, cells, [len(getattr(job, "members", (job,))) for job in jobs]
+
+
 @pytest.mark.parametrize(
     ("collection", "population", "expected"),
     [
@@ -164,20 +176,14 @@ def test_a_sweep_packs_seeds_into_populations_by_default_sized_by_the_backend(
 ):
     """Without `population`, a sweep packs a cell's seeds by its backend (vaco.sweep.grid.AUTO_POPULATION);
     `population: 1` keeps every seed alone, and the plan prints how the seeds are packed."""
-    from vaco.sweep.grid import pack
-
     body = {**SWEEP, "defaults": {"env": "inverted_pendulum", "K": 2, "seed": [1, 2, 3, 4, 5]}}
     body.pop("population")
     if population is not None:
         body["population"] = population
     if collection is not None:
         body["overrides"] = {**body["overrides"], "data.init_args.collection": {"class_path": collection}}
-    path = tmp_path / "auto.yaml"
-    path.write_text(yaml.safe_dump(body))
-    sweep = S.load_sweep(path, output_dir=str(tmp_path / "out"))
-    cells = S.expand(sweep)
-    jobs, _ = pack(sweep, cells, dict.fromkeys((c.id for c in cells), "new"))
-    assert [len(getattr(job, "members", (job,))) for job in jobs] == expected
+    path, sweep, cells, sizes = _packed(tmp_path, body)
+    assert sizes == expected
     if population is None and collection is None:
         dry = _sweep(path, tmp_path / "out", "--dry-run")
         assert dry.returncode == 0, dry.stderr
@@ -193,12 +199,8 @@ def test_auto_populations_are_evened_out_over_a_cells_seeds(tmp_path, seeds, exp
 
     body = {**SWEEP, "defaults": {"env": "inverted_pendulum", "K": 2, "seed": list(range(1, seeds + 1))}}
     body.pop("population")
-    path = tmp_path / "auto.yaml"
-    path.write_text(yaml.safe_dump(body))
-    sweep = S.load_sweep(path, output_dir=str(tmp_path / "out"))
-    cells = S.expand(sweep)
-    jobs, _ = pack(sweep, cells, dict.fromkeys((c.id for c in cells), "new"))
-    assert [len(getattr(job, "members", (job,))) for job in jobs] == expected
+    _, sweep, cells, sizes = _packed(tmp_path, body)
+    assert sizes == expected
     # a rerun with the first members finished forms the same chunks (the rest of the first one, then the others)
     done = {c.id for c in cells[:3]}
     jobs, _ = pack(sweep, [c for c in cells if c.id not in done], {c.id: "new" for c in cells if c.id not in done})
