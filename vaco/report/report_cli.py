@@ -443,25 +443,26 @@ def _judge(study_plan, report, record: dict, out: Path, uri: str) -> None:
     from vaco.study.judge import judge_plan, plan_lines, record_judgement
 
     scored = f"last-{report.last_evals}" if report.score == "last-n" else report.score
-    if scored != study_plan.score:
-        # another score than the declared one: what the rule says of it, not verdicts. The looks' path (which
-        # arms ran more seeds) followed the declared score's decisions, so it is not replayed: every
-        # comparison is judged once, on the seeds it has, at the levels of the data's last look
-        judged = judge_plan(study_plan, report, record["declared_at"], None, record["commit"])
-        lines = [
+    # another score than the declared one: what the rule says of it, not verdicts. The looks' path (which
+    # arms ran more seeds) followed the declared score's decisions, so it is not replayed: every
+    # comparison is judged once, on the seeds it has, at the levels of the data's last look
+    sensitivity = scored != study_plan.score
+    earlier = None if sensitivity else record["earlier"]
+    judged = judge_plan(study_plan, report, record["declared_at"], earlier, record["commit"])
+    lines, title = plan_lines(judged), "The study plan's verdicts"
+    if sensitivity:
+        title = "The study plan's rule on another score"
+        lines.insert(
+            0,
             f"score sensitivity, not verdicts: the plan's rule and references on the {scored} score, where the plan "
             f"declares the {study_plan.score} score (its verdicts: `vaco report` without --score); each comparison "
             "judged once on the seeds it has, at the levels of the data's last look (the looks' path followed the "
             "declared score's decisions and is not replayed); not recorded",
-            *plan_lines(judged),
-        ]
-        (out / "plan.md").write_text("# The study plan's rule on another score\n\n" + "\n".join(lines) + "\n")
-        print("\n".join(lines))
-        return
-    judged = judge_plan(study_plan, report, record["declared_at"], record["earlier"], record["commit"])
-    lines = plan_lines(judged)
-    (out / "plan.md").write_text("# The study plan's verdicts\n\n" + "\n".join(lines) + "\n")
+        )
+    (out / "plan.md").write_text(f"# {title}\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
+    if sensitivity:
+        return
     if record["parent_id"] is not None:
         record_judgement(uri, record["parent_id"], judged, "report", lines)
         print(f"  this reading is recorded on the sweep's parent run ({record['parent_id']}) as a look of the plan")

@@ -218,7 +218,6 @@ class NullRates:
     family: int  # studies with any "differs" at any look
     per_look: np.ndarray  # (looks, comparisons): the studies whose comparison's p met the first Holm step's level there
     first_levels: tuple[float, ...]  # that level at each look (alpha / m's boundary)
-    any_look: np.ndarray  # (comparisons,): studies where it met that level at some look
 
 
 def sequential_null_rates(
@@ -243,23 +242,19 @@ def sequential_null_rates(
     rng = np.random.default_rng(seed)
     family = 0
     per_look = np.zeros((len(looks), m), dtype=int)
-    any_look = np.zeros(m, dtype=int)
     for s in range(studies):
         # each arm's own seeds, drawn per task; a seed's (ref, K) pair stays together
         rows = rng.integers(0, seeds, size=(arms, looks[-1], tasks))
         study = null[np.arange(arms)[:, None, None], :, rows, np.arange(tasks)[None, None, :]]  # arm, n, task, K
         study = np.moveaxis(study, -1, 1)  # arm, K, n, task
-        rejected, met = [False] * m, np.zeros(m, dtype=bool)
+        rejected = [False] * m
         for k, n in enumerate(looks):
             cells = study[:, :, :n]
             p = [
                 plan_p(test, (cells[a, 0], cells[a, 1], cells[0, 0], cells[0, 1]), 0.05, s * len(looks) + k, swaps)
                 for a in range(1, m + 1)
             ]
-            hit = np.asarray(p) <= first[k]
-            per_look[k] += hit
-            met |= hit
+            per_look[k] += np.asarray(p) <= first[k]
             rejected = sequential_holm(p, levels, k, rejected)
         family += any(rejected)
-        any_look += met
-    return NullRates(studies, family, per_look, tuple(first), any_look)
+    return NullRates(studies, family, per_look, tuple(first))
