@@ -22,6 +22,7 @@ import numpy as np
 from vaco import report as R
 from vaco.report.report_cli import read_data_files
 from vaco.report.robustness import paired_cells
+from vaco.study.plan import TESTS
 from vaco.study.sizing import Pilot, simulate_plan
 
 
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pilot", action="append", required=True, help="ARM[:NAME],AGAINST[:NAME],K=FILE[,FILE...]")
     ap.add_argument("--references", required=True, help='fixed [min, max] per task, JSON: {"Hopper-v5": [300, 1500]}')
     ap.add_argument("--looks", action="append", required=True, help="a candidate schedule, e.g. 12,24,36")
-    ap.add_argument("--test", default="randomisation", choices=["randomisation", "bootstrap"])
+    ap.add_argument("--test", default="randomisation", choices=TESTS)
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--spending", default="pocock")
     ap.add_argument("--studies", type=int, default=400)

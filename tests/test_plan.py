@@ -204,6 +204,9 @@ PLAN = {
         ({"floor": 0}, r"`plan.floor` must be a normalised score in \(0, 1\)"),
         ({"test": None}, r"`plan.test` must be declared: randomisation .* or bootstrap"),
         ({"test": "t-test"}, r"`plan.test` must be declared: .*got 't-test'"),
+        ({"score": "last-1"}, r"`plan.score` must be final .*, last-N .* or auc, got 'last-1'"),
+        ({"score": "last-03"}, r"`plan.score` must be final .*got 'last-03'"),
+        ({"score": "mean"}, r"`plan.score` must be final .*got 'mean'"),
         ({"looks": list(range(2, 13))}, r"`plan.looks`: 11 looks; a group-sequential plan takes at most 10"),
         # absurd values, each one line naming its field
         ({"alpha": 0.9}, r"`plan.alpha` must be a number in \(0, 0.5\), got 0.9"),
@@ -822,6 +825,23 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
         "scores normalised by the plan's fixed references: HalfCheetah-v5 [-50, 2500], Hopper-v5 [100, 900]" in plan_md
     )
     assert "Hopper-v5: normalised by the plan's fixed references [100, 900]" in (out / "summary.md").read_text()
+
+
+    # a plan declaring last-N: the report scores by it without flags; another score is sensitivity
+    from vaco.study.judge import judge_plan, plan_lines
+
+    raw = {"family": family, "looks": [6], "references": references, "test": "bootstrap", "score": "last-2"}
+    plan.write_text(yaml.safe_dump({"plan": raw}))
+    assert R.main([*argv, "--out", str(tmp_path / "last2")]) == 0
+    lines = (tmp_path / "last2" / "plan.md").read_text().splitlines()
+    assert "last-2 score" in lines[2] and not any("score sensitivity" in line for line in lines)
+    by_hand = R.build_report("fixed", runs, reps=50, score="last-n", last_evals=2, fixed_bounds=refs)
+    declared = load_plan(raw, ["vaco", "ppo_clip"], [1, 4, 16], 6)
+    expected = plan_lines(judge_plan(declared, by_hand, declared=None))
+    comparison = next(line for line in expected if line.startswith("  vaco vs ppo_clip at K=16"))
+    assert comparison in lines  # the estimate, IQMs and p's of the last-2 score
+    assert R.main([*argv, "--out", str(tmp_path / "final"), "--score", "final"]) == 0
+    assert "score sensitivity, not verdicts" in (tmp_path / "final" / "plan.md").read_text()
 
 
 @pytest.mark.slow

@@ -111,11 +111,19 @@ def test_the_equal_drop_null_keeps_each_arms_shape_and_gives_every_arm_the_contr
     assert np.allclose(moved, moved[:, :1, :1])
 
 
+#: what each test's rate at the smallest Holm level stays within, arm by arm (see the test's docstring)
+WITHIN = {
+    "randomisation": {"cispo": False, "impala": True, "mis": True, "tis": True},
+    "randomisation+bootstrap-t": {"cispo": True, "impala": True, "mis": True, "tis": True},
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "test",
     [
         "randomisation",
+        "randomisation+bootstrap-t",
         pytest.param(
             "bootstrap",
             marks=pytest.mark.xfail(strict=True, reason="the percentile bootstrap is liberal with 12 seeds a cell"),
@@ -129,19 +137,22 @@ def test_the_whole_sequential_rule_where_the_arms_differ_in_shape(test):
 
     The family-wise rate of "differs" over every look is within the 99.9% binomial quantile of 5%. Each
     comparison's rate of p at or below the smallest level the rule uses (the first Holm step's, 0.00513
-    at every Pocock look), pooled over the looks, is within that quantile of the level for IMPALA, MIS
-    and TIS, and **above it for CISPO** (measured 1.0% of 4,500 looks), whose K = 4 runs are the most
-    heavy-tailed: swapping its units with PPO-clip's mixes two differently skewed distributions. That
-    excess is what docs/sweeps.md and the randomisation module state; a test that removes it makes this
-    assertion fail, so the docs are revised with it."""
-    rates = sequential_null_rates(lag_bench_units(), test, LOOKS, ALPHA, 1500, seed=13)
+    at every Pocock look), pooled over the looks, is within that quantile of the level (0.87% at 4,500
+    looks) for every arm by ``randomisation+bootstrap-t`` (measured: CISPO 0.58%, the others 0.24-0.40%,
+    family 3.9%). By the randomisation test alone it is within for IMPALA, MIS and TIS and **above it
+    for CISPO** (measured 1.0%), whose K = 4 runs are the most heavy-tailed: swapping its units with
+    PPO-clip's mixes two differently skewed distributions, and the swap distribution, symmetric, does
+    not see the skew. That excess is what docs/sweeps.md and the randomisation module state; a change
+    that removes it makes this assertion fail, so the docs are revised with it."""
+    swaps = 1999 if test == "randomisation" else 999  # the combined test draws as many bootstrap-t resamples
+    rates = sequential_null_rates(lag_bench_units(), test, LOOKS, ALPHA, 1500, seed=13, swaps=swaps)
     assert rates.first_levels == pytest.approx((0.00513,) * 3, abs=5e-6)
     assert _within(rates.family, rates.studies, ALPHA), rates.family / rates.studies
     looks, level = len(LOOKS), rates.first_levels[0]
     within = {
         name: _within(int(rates.per_look[:, c].sum()), rates.studies * looks, level) for c, name in enumerate(HEAVY[1:])
     }
-    assert within == {"cispo": False, "impala": True, "mis": True, "tis": True}, (
+    assert within == WITHIN.get(test, dict.fromkeys(HEAVY[1:], True)), (
         within,
         (rates.per_look.sum(axis=0) / (rates.studies * looks)).round(4),
     )
@@ -158,7 +169,7 @@ def _difference64(xr, xk, yr, yk) -> float:
     return (_iqm64(yr) - _iqm64(yk)) - (_iqm64(xr) - _iqm64(xk))
 
 
-def _studentised64(xr, xk, yr, yk) -> float:
+def _se64(xr, xk, yr, yk) -> float:
     """Yuen's winsorised SE of the paired trimmed-mean combination, by hand."""
     n = np.size(xr)
     g = int(0.25 * n)
@@ -171,8 +182,11 @@ def _studentised64(xr, xk, yr, yk) -> float:
 
     z = [b - a - c + d for a, b, c, d in zip(*(winsorised(c) for c in (yk, yr, xr, xk)))]
     mean = math.fsum(z) / n
-    se = math.sqrt(math.fsum((u - mean) ** 2 for u in z) / (h * (h - 1)))
-    return _difference64(xr, xk, yr, yk) / se
+    return math.sqrt(math.fsum((u - mean) ** 2 for u in z) / (h * (h - 1)))
+
+
+def _studentised64(xr, xk, yr, yk) -> float:
+    return _difference64(xr, xk, yr, yk) / _se64(xr, xk, yr, yk)
 
 
 def test_the_iqm_is_rliables_and_the_statistics_match_loops_written_here():
@@ -218,6 +232,39 @@ def test_the_randomisation_p_draws_patterns_with_the_plus_one_rule_and_rejects_a
     p, tost, exact = Z.randomisation_p((xr, xk, yr, yk), 0.05, reps=999, seed=0)
     assert not exact and p == pytest.approx(1 / 1000)  # no drawn pattern is as extreme: (1 + 0) / (1 + 999)
     assert tost > 0.5  # a difference of 1 is far outside +-0.05: not equivalent
+
+
+def _bootstrap_t64(cells, margin, reps, seed):
+    """The symmetric bootstrap-t by loops: per resample and task, ``seeds`` rows drawn with replacement
+    (the stream of ``integers(0, n, size=(reps, n, tasks))``) for all four cells; ``t* = (D* - D) /
+    SE*``; p's with the +1 rule, a resample with SE* = 0 counted as extreme."""
+    xr, xk, yr, yk = (np.asarray(c, dtype=np.float64) for c in cells)
+    n, tasks = xr.shape
+    d, se = _difference64(xr, xk, yr, yk), _se64(xr, xk, yr, yk)
+    rows = np.random.default_rng(seed).integers(0, n, size=(reps, n, tasks))
+    t_star = []
+    for b in range(reps):
+        drawn = [np.array([[c[rows[b, i, t], t] for t in range(tasks)] for i in range(n)]) for c in (xr, xk, yr, yk)]
+        se_b = _se64(*drawn)
+        t_star.append((_difference64(*drawn) - d) / se_b if se_b > 0 else math.inf)
+    t_star = np.array(t_star)
+    extreme = np.isinf(t_star)
+    two = (1 + np.sum(extreme | (np.abs(t_star) >= abs(d / se)))) / (1 + reps)
+    greater = (1 + np.sum(extreme | (t_star >= (d + margin) / se))) / (1 + reps)
+    less = (1 + np.sum(extreme | (t_star <= (d - margin) / se))) / (1 + reps)
+    return two, max(greater, less)
+
+
+def test_the_bootstrap_t_counts_as_a_loop_does_and_the_combined_test_takes_the_larger_p():
+    rng = np.random.default_rng(11)
+    cells = [rng.standard_t(3, size=(9, 2)) for _ in range(4)]
+    cells[1] = cells[1] - 0.3  # x loses more: both p's well inside (0, 1)
+    p, tost = Z.bootstrap_t_p(cells, 0.2, reps=400, seed=6)
+    p64, tost64 = _bootstrap_t64(cells, 0.2, reps=400, seed=6)
+    assert (p, tost) == pytest.approx((p64, tost64), abs=1e-15)
+    assert 1 / 401 < p < 1 and 1 / 401 < tost < 1
+    p_r, tost_r, exact = Z.randomisation_p(cells, 0.2, reps=400, seed=6)
+    assert Z.agreement_p(cells, 0.2, reps=400, seed=6) == (max(p_r, p), max(tost_r, tost), exact)
 
 
 def test_the_vectorised_bootstrap_p_is_the_reports():
@@ -293,6 +340,12 @@ def test_a_randomisation_plan_is_judged_by_its_test_and_shows_the_bootstrap_besi
         p, tost, exact = Z.randomisation_p(tuple(cells), plan.margin, Z.SWAPS, report.seed)
         assert (v.p_differs, v.p_equivalent) == (p, tost) and not exact
         assert v.method == "randomisation (20000 random swap patterns, studentised)"
-        assert v.other_test[0] == "bootstrap" and v.other_test[1] != p
+        others = {name: (p_o, tost_o) for name, p_o, tost_o in v.other_tests}
+        assert set(others) == {"bootstrap", "randomisation+bootstrap-t"} and others["bootstrap"][0] != p
+        p_t, tost_t = Z.bootstrap_t_p(tuple(cells), plan.margin, Z.SWAPS, report.seed)
+        assert others["randomisation+bootstrap-t"] == (max(p, p_t), max(tost, tost_t))
     text = "\n".join(plan_lines(judged))
-    assert "randomisation test" in text and text.count("sensitivity, not a verdict: the bootstrap test gives p") == 3
+    assert (
+        "randomisation test" in text
+        and text.count("sensitivity, not verdicts: the other tests give randomisation+bootstrap-t p") == 3
+    )

@@ -281,9 +281,16 @@ def main(argv: list[str] | None = None) -> int:
         report = build_report(experiment, runs, notes, **settings)
         _check_names(args, report, settings["step_pairs"])
         study_plan, plan_record = _plan(args, report, uri)
-        if study_plan is not None and study_plan.references:  # the plan's fixed references normalise every score
-            fixed = {task: (low, high) for task, low, high in study_plan.references}
-            report = build_report(experiment, runs, notes, **settings, fixed_bounds=fixed)
+        if study_plan is not None:
+            from vaco.study.plan import score_settings
+
+            # the plan's score is the report's unless --score or --last-evals asks for another (sensitivity),
+            # and its fixed references normalise every score
+            if args.score is None and args.last_evals == 1:
+                settings["score"], settings["last_evals"] = score_settings(study_plan.score)
+            fixed = {task: (low, high) for task, low, high in study_plan.references} or None
+            if fixed or (settings["score"], settings["last_evals"]) != (report.score, report.last_evals):
+                report = build_report(experiment, runs, notes, **settings, fixed_bounds=fixed)
     except ValueError as err:
         print(f"vaco report: {err}", file=sys.stderr)
         return 2

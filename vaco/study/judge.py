@@ -40,7 +40,7 @@ import numpy as np
 from vaco.files import write_text_atomic
 from vaco.report.decision import seeds_needed
 from vaco.report.robustness import difference_of_drops
-from vaco.study.plan import Comparison, StudyPlan, holm_levels, schedule, sequential_holm
+from vaco.study.plan import TESTS, Comparison, StudyPlan, holm_levels, schedule, sequential_holm
 from vaco.tracking import PARENT_TAG, PLAN_TAG
 
 __all__ = [
@@ -95,7 +95,7 @@ class PlannedVerdict:
     method: str
     decided_at: int | None = None  # seeds of the earlier look that decided it (None: this look, or not decided)
     per_task: tuple[tuple[str, float, float], ...] = ()  # (task, IQM, untrimmed mean): sensitivity, not verdicts
-    other_test: tuple[str, float, float] | None = None  # (test, p, TOST p) by the test the plan did not declare
+    other_tests: tuple[tuple[str, float, float], ...] = ()  # (test, p, TOST p) by each test the plan did not declare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +216,7 @@ def judge_plan(
             else (float(i.difference_interval[0]), float(i.difference_interval[1]))
         )
         declared_p, declared_tost, method = tests[comparison][plan.test]
-        other = next(name for name in tests[comparison] if name != plan.test)
+        others = tuple((name, *tests[comparison][name][:2]) for name in TESTS if name != plan.test)
         verdicts.append(
             PlannedVerdict(
                 comparison,
@@ -236,7 +236,7 @@ def judge_plan(
                 method,
                 decided_at,
                 i.per_task,
-                (other, *tests[comparison][other][:2]),
+                others,
             )
         )
     return PlanJudgement(
@@ -257,18 +257,24 @@ def _seeds_needed(interaction, margin: float, level: float) -> int | None:
 
 
 def _tests(plan: StudyPlan, interaction, seed: int) -> dict[str, tuple[float, float, str]]:
-    """Both tests' (p, TOST p, method) for one comparison: the declared one judges it, the other is
-    shown beside it as sensitivity. The bootstrap's is the report's verdict (sign flips below
-    :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds); the randomisation test runs on the same
-    paired cells (:mod:`vaco.study.randomisation`)."""
-    from vaco.study.randomisation import SWAPS, randomisation_p
+    """Every plan test's (p, TOST p, method) for one comparison: the declared one judges it, the others
+    are shown beside it as sensitivity. The bootstrap's is the report's verdict (sign flips below
+    :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds); the randomisation test and the bootstrap-t
+    run on the same paired cells (:mod:`vaco.study.randomisation`)."""
+    from vaco.study.randomisation import SWAPS, bootstrap_t_p, randomisation_p
 
     v = interaction.verdict
     p, tost, exact = randomisation_p(interaction.cells, plan.margin, SWAPS, seed)
+    p_t, tost_t = bootstrap_t_p(interaction.cells, plan.margin, SWAPS, seed)
     swaps = "every swap pattern" if exact else f"{SWAPS} random swap patterns"
     return {
         "bootstrap": (v.p_differs, v.p_equivalent, v.method),
         "randomisation": (p, tost, f"randomisation ({swaps}, studentised)"),
+        "randomisation+bootstrap-t": (
+            max(p, p_t),
+            max(tost, tost_t),
+            f"randomisation ({swaps}, studentised) and bootstrap-t ({SWAPS} resamples), the larger p",
+        ),
     }
 
 
@@ -344,9 +350,9 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
             f"IQM at K {v.levels_at_k[0]:.3f} / {v.levels_at_k[1]:.3f}; {v.seeds} seeds, {v.method}: {tests} -> "
             f"**{v.word}**{at_earlier}{needed}"
         )
-        if v.other_test is not None:
-            name, p, tost = v.other_test
-            lines.append(f"    sensitivity, not a verdict: the {name} test gives p {p:.3g}, TOST p {tost:.3g}")
+        if v.other_tests:
+            said = "; ".join(f"{name} p {p:.3g}, TOST p {tost:.3g}" for name, p, tost in v.other_tests)
+            lines.append(f"    sensitivity, not verdicts: the other tests give {said}")
         if len(v.per_task) > 1:  # what the pooled statistic rests on
             split = "; ".join(f"{task} {iqm:+.3f} (mean {mean:+.3f})" for task, iqm, mean in v.per_task)
             lines.append(f"    sensitivity, not a verdict: each task alone, IQM (untrimmed mean): {split}")

@@ -79,6 +79,7 @@ def judge_look(sweep, uri: str, cell_ids: set[str], from_data: Mapping[str, str]
     from vaco.report.runs import load_runs
     from vaco.report.scores import build_report
     from vaco.study.judge import judge_plan, read_judgements
+    from vaco.study.plan import score_settings
 
     study = sweep.plan
     runs, notes = load_runs(sweep.experiment, uri)
@@ -89,7 +90,10 @@ def judge_look(sweep, uri: str, cell_ids: set[str], from_data: Mapping[str, str]
         runs += [r for r in found if r.name in carried and r.status == "FINISHED"]
         notes += more
     fixed = {task: (low, high) for task, low, high in study.references} or None
-    report = build_report(sweep.experiment, runs, notes, score=study.score, margin=study.margin, fixed_bounds=fixed)
+    score, last_evals = score_settings(study.score)
+    report = build_report(
+        sweep.experiment, runs, notes, score=score, last_evals=last_evals, margin=study.margin, fixed_bounds=fixed
+    )
     tags = mlflow.MlflowClient(uri).get_run(sweep.parent_run_id).data.tags
     return judge_plan(
         study, report, tags.get(f"{PLAN_TAG}.declared"), read_judgements(tags), tags.get(f"{PLAN_TAG}.commit")

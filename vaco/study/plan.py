@@ -62,6 +62,7 @@ __all__ = [
     "load_plan",
     "nominal_levels",
     "schedule",
+    "score_settings",
     "sequential_holm",
     "smallest_p",
     "undecidable_looks",
@@ -69,7 +70,11 @@ __all__ = [
 
 MAX_LOOKS = 10  # looks a plan may declare: 10 Pocock looks take ~1 s to bound, 200 took 27 s
 SPENDING = ("pocock", "obrien-fleming", "fixed")
-TESTS = ("randomisation", "bootstrap")  # what a look's p comes from (vaco.study.randomisation)
+TESTS = (
+    "randomisation",
+    "randomisation+bootstrap-t",
+    "bootstrap",
+)  # what a look's p comes from (vaco.study.randomisation)
 _GRID = 401  # quadrature points per look (Simpson's rule on the continuation region)
 
 
@@ -92,10 +97,10 @@ class StudyPlan:
     alpha: float
     looks: tuple[int, ...]
     spending: str
-    score: str = "final"  # the report's score: "final" (last evaluation) or "auc"
+    score: str = "final"  # the report's score: "final" (last evaluation), "last-N" (mean of the last N) or "auc"
     references: tuple[tuple[str, float, float], ...] = ()  # (task, min, max): fixed normalisation
     floor: float | None = None  # both arms' IQM at K below this (normalised): "at the floor", not judged
-    test: str = "bootstrap"  # "randomisation" (studentised swaps, exact) or "bootstrap" (percentile)
+    test: str = "bootstrap"  # one of TESTS: "randomisation", "randomisation+bootstrap-t" or "bootstrap" (percentile)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -120,6 +125,17 @@ class StudyPlan:
         """The index of the last look that ``seeds`` per cell reach (None before the first)."""
         reached = [k for k, n in enumerate(self.looks) if seeds >= n]
         return reached[-1] if reached else None
+
+
+def score_settings(score: str) -> tuple[str, int]:
+    """A plan's ``score`` as the report's (score, last_evals): ``final`` -> ("final", 1), ``auc`` ->
+    ("auc", 1), ``last-N`` (N >= 2) -> ("last-n", N). A ValueError for anything else."""
+    if score in ("final", "auc"):
+        return score, 1
+    head, _, n = str(score).partition("-")
+    if head == "last" and n.isdigit() and int(n) >= 2 and str(int(n)) == n:
+        return "last-n", int(n)
+    raise ValueError(f"not a plan score: {score!r}")
 
 
 def load_plan(
@@ -188,8 +204,13 @@ def load_plan(
     if spending == "fixed" and len(looks) > 1:
         raise ValueError(f"`{field}.spending`: fixed is one look; with {len(looks)} looks use pocock or obrien-fleming")
     score = raw.get("score", "final")
-    if score not in ("final", "auc"):
-        raise ValueError(f"`{field}.score` must be final or auc, got {score!r}")
+    try:
+        score_settings(score)
+    except ValueError:
+        raise ValueError(
+            f"`{field}.score` must be final (the last evaluation), last-N (the mean of the last N >= 2 "
+            f"evaluations, e.g. last-3) or auc, got {score!r}"
+        ) from None
     references = []
     for task, bounds in (raw.get("references") or {}).items():
         if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, (int, float)) for b in bounds)):
@@ -206,8 +227,9 @@ def load_plan(
     test = raw.get("test", default_test)
     if test not in TESTS:
         raise ValueError(
-            f"`{field}.test` must be declared: randomisation (studentised label swaps, exact at every look) or "
-            f"bootstrap (percentile; liberal at small first looks), got {test!r}"
+            f"`{field}.test` must be declared: randomisation (studentised label swaps, exact under the sharp null), "
+            f"randomisation+bootstrap-t (both must agree; holds its size for heavy-tailed arms too) or bootstrap "
+            f"(percentile; liberal at small first looks), got {test!r}"
         )
     return StudyPlan(
         tuple(family),
@@ -357,13 +379,15 @@ def smallest_p(seeds: int, tasks: int, reps: int = 2000, test: str = "bootstrap"
     on ``tasks`` tasks. ``test="bootstrap"`` (the report's): ``2 / 2^(seeds x tasks)`` for the exact
     sign-flip test (below :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds; ``2 / 2^20`` once the
     patterns are drawn), ``2 / (reps + 1)`` for the bootstrap's percentile p. ``test="randomisation"``:
-    ``2 / 2^(seeds x tasks)`` with every swap pattern enumerated, ``1 / (SWAPS + 1)`` once drawn."""
+    ``2 / 2^(seeds x tasks)`` with every swap pattern enumerated, ``1 / (SWAPS + 1)`` once drawn;
+    ``"randomisation+bootstrap-t"``: the larger of that and the bootstrap-t's ``1 / (SWAPS + 1)``."""
     from vaco.report.decision import EXACT_PATTERNS, PERMUTATION_BELOW
     from vaco.study.randomisation import ENUMERATE, SWAPS
 
-    if test == "randomisation":
+    if test.startswith("randomisation"):
         units = seeds * tasks
-        return 2.0 / 2.0**units if 2.0**units <= ENUMERATE else 1.0 / (SWAPS + 1)
+        swaps = 2.0 / 2.0**units if 2.0**units <= ENUMERATE else 1.0 / (SWAPS + 1)
+        return swaps if test == "randomisation" else max(swaps, 1.0 / (SWAPS + 1))
     if seeds < PERMUTATION_BELOW:
         return 2.0 / min(2.0 ** (seeds * tasks), float(EXACT_PATTERNS))
     return 2.0 / (reps + 1)

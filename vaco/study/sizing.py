@@ -87,14 +87,19 @@ class Pilot:
 
 
 def plan_p(test: str, cells, margin: float | None, seed: int, swaps: int = 999, reps: int = 2000) -> float:
-    """The two-sided p of "no difference of drops" by ``test`` (randomisation or bootstrap)."""
-    from vaco.study.randomisation import bootstrap_p, randomisation_p
+    """The two-sided p of "no difference of drops" by ``test`` (one of the plan's tests; ``swaps``
+    patterns, and as many bootstrap-t resamples)."""
+    from vaco.study.randomisation import agreement_p, bootstrap_p, bootstrap_t_p, randomisation_p
 
     if test == "bootstrap":
         return bootstrap_p(cells, 0.05 if margin is None else margin, reps=reps, seed=seed)[0]
     if test in ("randomisation", "randomisation-raw"):  # -raw: the unstudentised D, measured for comparison only
         return randomisation_p(cells, None, reps=swaps, seed=seed, studentise=test == "randomisation")[0]
-    raise ValueError(f"test must be randomisation or bootstrap, got {test!r}")
+    if test == "bootstrap-t":  # alone, measured for comparison only
+        return bootstrap_t_p(cells, None, reps=swaps, seed=seed)[0]
+    if test == "randomisation+bootstrap-t":
+        return agreement_p(cells, None, reps=swaps, seed=seed)[0]
+    raise ValueError(f"test must be randomisation, randomisation+bootstrap-t or bootstrap, got {test!r}")
 
 
 @dataclasses.dataclass(frozen=True)
