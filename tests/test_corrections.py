@@ -14,7 +14,15 @@ The transcriptions keep each source's own order of operations and names:
 * prime-rl ``src/prime_rl/trainer/rl/loss.py::default_loss_fn`` (DPPO-TV + (log r)^2);
 * sample-factory ``sample_factory/algo/learning/learner.py::_calculate_losses`` (APPO's clip, the
   rho-weighted advantage);
-* verl ``compute_policy_loss_gspo`` (GSPO's sequence ratio in token form).
+* verl ``compute_policy_loss_gspo`` (GSPO's sequence ratio in token form);
+
+and the second wave:
+
+* AReaL ``areal/trainer/ppo/actor.py::_apply_m2po_masking`` and ``_get_m2po_loss_mask`` (M2PO, at 4aef98d);
+* Trinity-RFT ``trinity/algorithm/policy_loss_fn/topr_policy_loss.py`` (TOPR, yanxi-chen/Trinity-RFT at 5b77c08);
+* TRL ``trl/trainer/grpo_trainer.py::get_off_policy_mask`` (DeepSeek-V3.2's off-policy sequence mask, at
+  f2cd577) on TRL's clipped token loss;
+* prime-rl's default loss without its mask (the Kimi K2.5 loss).
 """
 
 from __future__ import annotations
@@ -33,10 +41,14 @@ from vaco.objectives import (
     CISPO,
     DPPOTV,
     GSPO,
+    M2PO,
     MIS,
     PPOEWMA,
     TIS,
+    TOPR,
     DecoupledPPO,
+    KimiK25,
+    OffPolicySequenceMask,
     OpenInstructRho,
     SequenceMIS,
     SequenceTIS,
@@ -542,12 +554,148 @@ def test_the_open_instruct_arm_is_compute_rho_correction_on_vacos_ratio(token_ba
 
 
 # ---------------------------------------------------------------- every correction through `vaco fit`
+# ---------------------------------------------------------------- the second wave
+def areal_m2po_mask(old_logp, prox_logp, loss_mask, m2_threshold):
+    """AReaL's ``_apply_m2po_masking`` with ``_get_m2po_loss_mask``, in their order of operations."""
+    delta = old_logp - prox_logp
+    m2 = delta * delta
+    mask_flat = loss_mask.view(-1)
+    m2_selected = m2.view(-1)[mask_flat]
+    if m2_selected.numel() == 0:
+        return loss_mask
+    sorted_m2, indices = torch.sort(m2_selected, descending=True)
+    restored_indices = torch.argsort(indices)
+    n = sorted_m2.numel()
+    suffix_sums = sorted_m2.flip(0).cumsum(0).flip(0)
+    counts = torch.arange(n, 0, -1, dtype=sorted_m2.dtype)
+    avg_m2_suffix = suffix_sums / counts
+    below_threshold_indices = torch.where(avg_m2_suffix < m2_threshold)[0]
+    num_to_mask = below_threshold_indices[0].item() if len(below_threshold_indices) > 0 else n - 1
+    sorted_mask = torch.ones_like(sorted_m2, dtype=torch.bool)
+    if num_to_mask > 0:
+        sorted_mask[:num_to_mask] = False
+    m2_full_flat = torch.zeros_like(mask_flat, dtype=torch.bool)
+    m2_full_flat[mask_flat] = sorted_mask[restored_indices]
+    return m2_full_flat.view_as(loss_mask)
+
+
+def m2po_loss(log_prob, behavior_log_prob, advantages, loss_mask, m2_threshold):
+    """AReaL's M2PO page: ``M * pi_theta / pi_old * A`` over the tokens, the masked ones kept in the
+    denominator (AReaL's ``loss_mask_count`` is taken before its masks). The proximal policy is the
+    learner at the step (``log_prob``, detached)."""
+    keep = areal_m2po_mask(behavior_log_prob, log_prob.detach(), loss_mask, m2_threshold)
+    ratio = torch.exp(log_prob - behavior_log_prob)
+    return -(torch.where(keep, ratio * advantages, 0.0)).sum() / loss_mask.sum(), keep
+
+
+@pytest.mark.parametrize("threshold", [0.04, 0.2, 1e-300])
+def test_m2po_is_areals_second_moment_mask_on_the_unclipped_weighted_advantage(
+    captured, token_batches, float64, threshold
+):
+    """On MuJoCo minibatches and padded token rows; at 1e-300 only exact zeros can stay below the
+    threshold, so the rule's last branch (no suffix below it: all but the smallest dropped) runs too."""
+    dropped, last_branch = 0, False
+    for mb in [_float64(raw) for raw in captured] + [_token(rows) for rows in token_batches]:
+        mask = mb.get("mask", torch.ones_like(mb["advantage"], dtype=torch.bool))
+        ours = _vaco(M2PO(m2_threshold=threshold, normalize_advantage=False), mb)
+        loss, keep = m2po_loss(mb["log_prob"], mb["behavior_log_prob"], mb["advantage"], mask, threshold)
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["mask_fraction"]) == pytest.approx(float((mask & ~keep).sum() / mask.sum()))
+        m2 = (mb["log_prob"] - mb["behavior_log_prob"]).detach() ** 2
+        if bool((mask & ~keep).any()):  # the dropped are the largest
+            assert float(m2[keep].max()) <= float(m2[mask & ~keep].min())
+        if threshold == 1e-300 and not bool((m2[mask] == 0).any()):
+            assert int(keep.sum()) == 1
+            last_branch = True
+        dropped += int((mask & ~keep).sum())
+    assert dropped > 0 and (last_branch or threshold != 1e-300)
+
+
+def trinity_topr_loss(logprob, old_logprob, action_mask, advantages, advantage_threshold):
+    rewards = advantages
+    log_ratio = logprob - old_logprob
+    ratio = torch.exp(log_ratio)
+    ratio_clamped = torch.clamp(ratio, min=0.0, max=1.0)
+    alpha = torch.where(rewards <= advantage_threshold, ratio_clamped, torch.ones_like(ratio))
+    topr_loss = -alpha.detach() * rewards * logprob
+    return (topr_loss * action_mask).sum() / action_mask.sum()  # token-mean
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+def test_topr_is_trinitys_tapered_reinforce_loss(captured, token_batches, float64, threshold):
+    tapered = 0
+    for mb in [_float64(raw) for raw in captured] + [_token(rows) for rows in token_batches]:
+        mask = mb.get("mask", torch.ones_like(mb["advantage"], dtype=torch.bool))
+        ours = _vaco(TOPR(advantage_threshold=threshold, normalize_advantage=False), mb)
+        loss = trinity_topr_loss(mb["log_prob"], mb["behavior_log_prob"], mask.double(), mb["advantage"], threshold)
+        _close(ours[:2], _reference(loss, mb))
+        ratio = (mb["log_prob"] - mb["behavior_log_prob"]).detach().exp()
+        tapered += int(((mb["advantage"] <= threshold) & (ratio > 1) & mask).sum())
+    assert tapered > 0
+
+
+def trl_off_policy_mask(advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold):
+    kl_div = sampling_per_token_logps - per_token_logps.detach()
+    seq_kl_sum = (kl_div * mask).sum(dim=1, keepdim=True)
+    avg_seq_kl = seq_kl_sum / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+    is_pos_adv = advantages >= 0
+    is_low_kl = avg_seq_kl <= off_policy_threshold
+    return (is_pos_adv | is_low_kl).to(dtype=mask.dtype)
+
+
+def trl_masked_clip_loss(per_token_logps, old_per_token_logps, advantages, mask, eps_low, eps_high, threshold):
+    """TRL's token loss (``loss_type="dapo"``: the sum over valid tokens over their count) with its
+    clipped ratio and the off-policy mask. A [B] minibatch is B one-token sequences."""
+    if per_token_logps.dim() == 1:
+        per_token_logps, old_per_token_logps = per_token_logps[:, None], old_per_token_logps[:, None]
+        advantages, mask = advantages[:, None], mask[:, None]
+    off_policy_mask = trl_off_policy_mask(
+        advantages[:, :1], per_token_logps, old_per_token_logps, mask.double(), threshold
+    )
+    coef_1 = torch.exp(per_token_logps - old_per_token_logps)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages) * off_policy_mask
+    return (per_token_loss * mask).sum() / mask.sum(), (off_policy_mask == 0) & mask
+
+
+@pytest.mark.parametrize("delta", [0.5, 0.05])
+def test_the_off_policy_sequence_mask_is_trls_on_its_clipped_loss(captured, token_batches, float64, delta):
+    """GRPO's advantage is constant in a row, so TRL's (B, 1) advantage is each row's first token's."""
+    masked = 0
+    for mb in [_float64(raw) for raw in captured] + [_token(rows) for rows in token_batches]:
+        mask = mb.get("mask", torch.ones_like(mb["advantage"], dtype=torch.bool))
+        ours = _vaco(OffPolicySequenceMask(delta=delta, clip_epsilon_high=0.272, normalize_advantage=False), mb)
+        loss, dropped = trl_masked_clip_loss(
+            mb["log_prob"], mb["behavior_log_prob"], mb["advantage"], mask, 0.2, 0.272, delta
+        )
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["mask_fraction"]) == pytest.approx(float(dropped.sum() / mask.sum()))
+        masked += int(dropped.sum())
+    assert masked > 0
+
+
+def test_the_kimi_k25_loss_is_prime_rls_default_loss_without_its_mask(captured, token_batches, float64):
+    inf = float("inf")
+    cfg = {"dppo_mask_low": inf, "dppo_mask_high": inf, "adv_tau": 1.0, "kl_tau": 1e-3}
+    for mb in [_float64(raw) for raw in captured] + [_token(rows) for rows in token_batches]:
+        mask = mb.get("mask", torch.ones_like(mb["advantage"], dtype=torch.bool))
+        ours = _vaco(KimiK25(normalize_advantage=False), mb)
+        loss, fraction = prime_rl_default_loss(
+            mb["log_prob"], mb["behavior_log_prob"], mb["advantage"], mask, "ratio", cfg
+        )
+        _close(ours[:2], _reference(loss, mb))
+        assert float(ours[2]["mask_fraction"]) == 0.0 == float(fraction)
+
+
 def _fit(root, algo: str, *args: str) -> None:
     fit_in_process(root, algo, *args, eval_every=0)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["decoupled_ppo", "ppo_ewma", "tis", "mis", "cispo", "dppo_tv", "appo"])
+@pytest.mark.parametrize(
+    "algo",
+    ["decoupled_ppo", "ppo_ewma", "tis", "mis", "cispo", "dppo_tv", "appo", "m2po", "topr", "ppo_opsm", "kimi_k25"],
+)
 def test_every_correction_fits_in_a_population_and_logs_the_lag_diagnostics(tmp_path, mlflow_uri, algo):
     """A population of 2 from the shipped config (its member == solo property is
     tests/test_population_fit.py's for the two proximal sources); every member's run has the ESS

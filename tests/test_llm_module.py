@@ -98,7 +98,23 @@ def test_cpu_configs_instantiate(setting, tmp_path, mlflow_env, objective):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("objective", ["tis", "tis_seq", "mis", "mis_seq", "cispo", "dppo_tv", "gspo", "oi_rho_tv"])
+@pytest.mark.parametrize(
+    "objective",
+    [
+        "tis",
+        "tis_seq",
+        "mis",
+        "mis_seq",
+        "cispo",
+        "dppo_tv",
+        "gspo",
+        "oi_rho_tv",
+        "m2po",
+        "topr",
+        "grpo_opsm",
+        "kimi_k25",
+    ],
+)
 def test_every_llm_correction_fits_and_logs_the_lag_diagnostics(setting, tmp_path, mlflow_env, objective):
     """The corrections the LLM grid can run as arms: each config's short fit, its algorithm name,
     the ESS and the ratio's tail among its metrics."""

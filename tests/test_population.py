@@ -18,7 +18,21 @@ from helpers.runs import build_run
 from vaco.advantages import GAE, VTrace
 from vaco.data.normalization import OBS_CLIP
 from vaco.learners.update import TRAIN_KEYS
-from vaco.objectives import APPO, CISPO, DPPOTV, MIS, PPOKL, SPO, TIS, PPOClip, TVFilter
+from vaco.objectives import (
+    APPO,
+    CISPO,
+    DPPOTV,
+    M2PO,
+    MIS,
+    PPOKL,
+    SPO,
+    TIS,
+    TOPR,
+    KimiK25,
+    OffPolicySequenceMask,
+    PPOClip,
+    TVFilter,
+)
 from vaco.population.layout import PopulationUpdate
 
 SEEDS = (3, 4, 5, 6)
@@ -35,6 +49,11 @@ ALGORITHMS = {
     "cispo": (lambda: CISPO(clip_epsilon_low=0.05, clip_epsilon_high=0.05), lambda: GAE(gamma=0.99, lmbda=0.95)),
     "dppo_tv": (lambda: DPPOTV(difference="ratio", mask_low=0.05, mask_high=0.05), lambda: GAE(gamma=0.99, lmbda=0.95)),
     "appo": (lambda: APPO(), lambda: VTrace(gamma=0.99, lmbda=0.95)),
+    # the second wave (a minibatch-wide sort in M2PO's mask; thresholds that bind on these short runs)
+    "m2po": (lambda: M2PO(m2_threshold=1e-4), lambda: GAE(gamma=0.99, lmbda=0.95)),
+    "topr": (lambda: TOPR(), lambda: GAE(gamma=0.99, lmbda=0.95)),
+    "ppo_opsm": (lambda: OffPolicySequenceMask(delta=0.01), lambda: GAE(gamma=0.99, lmbda=0.95)),
+    "kimi_k25": (lambda: KimiK25(kl_tau=0.1), lambda: GAE(gamma=0.99, lmbda=0.95)),
 }
 
 

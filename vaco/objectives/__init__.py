@@ -6,14 +6,17 @@ from vaco.objectives.base import Objective, metric_name
 from vaco.objectives.cispo import CISPO
 from vaco.objectives.clip import PPOClip
 from vaco.objectives.decoupled import DecoupledPPO
-from vaco.objectives.dppo_tv import DPPOTV
+from vaco.objectives.dppo_tv import DPPOTV, KimiK25
 from vaco.objectives.gspo import GSPO
 from vaco.objectives.impala import IMPALA
 from vaco.objectives.importance import MIS, TIS, SequenceMIS, SequenceTIS
 from vaco.objectives.kl import PPOKL
+from vaco.objectives.m2po import M2PO
+from vaco.objectives.off_policy_mask import OffPolicySequenceMask
 from vaco.objectives.ppo_ewma import PPOEWMA
 from vaco.objectives.rho_correction import OpenInstructRho
 from vaco.objectives.spo import SPO
+from vaco.objectives.topr import TOPR
 from vaco.objectives.tv_filter import SequenceTVFilter, TVFilter
 
 __all__ = [
@@ -37,4 +40,8 @@ __all__ = [
     "APPO",
     "GSPO",
     "OpenInstructRho",
+    "M2PO",
+    "TOPR",
+    "OffPolicySequenceMask",
+    "KimiK25",
 ]

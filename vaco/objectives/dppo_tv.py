@@ -1,5 +1,5 @@
 """DPPO with a binary TV trust region (arXiv:2602.04879) and a squared-log-ratio penalty, prime-rl's
-default loss.
+default loss; and the Kimi K2.5 loss (arXiv:2602.02276), the same without the mask.
 
 Source: PrimeIntellect-ai/prime-rl, ``src/prime_rl/trainer/rl/loss.py::default_loss_fn``
 (``dppo_mask_low`` = ``dppo_mask_high`` = 0.2, ``kl_tau`` 1e-3, ``adv_tau`` 1.0 in its
@@ -15,7 +15,7 @@ import torch
 from vaco import _checks
 from vaco.objectives.base import Objective
 
-__all__ = ["DPPOTV"]
+__all__ = ["DPPOTV", "KimiK25"]
 
 
 class DPPOTV(Objective):
@@ -34,7 +34,8 @@ class DPPOTV(Objective):
     the mask then drops the gradients PPO's clip at 0.2 drops, without PPO's ``min``).
 
     Args:
-        mask_low, mask_high: the thresholds (``dppo_mask_low``/``dppo_mask_high``, the source's 0.2).
+        mask_low, mask_high: the thresholds (``dppo_mask_low``/``dppo_mask_high``, the source's 0.2);
+            None leaves that side unmasked.
         kl_tau: the penalty's coefficient ``tau`` (the source's 1e-3).
         adv_tau: the advantage's scale (the source's 1.0).
         difference: ``"probability"`` (tokens) or ``"ratio"`` (continuous actions), see above.
@@ -46,21 +47,23 @@ class DPPOTV(Objective):
 
     def __init__(
         self,
-        mask_low: float = 0.2,
-        mask_high: float = 0.2,
+        mask_low: float | None = 0.2,
+        mask_high: float | None = 0.2,
         kl_tau: float = 1e-3,
         adv_tau: float = 1.0,
         difference: Literal["probability", "ratio"] = "probability",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        _checks.positive(mask_low=mask_low, mask_high=mask_high)
+        _checks.positive(**{k: v for k, v in (("mask_low", mask_low), ("mask_high", mask_high)) if v is not None})
         for name, value in (("kl_tau", kl_tau), ("adv_tau", adv_tau)):
             if not value >= 0:
                 raise ValueError(f"`{name}` must be >= 0, got {value!r}")
         if difference not in ("probability", "ratio"):
             raise ValueError(f"`difference` must be 'probability' or 'ratio', got {difference!r}")
-        self.mask_low, self.mask_high = float(mask_low), float(mask_high)
+        inf = float("inf")  # None: no mask on that side
+        self.mask_low = inf if mask_low is None else float(mask_low)
+        self.mask_high = inf if mask_high is None else float(mask_high)
         self.kl_tau, self.adv_tau, self.difference = float(kl_tau), float(adv_tau), difference
 
     def unsupported(self, learner: str) -> str | None:
@@ -83,3 +86,24 @@ class DPPOTV(Objective):
 
     def extra_repr(self) -> str:
         return f"mask_low={self.mask_low}, mask_high={self.mask_high}, kl_tau={self.kl_tau}, difference={self.difference!r}"
+
+
+class KimiK25(DPPOTV):
+    """``loss = -adv_tau * A * r + kl_tau * (log r)^2``: the Kimi K2.5 policy loss, an unclipped
+    importance-weighted advantage held near the behaviour policy by the squared log-ratio alone.
+    :class:`DPPOTV` with no mask (prime-rl's default loss cites Kimi K2.5 for this penalty and adds
+    DPPO's mask; ``kl_tau`` 1e-3 and ``adv_tau`` 1.0 are its ``DefaultLossConfig``'s).
+
+    Args:
+        kl_tau: the penalty's coefficient (prime-rl's 1e-3).
+        adv_tau: the advantage's scale (prime-rl's 1.0).
+        **kwargs: see :class:`~vaco.objectives.base.Objective`.
+    """
+
+    names = {"gae": "kimi_k25", "group": "kimi_k25"}
+
+    def __init__(self, kl_tau: float = 1e-3, adv_tau: float = 1.0, **kwargs) -> None:
+        super().__init__(mask_low=None, mask_high=None, kl_tau=kl_tau, adv_tau=adv_tau, difference="ratio", **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"kl_tau={self.kl_tau}, adv_tau={self.adv_tau}"
