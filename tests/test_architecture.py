@@ -30,7 +30,13 @@ LAYERS = {
         "vaco.lightning_private",
         "vaco.run.lock",
     ),
-    2: ("vaco.objectives", "vaco.advantages", "vaco.learners.networks", "vaco.learners.proximal"),
+    2: (
+        "vaco.objectives",
+        "vaco.advantages",
+        "vaco.learners.networks",
+        "vaco.learners.proximal",
+        "vaco.learners.step_size",
+    ),
     3: (
         "vaco.data",
         "vaco.llm.data",

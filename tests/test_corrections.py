@@ -129,27 +129,30 @@ def areal_ppo_actor_loss(logprobs, proximal_logprobs, old_logprobs, advantages, 
     behav_imp_weight = behav_kl.exp()
     behav_mask = (
         (behav_imp_weight <= behav_imp_weight_cap).logical_and(loss_mask)
-        if behav_imp_weight_cap is not None
+        if behav_imp_weight_cap not in (None, "none")
         else loss_mask
     )
     behav_imp_weight = torch.where(behav_mask, behav_imp_weight, 0.0)
-    pg_loss = pg_loss * behav_imp_weight
+    if behav_imp_weight_cap != "none":  # AReaL since April 2026: rejection_sampling None applies no weight
+        pg_loss = pg_loss * behav_imp_weight
     pg_loss = torch.where(loss_mask, pg_loss, 0).sum() / loss_mask_count
     return pg_loss, clip_mask, ~behav_mask
 
 
-@pytest.mark.parametrize("cap", [None, 5.0, 1.2])
+@pytest.mark.parametrize("cap", [None, 5.0, 1.2, "none"])
 def test_decoupled_ppo_is_areals_loss(captured, float64, cap):
+    """``"none"``: no behaviour weight, AReaL's default since April 2026."""
     clipped = capped = 0
     for raw in captured:
         mb = _float64(raw)
-        ours = _vaco(DecoupledPPO(clip_epsilon=0.2, behavior_weight_cap=cap, normalize_advantage=False), mb)
+        settings = {"behavior_weight": False} if cap == "none" else {"behavior_weight_cap": cap}
+        ours = _vaco(DecoupledPPO(clip_epsilon=0.2, normalize_advantage=False, **settings), mb)
         loss, clip_mask, cap_mask = areal_ppo_actor_loss(
             mb["log_prob"], mb["proximal_log_prob"], mb["behavior_log_prob"], mb["advantage"], 0.2, cap
         )
         _close(ours[:2], _reference(loss, mb))
         assert float(ours[2]["clip_fraction"]) == pytest.approx(float(clip_mask.double().mean()))
-        if cap is not None:
+        if cap not in (None, "none"):
             assert float(ours[2]["mask_fraction"]) == pytest.approx(float(cap_mask.double().mean()))
         clipped += int(clip_mask.sum())
         capped += int(cap_mask.sum())

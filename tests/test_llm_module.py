@@ -101,18 +101,8 @@ def test_cpu_configs_instantiate(setting, tmp_path, mlflow_env, objective):
 @pytest.mark.parametrize(
     "objective",
     [
-        "tis",
-        "tis_seq",
-        "mis",
-        "mis_seq",
-        "cispo",
-        "dppo_tv",
-        "gspo",
-        "oi_rho_tv",
-        "m2po",
-        "topr",
-        "grpo_opsm",
-        "kimi_k25",
+        *("tis", "tis_seq", "mis", "mis_seq", "cispo", "dppo_tv", "gspo", "oi_rho_tv"),
+        *("m2po", "topr", "grpo_opsm", "kimi_k25", "grpo_ess_step", "grpo_lag_step"),
     ],
 )
 def test_every_llm_correction_fits_and_logs_the_lag_diagnostics(setting, tmp_path, mlflow_env, objective):
@@ -141,6 +131,20 @@ def test_an_objective_that_needs_a_proximal_policy_is_refused_in_one_line(
     assert exit_.value.code == 2
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("vaco fit: error:")]
     assert f"`model.objective`: {name} reads a proximal policy" in line
+
+
+def test_a_chat_template_the_tokenizer_lacks_is_one_line_before_the_model_loads(setting, tmp_path, mlflow_env, capsys):
+    """It failed after the model loaded: a 50-line traceback, a FAILED run and a checkpoint folder."""
+    args = fit_args(setting, tmp_path, "--data.init_args.chat_template", "true")
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("vaco fit: error:")]
+    assert "`data.chat_template` is true but the tokenizer in " in line and "has no chat template" in line
+    assert not list(tmp_path.rglob("checkpoints"))
+    assert not mlflow.MlflowClient(mlflow_env).search_runs(
+        [e.experiment_id for e in mlflow.MlflowClient(mlflow_env).search_experiments()]
+    )
 
 
 def test_paper_config_prints_and_names_the_missing_model(capsys, tmp_path, monkeypatch):
@@ -246,6 +250,24 @@ def test_micro_batches_give_the_same_update(setting, tmp_path, mlflow_env):
     assert full.keys() == micro.keys()
     for key in full:
         torch.testing.assert_close(full[key], micro[key], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_micro_batches_log_the_minibatchs_own_lag_diagnostics(setting, tmp_path, mlflow_env):
+    """``lag/ess``, ``lag/ratio_p99`` and ``lag/ratio_max`` of a micro-batched minibatch are its own
+    (every valid token's ratio at once), as the unbatched run logs them, not a token-weighted mean of
+    the micro-batches' values. The second minibatch of a batch of N = 2 is a step off-policy."""
+    # an entropy bonus moves the policy whatever the rewards (a random tiny model's are all 0: no advantage)
+    args = ("--data.init_args.num_steps", "2", "--model.init_args.num_minibatches", "2", "--model.init_args.lr", "0.01")
+    args += ("--model.init_args.objective.init_args.entropy_coef", "0.1")
+    main(fit_args(setting, tmp_path / "full", *args))
+    main(fit_args(setting, tmp_path / "micro", *args, "--model.init_args.micro_batch_size", "2"))
+    client = mlflow.MlflowClient(mlflow_env)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    full, micro = client.search_runs(experiments, order_by=["attributes.start_time ASC"])
+    assert full.data.metrics["lag/ess"] < 1.0  # off-policy at the logged step: the check is not vacuous
+    for key in ("lag/ess", "lag/ratio_p99", "lag/ratio_max"):
+        assert micro.data.metrics[key] == pytest.approx(full.data.metrics[key], rel=1e-4, abs=1e-6), key
 
 
 @pytest.mark.slow

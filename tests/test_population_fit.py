@@ -49,13 +49,16 @@ def _last(tmp_path, run_id: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["vaco", "ppo_clip", "impala", "decoupled_ppo", "ppo_ewma"])
+@pytest.mark.parametrize(
+    "algo", ["vaco", "ppo_clip", "impala", "decoupled_ppo", "ppo_ewma", "ppo_clip_ess_step", "ppo_clip_lag_step"]
+)
 def test_each_member_is_its_seed_run_alone_bit_for_bit_and_across_a_resume(tmp_path, mlflow_uri, algo, monkeypatch):
     """A population of seeds 5 and 6 against the solo runs of 5 and 6: 2 iterations, then each
     extended to 3 by a resume. Weights, normaliser and every metric (but perf/) must be equal.
     IMPALA re-estimates V-trace before every optimiser step, from each member's current weights;
     decoupled PPO reads the recomputed proximal policy, PPO-EWMA each member's EWMA of its weights
-    (stacked in the update, stepped after every optimiser step, in every member's checkpoint).
+    (stacked in the update, stepped after every optimiser step, in every member's checkpoint). The two
+    step-size rules scale each member's step by its own factor (its minibatch's ESS, its batch's lag).
     The members' gymnasium envs step in lockstep (vaco.population.lockstep: one env step, one policy call
     for the members on several versions)."""
     from vaco.population.lockstep import Lockstep

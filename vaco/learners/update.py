@@ -22,6 +22,7 @@ from vaco._checks import NonFiniteInputError
 from vaco.advantages import AdvantageModule
 from vaco.learners.learner import NonFiniteLossError
 from vaco.learners.networks import gaussian_entropy, gaussian_log_prob
+from vaco.learners.step_size import StepSize, scaled_step
 from vaco.objectives import Objective
 
 __all__ = [
@@ -46,6 +47,10 @@ TRAIN_KEYS = (
     "value_target",
     "state_value",
 )
+
+
+#: the objective's outputs an iteration reports as their largest over its steps (the rest: their mean)
+MAXIMA = ("ratio_max",)
 
 
 def train_keys(objective: Objective) -> tuple[str, ...]:
@@ -83,9 +88,11 @@ class UpdateLayout:
         """The summed ``loss_*`` (``[]``; ``[S]``) and the objective's outputs."""
         raise NotImplementedError
 
-    def step(self, loss: torch.Tensor, finite: torch.Tensor) -> bool:
+    def step(self, loss: torch.Tensor, finite: torch.Tensor, factor: torch.Tensor | None = None) -> bool:
         """``zero_grad``, backward, clipping and the optimiser step, skipped where ``finite`` is
-        false. False: stop the epochs here (a run whose optimiser cannot skip on the device)."""
+        false, and scaled by ``factor`` (``[]``; ``[S]``) where a step-size rule gives one
+        (:func:`vaco.learners.step_size.scale_step`). False: stop the epochs here (a run whose
+        optimiser cannot skip on the device)."""
         raise NotImplementedError
 
     def finish(self) -> None:
@@ -96,7 +103,7 @@ class UpdateLayout:
 class Epochs:
     """What :func:`minibatch_epochs` hands back."""
 
-    #: the objective's outputs summed over the optimiser steps (``[]`` or ``[S]`` each)
+    #: the objective's outputs summed over the optimiser steps (``[]`` or ``[S]`` each; :data:`MAXIMA`: their largest)
     sums: dict[str, torch.Tensor]
     #: the optimiser steps taken (``update_epochs * num_minibatches`` unless a run stopped early)
     steps: int
@@ -107,12 +114,16 @@ class Epochs:
     size: int
 
     def means(self) -> dict[str, float] | list[dict[str, float]]:
-        """The outputs averaged over the steps: one dict, or one per member (one transfer, then
-        Python floats divided)."""
+        """The outputs averaged over the steps (:data:`MAXIMA`: their largest): one dict, or one per
+        member (one transfer, then Python floats divided)."""
         totals = torch.stack([value.float() for value in self.sums.values()]).cpu()
+
+        def mean(key, total):
+            return total if key in MAXIMA else total / self.steps
+
         if totals.dim() == 1:
-            return {key: total / self.steps for key, total in zip(self.sums, totals.tolist())}
-        return [{key: total / self.steps for key, total in zip(self.sums, member)} for member in totals.T.tolist()]
+            return {key: mean(key, total) for key, total in zip(self.sums, totals.tolist())}
+        return [{key: mean(key, total) for key, total in zip(self.sums, member)} for member in totals.T.tolist()]
 
 
 def minibatch_epochs(
@@ -123,13 +134,17 @@ def minibatch_epochs(
     num_minibatches: int,
     reestimate: Callable[[], Mapping[str, torch.Tensor]] | None = None,
     active: torch.Tensor | None = None,
+    step_size: StepSize | None = None,
+    lag: torch.Tensor | None = None,
 ) -> Epochs:
     """Epochs x minibatches of ``layout`` on ``train`` (the keys of :data:`TRAIN_KEYS`, ``[N]`` or ``[S, N]``).
 
     No host sync per minibatch: a non-finite loss is recorded on the device (``first_bad``) and its
     step skipped by the layout. ``reestimate`` (IMPALA): called before every step, it returns the
     new ``advantage``, ``value_target`` and ``state_value`` from the current weights. ``active``
-    (``[S]`` bools): members whose every step is skipped, as a non-finite one is.
+    (``[S]`` bools): members whose every step is skipped, as a non-finite one is. ``step_size``
+    (:mod:`vaco.learners.step_size`): each step scaled by its factor, from the minibatch's
+    importance weights ``pi_theta / beta`` and the data's ``lag`` (``[]``; ``[S]``).
     """
     n = train["advantage"].shape[-1]
     size = n // num_minibatches
@@ -159,10 +174,19 @@ def minibatch_epochs(
             if first_bad is None:
                 first_bad = torch.full(finite.shape, -1, dtype=torch.long, device=finite.device)
             first_bad = torch.where((first_bad < 0) & ~finite, steps, first_bad)
-            if not layout.step(loss, finite):
+            factor = None
+            if step_size is not None:
+                weights = None
+                if step_size.reads_weights:  # log r over the last dim ([B]; [S, B])
+                    weights = minibatch["log_prob"].detach() - minibatch["behavior_log_prob"]
+                factor = step_size.factor(weights, lag)
+            if not layout.step(loss, finite, factor):
                 return Epochs(sums, steps, first_bad, orders, size)
             for key, value in out.items():
-                sums[key] = sums.get(key, 0.0) + value.detach()
+                if key in MAXIMA:  # the iteration's largest, not the mean of the steps' largest
+                    sums[key] = torch.maximum(sums[key], value.detach()) if key in sums else value.detach()
+                else:
+                    sums[key] = sums.get(key, 0.0) + value.detach()
             steps += 1
     layout.finish()
     return Epochs(sums, steps, first_bad, orders, size)
@@ -204,6 +228,8 @@ class MinibatchUpdate(UpdateLayout):
         proximal: the EWMA of the actor's weights (:class:`vaco.learners.proximal.EWMAPolicy`) for an
             objective whose proximal policy it is: evaluated on each minibatch, stepped after each
             optimiser step; None otherwise.
+        step_size, lag: the learner's step-size rule (:mod:`vaco.learners.step_size`) and the batch's
+            largest policy age; None for none.
         generator: the CPU generator the minibatch permutations are drawn from (the same run on
             any device).
         optimizer: the learner's optimiser as Lightning hands it (``step`` also counts the trainer's
@@ -235,6 +261,8 @@ class MinibatchUpdate(UpdateLayout):
         iteration: int,
         checkpoint: str = "",
         proximal: torch.nn.Module | None = None,
+        step_size: StepSize | None = None,
+        lag: torch.Tensor | None = None,
     ) -> None:
         self.objective, self.advantage, self.actor, self.critic = objective, advantage, actor, critic
         self.proximal = proximal
@@ -242,6 +270,7 @@ class MinibatchUpdate(UpdateLayout):
         self.optimizer, self.backward, self.clip = optimizer, backward, clip
         self.update_epochs, self.num_minibatches, self.device = update_epochs, num_minibatches, device
         self.iteration, self.checkpoint = iteration, checkpoint
+        self.step_size, self.lag = step_size, lag
         # a fused optimizer skips a step on the device (`found_inf`, as under AMP); any other (a
         # subclass's own `configure_optimizers`) is checked on the host before each step instead
         self.skips_on_device = bool(optimizer.optimizer.defaults.get("fused"))
@@ -259,6 +288,8 @@ class MinibatchUpdate(UpdateLayout):
             update_epochs=self.update_epochs,
             num_minibatches=self.num_minibatches,
             reestimate=reestimate,
+            step_size=self.step_size,
+            lag=self.lag,
         )
         if int(done.first_bad) >= 0:  # the iteration's one sync for the check
             raise self._diagnose(int(done.first_bad), done, train)
@@ -289,7 +320,7 @@ class MinibatchUpdate(UpdateLayout):
         out = self.objective(minibatch, check_finite=False)
         return summed_losses(out), out
 
-    def step(self, loss: torch.Tensor, finite: torch.Tensor) -> bool:
+    def step(self, loss: torch.Tensor, finite: torch.Tensor, factor: torch.Tensor | None = None) -> bool:
         optimizer = self.optimizer
         optimizer.zero_grad(set_to_none=True)
         self.backward(loss)
@@ -299,7 +330,10 @@ class MinibatchUpdate(UpdateLayout):
             skip_step_on_device(optimizer.optimizer, ~finite)
         elif not bool(finite):
             return False  # run() names the input that went bad
-        optimizer.step()
+        if factor is None:
+            optimizer.step()
+        else:
+            scaled_step(optimizer.step, optimizer.optimizer, factor)
         if self.proximal is not None:
             self.proximal.update(self.actor.parameters())
         return True

@@ -34,6 +34,7 @@ from vaco.data.normalization import RunningMeanStd, apply_normalizer, batch_mome
 from vaco.learners.learner import Learner, NonFiniteLossError, plain_fields, short_count, startup_seconds
 from vaco.learners.networks import Critic, GaussianActor, gaussian_log_prob
 from vaco.learners.proximal import EWMAPolicy
+from vaco.learners.step_size import StepSize
 from vaco.learners.update import MinibatchUpdate
 from vaco.lightning_private import reopen_finished_epoch
 from vaco.objectives import Objective, metric_name
@@ -67,9 +68,11 @@ class IterationData:
     seconds: float
 
 
-def default_algorithm_name(objective: Objective, advantage: AdvantageModule) -> str:
-    """The pair's name as the objective declares it (``Objective.names``), or ``Objective+Advantage``."""
-    return objective.algorithm_name(advantage.family, type(advantage).__name__)
+def default_algorithm_name(objective: Objective, advantage: AdvantageModule, step_size: StepSize | None = None) -> str:
+    """The pair's name as the objective declares it (``Objective.names``), or ``Objective+Advantage``;
+    with a step-size rule, its suffix after it (``ppo_clip_ess_step``)."""
+    name = objective.algorithm_name(advantage.family, type(advantage).__name__)
+    return name if step_size is None else f"{name}_{step_size.suffix}"
 
 
 class VacoModule(Learner):
@@ -93,6 +96,8 @@ class VacoModule(Learner):
             ``ppo_clip``); the report keeps variants out of a task's min and max. By default what
             the objective declares (``Objective.variants``: ``vaco_no_realign`` is one of ``vaco``).
         env_spec: filled in from the data module on the first fit and kept in checkpoints.
+        step_size: a learner-side correction, a factor on each optimiser step from the data
+            (``vaco.learners.step_size``: ``ESSStepSize``, VCPO's; ``StalenessStepSize``); None for none.
     """
 
     #: the config key a sweep's ``K`` axis sets: the degree of asynchrony, K policies in the buffer
@@ -118,8 +123,11 @@ class VacoModule(Learner):
         algorithm_name: str | None = None,
         variant_of: str | None = None,
         env_spec: dict | None = None,
+        step_size: StepSize | None = None,
     ) -> None:
-        super().__init__(objective, algorithm_name or default_algorithm_name(objective, advantage), variant_of)
+        super().__init__(
+            objective, algorithm_name or default_algorithm_name(objective, advantage, step_size), variant_of
+        )
         if not isinstance(advantage, AdvantageModule):
             raise TypeError(
                 f"`model.advantage` must be a vaco.advantages.AdvantageModule, got {type(advantage).__name__}"
@@ -145,8 +153,14 @@ class VacoModule(Learner):
                     f"`model.objective.init_args.{axis}` ({getattr(objective, axis)}) must equal "
                     f"`model.advantage.init_args.{axis}` ({getattr(advantage, axis)})"
                 )
-        self.save_hyperparameters(ignore=["objective", "advantage"])
+        if step_size is not None and not isinstance(step_size, StepSize):
+            raise TypeError(
+                f"`model.step_size` must be a vaco.learners.step_size.StepSize, got {type(step_size).__name__}"
+            )
+        self.save_hyperparameters(ignore=["objective", "advantage", "step_size"])
         self.advantage = advantage
+        #: the learner-side correction: a factor on each optimiser step (vaco.learners.step_size); None for none
+        self.step_size = step_size
         self.actor: GaussianActor | None = None
         self.critic: Critic | None = None
         self.obs_rms: RunningMeanStd | None = None
@@ -177,7 +191,14 @@ class VacoModule(Learner):
             self.build_networks(spec)
 
     def defining_modules(self) -> dict[str, torch.nn.Module]:
-        return {"objective": self.objective, "advantage": self.advantage}
+        out = {"objective": self.objective, "advantage": self.advantage}
+        if self.step_size is not None:  # a run without one keeps the definition it had before the setting existed
+            out["step_size"] = self.step_size
+        return out
+
+    def batch_lag(self, flat: TensorDictBase) -> torch.Tensor:
+        """The batch's largest policy age in policy versions (what a step-size rule reads as its lag)."""
+        return (self.version - flat["policy_version"]).max().float()
 
     def total_iterations(self) -> int | None:
         return self.data.num_iterations() if self.data is not None else None
@@ -274,7 +295,11 @@ class VacoModule(Learner):
             "c_bar": getattr(self.advantage, "c_bar", None),
             "lambda": getattr(self.advantage, "lmbda", None),
         }
-        for prefix, module in (("objective", self.objective), ("advantage_module", self.advantage)):
+        modules = [("objective", self.objective), ("advantage_module", self.advantage)]
+        if self.step_size is not None:
+            params["step_size"] = type(self.step_size).__name__
+            modules.append(("step_size", self.step_size))
+        for prefix, module in modules:
             for key, value in plain_fields(module, buffers=True).items():
                 params[f"{prefix}.{key}"] = value
         return params
@@ -322,6 +347,8 @@ class VacoModule(Learner):
             iteration=int(self.version) + 1,
             checkpoint=last_checkpoint(self.trainer),
             proximal=self.proximal_actor,
+            step_size=self.step_size,
+            lag=None if self.step_size is None else self.batch_lag(flat),
         ).run(batch, flat)
         scheduler = self.lr_schedulers()
         if scheduler is not None:  # a subclass's own optimiser may come without one

@@ -28,6 +28,7 @@ import torch
 from tensordict import TensorDict
 
 from vaco.learners.learner import Learner, NonFiniteLossError, plain_fields
+from vaco.learners.step_size import StepSize, log_importance_weights, scaled_step
 from vaco.lightning_private import reopen_finished_epoch, uncount_current_batch
 from vaco.llm.advantage import GroupRelative
 from vaco.llm.policy import (
@@ -45,15 +46,17 @@ from vaco.llm.policy import (
 from vaco.llm.reward import STOP_STRINGS, answer_span
 from vaco.llm.stopped import StoppedBatch
 from vaco.objectives import Objective, metric_name
-from vaco.objectives.objective_math import total_variation
+from vaco.objectives.objective_math import effective_sample_size, masked_quantile, total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
 
 __all__ = ["RLVRModule"]
 
 
-def _algorithm_name(objective: Objective) -> str:
-    """The objective's name with the group-relative advantage (``grpo``, ``vaco_grpo``)."""
-    return objective.algorithm_name("group")
+def _algorithm_name(objective: Objective, step_size: StepSize | None = None) -> str:
+    """The objective's name with the group-relative advantage (``grpo``, ``vaco_grpo``); with a
+    step-size rule, its suffix after it (``grpo_ess_step``)."""
+    name = objective.algorithm_name("group")
+    return name if step_size is None else f"{name}_{step_size.suffix}"
 
 
 def _positive_int(name: str, value: Any, low: int = 1) -> None:
@@ -162,8 +165,13 @@ class RLVRModule(Learner):
         stop_strings: list[str] | None = None,
         algorithm_name: str | None = None,
         variant_of: str | None = None,
+        step_size: StepSize | None = None,
     ) -> None:
-        super().__init__(objective, algorithm_name or _algorithm_name(objective), variant_of)
+        super().__init__(objective, algorithm_name or _algorithm_name(objective, step_size), variant_of)
+        if step_size is not None and not isinstance(step_size, StepSize):
+            raise TypeError(
+                f"`model.step_size` must be a vaco.learners.step_size.StepSize, got {type(step_size).__name__}"
+            )
         if objective.reestimate_advantage:
             raise ValueError(
                 f"`model.objective`: {type(objective).__name__} re-estimates V-trace with a critic; RLVR has none"
@@ -206,7 +214,9 @@ class RLVRModule(Learner):
         ):
             raise ValueError(f"`model.stop_strings` must be a list of non-empty strings, got {stop_strings!r}")
         check_model_dir(model_path, "model.model_path")
-        self.save_hyperparameters(ignore=["objective"])
+        self.save_hyperparameters(ignore=["objective", "step_size"])
+        #: the learner-side correction: a factor on each optimiser step (vaco.learners.step_size); None for none
+        self.step_size = step_size
         self.advantage = GroupRelative()
         self.policy: torch.nn.Module | None = None
         self.tokenizer = None
@@ -295,12 +305,19 @@ class RLVRModule(Learner):
                 self.initial_eval_accuracy = self.last_eval_accuracy
                 self.log_metrics(metrics, step=0)
 
+    def defining_modules(self) -> dict[str, torch.nn.Module]:
+        out = {"objective": self.objective}
+        if self.step_size is not None:  # a run without one keeps the definition it had before the setting existed
+            out["step_size"] = self.step_size
+        return out
+
     def run_params(self) -> dict[str, Any]:
         """The coordinates a user compares runs by, as flat MLflow params."""
         data = self.data
         params: dict[str, Any] = {
             "algorithm": self.algorithm,
             "objective": type(self.objective).__name__,
+            "step_size": None if self.step_size is None else type(self.step_size).__name__,
             "task": "gsm8k",
             "env": "gsm8k",  # the report's task
             "N": self.num_minibatches,
@@ -556,9 +573,16 @@ class RLVRModule(Learner):
             # the filter's test is on the minibatch's TV (one optimiser step), not each micro-batch's
             minibatch_tv = total_variation(self._score(mb) - mb["behavior_log_prob"], mb["completion_mask"])
         sums: dict[str, torch.Tensor] = {}
+        weights: list[torch.Tensor] = []  # the minibatch's log importance weights, for a step-size rule that reads them
+        ratios: list[torch.Tensor] = []  # every valid token's ratio: the lag diagnostics over the whole minibatch
         for i in range(0, B, micro):
             part = _trim({key: mb[key][i : i + micro] for key in _SEQUENCE_KEYS})
             log_prob, entropy = self._log_probs(part, with_entropy=True, entropy_grad=entropy_grad)
+            log_ratio = log_prob.detach() - part["behavior_log_prob"]
+            if micro < B:
+                ratios.append(log_importance_weights(log_ratio, part["completion_mask"], "token").exp())
+            if self.step_size is not None and self.step_size.reads_weights:
+                weights.append(log_importance_weights(log_ratio, part["completion_mask"], self.step_size.level))
             inputs = {
                 "log_prob": log_prob,
                 "behavior_log_prob": part["behavior_log_prob"],
@@ -583,10 +607,24 @@ class RLVRModule(Learner):
                     sums[key] = torch.maximum(sums.get(key, value), value)
                 else:
                     sums[key] = sums.get(key, 0.0) + value * weight
+        if ratios:  # micro-batched: the minibatch's own ESS and tail, not a weighted mean of the micro-batches'
+            every = torch.cat(ratios)
+            sums["ess"] = effective_sample_size(every)
+            sums["ratio_p99"] = masked_quantile(every, 0.99)
+            sums["ratio_max"] = every.max()
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.policy.parameters(), self.hparams.max_grad_norm if self.hparams.max_grad_norm is not None else math.inf
         )
-        optimizer.step()
+        factor = None
+        if (
+            self.step_size is not None
+        ):  # minibatch k of a generation batch is k optimiser steps behind its behaviour policy
+            factor = self.step_size.factor(torch.cat(weights) if weights else None, torch.tensor(float(k)))
+            sums["step_factor"] = factor.detach()
+        if factor is None:
+            optimizer.step()
+        else:
+            scaled_step(optimizer.step, optimizer.optimizer, factor)
         metrics = {metric_name(key): float(value) for key, value in sums.items()}
         metrics["train/grad_norm"] = float(grad_norm)
         return metrics

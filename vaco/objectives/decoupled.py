@@ -2,7 +2,11 @@
 
 Source: inclusionAI/AReaL, ``areal/utils/functional/functional.py::ppo_actor_loss_fn`` (its
 decoupled loss: ``use_decoupled_loss: true``, the proximal log-probabilities recomputed by the
-trainer before the update).
+trainer before the update). vaco's default is AReaL's default until February 2026: the behaviour
+weight ``pi_prox / beta`` applied uncapped (``behav_imp_weight_cap: None``). AReaL's default since
+April 2026 (``rejection_sampling: None``, checked at 4aef98d) applies none: ``behavior_weight:
+false`` (``configs/algo/decoupled_ppo_no_weight.yaml``); its GSM8K example's mask of weights above
+5.0 is ``behavior_weight_cap: 5.0``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ class DecoupledPPO(Objective):
         proximal: where ``pi_prox`` comes from: ``"recompute"`` (the learner at the start of the
             iteration, AReaL's) or ``"ewma"`` (an EWMA of the actor's weights, :class:`PPOEWMA`'s).
         ewma_decay: the EWMA's decay per optimiser step (only with ``proximal="ewma"``).
+        behavior_weight: multiply by ``pi_prox / beta`` (AReaL's default until February 2026, vaco's);
+            False: no behaviour weight, AReaL's default since April 2026 (``rejection_sampling: None``).
         **kwargs: see :class:`~vaco.objectives.base.Objective`.
     """
 
@@ -51,6 +57,7 @@ class DecoupledPPO(Objective):
         behavior_weight_cap: float | None = None,
         proximal: Literal["recompute", "ewma"] = "recompute",
         ewma_decay: float = 0.9938,
+        behavior_weight: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -68,6 +75,13 @@ class DecoupledPPO(Objective):
         self.behavior_weight_cap = None if behavior_weight_cap is None else float(behavior_weight_cap)
         self.proximal = proximal
         self.ewma_decay = float(ewma_decay)
+        if not isinstance(behavior_weight, bool):
+            raise ValueError(f"`behavior_weight` must be true or false, got {behavior_weight!r}")
+        if not behavior_weight and behavior_weight_cap is not None:
+            raise ValueError(
+                "`behavior_weight_cap` caps the behaviour weight; with `behavior_weight: false` there is none"
+            )
+        self.behavior_weight = behavior_weight
 
     def surrogate(self, *, ratio, log_ratio, advantage, batch):
         log_prob, proximal_log_prob = batch.get("log_prob"), batch.get("proximal_log_prob").detach()
@@ -75,8 +89,10 @@ class DecoupledPPO(Objective):
         proximal_ratio = (log_prob - proximal_log_prob).exp()
         unclipped = -advantage * proximal_ratio
         clipped = -advantage * proximal_ratio.clamp(1 - self.clip_epsilon, 1 + self.clip_epsilon_high)
-        behavior_weight = (proximal_log_prob - batch.get("behavior_log_prob")).exp()
         indicators = {"clipped": unclipped < clipped}
+        if not self.behavior_weight:
+            return torch.maximum(unclipped, clipped), indicators
+        behavior_weight = (proximal_log_prob - batch.get("behavior_log_prob")).exp()
         if self.behavior_weight_cap is not None:
             over = behavior_weight > self.behavior_weight_cap
             behavior_weight = torch.where(over, torch.zeros_like(behavior_weight), behavior_weight)
@@ -86,5 +102,6 @@ class DecoupledPPO(Objective):
     def extra_repr(self) -> str:
         return (
             f"clip_epsilon={self.clip_epsilon}, clip_epsilon_high={self.clip_epsilon_high}, "
-            f"behavior_weight_cap={self.behavior_weight_cap}, proximal={self.proximal!r}"
+            f"behavior_weight_cap={self.behavior_weight_cap}, proximal={self.proximal!r}, "
+            f"behavior_weight={self.behavior_weight}"
         )

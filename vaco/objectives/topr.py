@@ -24,7 +24,7 @@ class TOPR(Objective):
     gradient kept at weight 1 instead of ``r``); ``r < 1`` with ``A <= threshold`` is weighted by ``r``.
 
     Args:
-        advantage_threshold: at or below it the ratio tapers the weight (Trinity-RFT's 0.0).
+        advantage_threshold: at or below it the ratio tapers the weight (Trinity-RFT's 0.0; >= 0).
         **kwargs: see :class:`~vaco.objectives.base.Objective`.
     """
 
@@ -33,6 +33,11 @@ class TOPR(Objective):
 
     def __init__(self, advantage_threshold: float = 0.0, **kwargs) -> None:
         super().__init__(**kwargs)
+        if not (isinstance(advantage_threshold, (int, float)) and 0.0 <= advantage_threshold < float("inf")):
+            raise ValueError(
+                f"`advantage_threshold` must be a finite number >= 0 (below 0, negative advantages would go "
+                f"untapered), got {advantage_threshold!r}"
+            )
         self.advantage_threshold = float(advantage_threshold)
 
     def surrogate(self, *, ratio, log_ratio, advantage, batch):

@@ -51,6 +51,7 @@ from torch import nn
 
 from vaco.learners.networks import gaussian_log_prob
 from vaco.learners.proximal import ewma_weights
+from vaco.learners.step_size import StepSize, scale_step
 from vaco.learners.update import UpdateLayout, minibatch_epochs, policy_quantities, summed_losses
 
 __all__ = ["BatchedMLP", "PopulationUpdate", "check_vmappable", "stack_parameters"]
@@ -216,6 +217,7 @@ class PopulationUpdate(UpdateLayout):
         exact: bool | None = None,
         host_sync: bool | None = None,
         proximals: Sequence[nn.Module] | None = None,
+        step_size: StepSize | None = None,
     ) -> None:
         if not (len(actors) == len(critics) == len(objectives) == len(generators) >= 1):
             raise ValueError(
@@ -223,6 +225,7 @@ class PopulationUpdate(UpdateLayout):
                 f"{len(critics)}, {len(objectives)}, {len(generators)}"
             )
         self.size = len(actors)
+        self.step_size = step_size  # the members' step-size rule (vaco.learners.step_size), one config's
         self.objectives = list(objectives)
         self.generators = list(generators)
         self.update_epochs, self.num_minibatches, self.max_grad_norm = update_epochs, num_minibatches, max_grad_norm
@@ -272,6 +275,7 @@ class PopulationUpdate(UpdateLayout):
         normalize: Callable[[torch.Tensor], torch.Tensor],
         active: Sequence[bool] | None = None,
         reestimate: Callable[[], Mapping[str, torch.Tensor]] | None = None,
+        lag: torch.Tensor | None = None,
     ):
         """Epochs x minibatches on ``train`` (``{key: [S, N, ...]}``, the keys of :data:`vaco.learners.update.TRAIN_KEYS`):
         :func:`vaco.learners.update.minibatch_epochs`, the loop a run's update runs, with this layout.
@@ -306,6 +310,8 @@ class PopulationUpdate(UpdateLayout):
             num_minibatches=self.num_minibatches,
             reestimate=reestimate,
             active=going,
+            step_size=self.step_size,
+            lag=lag,
         )
         means = done.means()
         for objective, member_means in zip(self.objectives, means):
@@ -345,12 +351,22 @@ class PopulationUpdate(UpdateLayout):
         written for one run, vmapped over the members (with each member's own buffers)."""
         return torch.func.vmap(_member_losses(self.objectives[0]))(minibatch, self.buffers)
 
-    def step(self, loss: torch.Tensor, finite: torch.Tensor) -> bool:
+    def step(self, loss: torch.Tensor, finite: torch.Tensor, factor: torch.Tensor | None = None) -> bool:
         self.optimizer.zero_grad(set_to_none=True)
         loss.sum().backward()  # each member's gradient is its own loss's
         if self.max_grad_norm is not None:
             self._clip(self.max_grad_norm)
-        self._step(~finite)
+        if factor is None:
+            self._step(~finite)
+        else:  # each member's step scaled by its own factor, the solo run's arithmetic row by row
+            before = {name: [t.detach().clone() for t in self._rows(leaf)] for name, leaf in self.leaves.items()}
+            self._step(~finite)
+            for name, leaf in self.leaves.items():
+                if isinstance(leaf, list):
+                    for m, (t, old) in enumerate(zip(leaf, before[name])):
+                        scale_step([t], [old], factor[m])
+                else:
+                    scale_step([leaf], before[name], factor)
         if self.proximal is not None:
             self._step_proximal()
         return True
@@ -414,6 +430,10 @@ class PopulationUpdate(UpdateLayout):
                 for k, v in state.items():
                     now = self.optimizer.state[t][k]
                     now.copy_(torch.where(rows, v, now))
+
+    @staticmethod
+    def _rows(leaf):
+        return leaf if isinstance(leaf, list) else [leaf]
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next iteration (the members share the config's schedule)."""

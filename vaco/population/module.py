@@ -307,6 +307,7 @@ class PopulationModule(Learner):
             [m.generator for m in self.members],
             exact=self._update_exact,
             proximals=self._proximals(),
+            step_size=self.members[0].step_size,
             **{name: hp[name] for name in ("update_epochs", "num_minibatches", "max_grad_norm", "lr", "adam_eps")},
         )
         iterations = self.data.num_iterations()
@@ -365,7 +366,12 @@ class PopulationModule(Learner):
         reestimate = None
         if members[0].objective.reestimate_advantage:  # IMPALA: V-trace again before every step
             reestimate = functools.partial(self._reestimate, members, steps, active, train)
-        means, finite = self.updater.update(train, normalize, active, reestimate)
+        lag = None
+        if self.updater.step_size is not None:  # each member's batch's largest policy age, as its solo run takes it
+            lag = torch.stack(
+                [member.batch_lag(step.flat if step is not None else stand_in) for member, step in zip(members, steps)]
+            )
+        means, finite = self.updater.update(train, normalize, active, reestimate, lag)
         self.updater.write_back([m.actor for m in members], [m.critic for m in members], self._proximals())
         self.lr_schedulers().step()
         going = [m for m in range(len(members)) if active[m] and finite[m]]
