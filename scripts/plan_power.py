@@ -40,7 +40,10 @@ def parse_pilot(spec: str) -> tuple[str, str, str, str, int, list[str]]:
 
 def load_pilot(spec: str, references: dict[str, tuple[float, float]]) -> Pilot:
     arm, arm_name, against, against_name, K, files = parse_pilot(spec)
-    runs, _ = read_data_files(files)
+    try:
+        runs, _ = read_data_files(files)
+    except ValueError as err:  # the report's message names its own flag: say it of this one
+        raise SystemExit(f"--pilot {spec!r}: {str(err).replace('`--data`: ', '')}") from None
     runs = [r for r in runs if r.env in references and r.status == "FINISHED"]
     report = R.build_report("pilot", runs, reps=10, fixed_bounds=references)
     tasks = list(references)

@@ -123,7 +123,11 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
         (("--config", "."), "`--config .`: a directory, not a YAML file"),
         (  # blamed on configs/algo/vaco.yaml, with no did-you-mean
             ("--model.init_args.objective", "PPOclip"),
-            "`model.objective`: no objective class 'PPOclip'; the shipped ones are vaco.objectives.TVFilter",
+            "`model.objective`: no objective class 'PPOclip'; the shipped ones are vaco.objectives.PPOClip",
+        ),
+        (  # in a file: the name the file gives (it printed '?'), every class vaco ships
+            ("--config", "objective.yaml"),
+            "`model.objective`: no objective class 'PPOClp'; the shipped ones are vaco.objectives.PPOClip",
         ),
         (  # the LLM track's per-completion filter has no sequences to test in a MuJoCo minibatch
             ("--model.init_args.objective", "vaco.objectives.SequenceTVFilter"),
@@ -134,6 +138,11 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
             ("--config", "logger.yaml"),
             "`trainer.logger`: module 'vaco' has no attribute 'logger'. Did you mean "
             "vaco.run.logger.VacoMLFlowLogger? (in logger.yaml)",
+        ),
+        (
+            ("--config", "sweep.yaml"),
+            "`--config sweep.yaml`: a sweep file (it has `grid`), not a run's config: run it with "
+            "`vaco sweep --config sweep.yaml`",
         ),
     ],
     ids=[
@@ -146,8 +155,10 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Comp
         "misspelt-key",
         "directory",
         "unknown-objective",
+        "unknown-objective-in-a-file",
         "sequence-filter-on-mujoco",
         "class-under-another-module",
+        "a-sweep-file",
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):
@@ -155,6 +166,8 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, expected):
     (tmp_path / "indent.yaml").write_text("data:\n  init_args:\n    num_envs: 4\n   num_steps: 8\n")
     (tmp_path / "typo.yaml").write_text("data:\n  init_args:\n    num_env: 4\n")
     (tmp_path / "logger.yaml").write_text("trainer:\n  logger:\n    class_path: vaco.logger.VacoMLFlowLogger\n")
+    (tmp_path / "objective.yaml").write_text("model:\n  init_args:\n    objective:\n      class_path: PPOClp\n")
+    (tmp_path / "sweep.yaml").write_text("experiment: x\ngrid:\n  main:\n    algorithm: [vaco]\n")
     out = _fit(tmp_path, *args)
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("vaco fit: error:")]

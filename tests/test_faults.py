@@ -804,6 +804,18 @@ def test_a_second_process_on_a_run_refuses_naming_the_holder_and_a_dead_holders_
         )
         pid = json.loads(description)["pid"]  # the training process's (under the fork server, not Popen's)
         assert f"pid {pid} on " in line and " since " in line and "Traceback" not in second.stderr
+        # a copy of the checkpoint in another folder resumes the same MLflow run: refused by the run's id,
+        # before it touches the run (the holder's stays RUNNING)
+        copy = tmp_path / "elsewhere" / "last.ckpt"
+        copy.parent.mkdir()
+        shutil.copy(ckpt, copy)
+        run_id = ckpt.parent.name
+        elsewhere = run_cli("fit", *_tiny_with_budget(2 * 64 * 3), "--ckpt_path", str(copy), cwd=tmp_path, env=env)
+        assert elsewhere.returncode == 2, elsewhere.stderr[-2000:]
+        line = _one_line(elsewhere.stderr)
+        assert line.startswith(f"vaco fit: error: MLflow run {run_id} (the run of `--ckpt_path`) is being trained")
+        assert f"pid {pid} on " in line and "Traceback" not in elsewhere.stderr
+        assert mlflow.MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
         assert holder.poll() is None  # the holder was not disturbed
     finally:
         holder.kill()
@@ -829,3 +841,33 @@ def test_a_long_store_error_is_cut_at_a_word_and_says_so():
     cut, full = line.removesuffix(" ..."), f"ConnectionError: {err}"
     assert full.startswith(cut) and full[len(cut)] == " "  # whole words only
     assert _store_error_line(ConnectionError("short")) == "ConnectionError: short"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", [0.3, 2.0])
+def test_ctrl_c_while_vaco_fit_starts_is_one_line_not_a_traceback(tmp_path, after):
+    """Ctrl-C while Python still imports torch and Lightning (0.3 s), or after vaco's start-up handler
+    kept a first one (2 s; a second Ctrl-C then stops at once): a line, no traceback (it printed 33-81
+    lines of KeyboardInterrupt traceback)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    proc = subprocess.Popen(
+        [VACO, "fit", *_tiny_with_budget(2 * 64 * 10_000)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(after)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        if proc.poll() is None:  # the first was kept: Ctrl-C again stops at once
+            proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "vaco: stopped by Ctrl-C" in stderr or "received SIGINT" in stderr, stderr[-3000:]

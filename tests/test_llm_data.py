@@ -225,3 +225,31 @@ def test_the_chat_template_wraps_prompts_when_the_tokenizer_has_one(tmp_path):
         GSM8kDataModule(train_path=path, test_path=path, chat_template="yes")
     with pytest.raises(ValueError, match="`data.reward` must be a vaco.llm.reward.Reward"):
         GSM8kDataModule(train_path=path, test_path=path, reward=len)
+
+
+def test_an_oversized_question_or_a_decompression_bomb_is_refused_in_one_line_before_it_is_tokenized(
+    tmp_path, monkeypatch
+):
+    """A question of more characters than a prompt may have is refused naming its record (it was
+    tokenized whole first: a 200 MB line grew to 22.5 GB); a parquet file whose row groups hold more
+    than vaco reads, by its metadata, before anything is decompressed (a 2.3 KB file that expands to
+    1 GB grew to 24.1 GB). The bound is lowered here so that the files stay small."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import vaco.llm.data as D
+
+    long = write_lines(
+        tmp_path / "long.jsonl", [RECORDS[0], {"question": "x" * (D.MAX_QUESTION_CHARS + 1), "answer": "#### 1"}]
+    )
+    with pytest.raises(ValueError, match=r"`data.train_path`: record 2 of .*: its 'question' is 1,000,001 characters"):
+        read_gsm8k(long, "data.train_path")
+    monkeypatch.setattr(D, "MAX_DATA_BYTES", 1 << 20)
+    bomb = tmp_path / "bomb.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "y" * (2 << 20), "answer": "#### 1"}]), bomb, compression="zstd")
+    assert bomb.stat().st_size < 64 << 10  # small on disk, 2 MiB inside
+    with pytest.raises(
+        ValueError,
+        match=r"`data.train_path`: .*bomb.parquet holds [\d,]+ bytes of records uncompressed, more than vaco reads \(1,048,576\)",
+    ):
+        read_gsm8k(str(bomb), "data.train_path")

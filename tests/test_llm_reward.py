@@ -147,3 +147,23 @@ def test_a_checkpoint_names_no_module_vaco_would_import():
     assert isinstance(shipped_reward(None, "--reward"), GSM8k)  # a run recorded before rewards were a field
     with pytest.raises(ValueError, match="`--reward os.system`"):
         shipped_reward({"class_path": "os.system", "init_args": {}}, "--reward")
+
+
+def test_pass_at_k_counts_a_prompt_solved_only_at_full_credit_or_at_the_rewards_own_mark():
+    """Partial credit (0.5, 0.9) solved nothing at a 0/1 reward's mark of 1.0; a reward that sets
+    ``solved_at`` moves it."""
+    from vaco.llm.evaluation import pass_at_k
+    from vaco.llm.reward import GSM8k, Reward
+
+    rewards = [0.5, 0.5, 1.0, 0.0, 0.2, 0.9]  # three prompts, two samples each
+    assert GSM8k.solved_at == 1.0
+    assert pass_at_k(rewards, 2) == pytest.approx(1 / 3)
+
+    class Partial(Reward):
+        solved_at = 0.5
+
+        def __call__(self, completion, reference):
+            return 0.5
+
+    assert pass_at_k(rewards, 2, Partial.solved_at) == pytest.approx(1.0)
+    assert pass_at_k([0.0, 0.0, 0.0, 0.0], 2) == 0.0

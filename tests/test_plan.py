@@ -826,7 +826,6 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
     )
     assert "Hopper-v5: normalised by the plan's fixed references [100, 900]" in (out / "summary.md").read_text()
 
-
     # a plan declaring last-N: the report scores by it without flags; another score is sensitivity
     from vaco.study.judge import judge_plan, plan_lines
 
@@ -897,3 +896,22 @@ def test_an_undecided_comparison_names_the_seeds_it_needs_at_the_level_the_rule_
     at_plan = _seeds_needed(found, 0.05, 0.0221)
     assert at_plan == seeds_needed(paired, 0.06, 0.05, alpha=0.0221) and at_plan > at_005 > 12
     assert _seeds_needed(found, 0.05, 0.0) is None  # a look whose level is 0 cannot decide
+
+
+@pytest.mark.slow
+def test_the_sizing_script_says_a_missing_pilot_file_in_one_line_naming_its_own_flag(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plan_power.py"
+    missing = tmp_path / "pilot.csv.gz"
+    out = subprocess.run(
+        [sys.executable, str(script), "--references", '{"Hopper-v5": [0, 1]}', "--looks", "4"]
+        + ["--pilot", f"vaco,ppo_clip,4={missing}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip() == f"--pilot 'vaco,ppo_clip,4={missing}': no data file at {missing}"

@@ -615,3 +615,10 @@ def test_no_algorithms_curve_hides_under_anothers():
             seen = int((np.abs(pixels - rgb).max(-1) < 0.03).sum())
             assert seen > 30, f"{name}: {algo}'s curve is hidden ({seen} pixels of its colour)"
         matplotlib.pyplot.close(fig)
+
+
+def test_a_single_run_shows_no_spread_rather_than_plus_minus_zero():
+    from vaco.report.markdown import mean_sd_text
+
+    assert mean_sd_text([1.0], 2) == "1.00 (1 run)"
+    assert mean_sd_text([1.0, 3.0], 1) == "2.0 +- 1.4"  # the sample SD, ddof = 1

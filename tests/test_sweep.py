@@ -58,9 +58,13 @@ def _base(**grid) -> dict:
         (lambda d: d.update(jobs=0), "`jobs`"),
         (
             lambda d: d["grid"]["main"].update(algorithm=["vacco"]),
-            "`grid.main.algorithm`: unknown algorithm `vacco`",
+            "`grid.main.algorithm`: unknown algorithm `vacco`; did you mean `vaco`",
         ),
-        (lambda d: d["grid"]["main"].update(env=["pong"]), "`grid.main.env`: unknown env `pong`"),
+        (lambda d: d["grid"]["main"].update(env=["pong"]), "`grid.main.env`: unknown env `pong` (known:"),
+        (
+            lambda d: d["grid"]["main"].update(env=["hoper"]),
+            "`grid.main.env`: unknown env `hoper`; did you mean `hopper`",
+        ),
         (lambda d: d["grid"]["main"].update(deltas=[0.1]), "unknown field `deltas`"),
         (lambda d: d["grid"]["main"].update(K=[0]), "`grid.main.K`"),
         (lambda d: d["grid"]["main"].update(seed=["one"]), "`grid.main.seed`"),

@@ -175,6 +175,17 @@ def check_config_files(paths: list[str]) -> dict[str, object]:
     return loaded
 
 
+def refuse_sweep_files(loaded: dict[str, object]) -> None:
+    """A sweep file given to ``vaco fit --config`` is one line saying to run it with ``vaco sweep``."""
+    for path, tree in loaded.items():
+        if isinstance(tree, dict) and {"grid", "experiment"} & tree.keys() and "model" not in tree:
+            kind = "grid" if "grid" in tree else "experiment"
+            raise ConfigurationError(
+                f"`--config {path}`: a sweep file (it has `{kind}`), not a run's config: run it with "
+                f"`vaco sweep --config {path}`"
+            )
+
+
 def check_command_line_values(argv: list[str]) -> None:
     """A value given on the command line goes through the same alias guard as a file
     (:func:`vaco.files.load_yaml`): jsonargparse reads ``--field '{a: &a [...], b: [*a, *a]}'`` as

@@ -20,7 +20,13 @@ import signal
 import sys
 
 from vaco import __version__
-from vaco.config_errors import ConfigurationError, check_config_files, config_files, did_you_mean
+from vaco.config_errors import (
+    ConfigurationError,
+    check_config_files,
+    config_files,
+    did_you_mean,
+    refuse_sweep_files,
+)
 
 __all__ = ["main", "COMMANDS"]
 
@@ -56,6 +62,11 @@ def main(argv: list[str] | None = None) -> int | None:
         # (Python would print a traceback, and another one at exit when it flushes stdout)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(128 + getattr(signal, "SIGPIPE", 13))
+    except KeyboardInterrupt:
+        # Ctrl-C while Python imports torch and Lightning (before vaco's own handler keeps a first one),
+        # or a second Ctrl-C: one line, not the interpreter's traceback of wherever it landed
+        print("vaco: stopped by Ctrl-C", file=sys.stderr, flush=True)
+        sys.exit(128 + signal.SIGINT)
 
 
 def _stdout_reader_gone() -> bool:
@@ -98,7 +109,7 @@ def _main(argv: list[str] | None) -> int | None:
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     if command == "fit":  # a bad --config file (missing, a tab, an alias bomb) is refused before torch imports
         try:
-            check_config_files(config_files(argv[1:]))
+            refuse_sweep_files(check_config_files(config_files(argv[1:])))
         except ConfigurationError as err:
             print(f"vaco fit: error: {err}", file=sys.stderr)
             sys.exit(2)

@@ -46,6 +46,7 @@ from vaco.config_errors import (
     file_of_key,
     given_on_command_line,
     one_line,
+    refuse_sweep_files,
 )
 from vaco.hints import shell, vaco_command
 from vaco.learners.learner import Learner, NonFiniteLossError
@@ -58,7 +59,7 @@ from vaco.run.callbacks import (
     stop_listening,
 )
 from vaco.run.checkpoint import CheckpointError
-from vaco.run.lock import hold_run_lock, release_run_locks
+from vaco.run.lock import hold_mlflow_run_lock, hold_run_lock, release_run_locks
 from vaco.run.logger import VacoMLFlowLogger
 from vaco.run.rendezvous import host_store_on_loopback
 from vaco.tracking import (
@@ -89,7 +90,7 @@ class VacoArgumentParser(LightningArgumentParser):
             return super().error(message, ex)
         options = [o for action in self._actions for o in action.option_strings]
         prog = "vaco fit"
-        text = plain_type_error(one_line(message, options), _ARGV)
+        text = plain_type_error(one_line(message, options), _ARGV, _CONFIG_FILES)
         on_line = given_on_command_line(text, _ARGV)
         where = None if on_line else file_of_key(text, _CONFIG_FILES)
         if on_line:
@@ -172,9 +173,14 @@ class VacoCLI(LightningCLI):
         self._resume_state = read_resume_checkpoint(config) if config is not None else None
         if self._resume_state is not None:
             # one process per run: the resumed run's folder is locked before anything starts
-            taken_over = hold_run_lock(Path(config["ckpt_path"]).parent, "the run of `--ckpt_path`")
-            if taken_over:
-                print(taken_over, file=sys.stderr, flush=True)
+            taken_over = [hold_run_lock(Path(config["ckpt_path"]).parent, "the run of `--ckpt_path`")]
+            # and its MLflow run(s), wherever their checkpoint was copied to (one per population member)
+            saved = self._resume_state.get("vaco", {})
+            run_ids = [saved.get("mlflow_run_id")] + [m.get("mlflow_run_id") for m in saved.get("members", [])]
+            for run_id in dict.fromkeys(r for r in run_ids if isinstance(r, str) and r):
+                taken_over.append(hold_mlflow_run_lock(run_id, f"MLflow run {run_id} (the run of `--ckpt_path`)"))
+            for line in filter(None, taken_over):
+                print(line, file=sys.stderr, flush=True)
             self._budget_line = resume_budget(config, self._resume_state, self._argv)
 
     def _set_seed(self) -> None:
@@ -521,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         _CONFIG_FILES.clear()
         _UNSENT.clear()
         _CONFIG_FILES.update(check_config_files(config_files(argv)))
+        refuse_sweep_files(_CONFIG_FILES)
         check_command_line_values(argv)
         _ARGV[:] = argv
         VacoCLI(args=["fit", *argv])

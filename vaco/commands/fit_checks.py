@@ -10,6 +10,8 @@ of one line naming the field.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import os
 import re
 import tempfile
@@ -50,7 +52,34 @@ def _given(field: str, argv: list[str]) -> str | None:
     return None
 
 
-def plain_type_error(text: str, argv: list[str]) -> str:
+def _given_in_files(field: str, loaded: dict | None) -> str | None:
+    """The class path ``field`` (``model.init_args.objective``) has in the last ``--config`` file that
+    sets it: its ``class_path``, or the value itself where the file gives a bare name."""
+    for tree in reversed(list((loaded or {}).values())):
+        node = tree
+        for key in field.split("."):
+            if not isinstance(node, dict):
+                node = None
+                break
+            node = node.get(key, node.get("init_args", {}).get(key) if key != "init_args" else None)
+        if isinstance(node, dict) and node.get("class_path"):
+            return str(node["class_path"])
+        if isinstance(node, str):
+            return node
+    return None
+
+
+def _shipped_classes(module_name: str) -> list[str]:
+    """The classes a vaco module ships (its ``__all__``, base classes left out)."""
+    module = importlib.import_module(module_name)
+    return [
+        name
+        for name in getattr(module, "__all__", ())
+        if inspect.isclass(getattr(module, name, None)) and not getattr(module, name).__module__.endswith(".base")
+    ]
+
+
+def plain_type_error(text: str, argv: list[str], loaded: dict | None = None) -> str:
     """jsonargparse's type bookkeeping said in words: ```population`: Expected a <class 'int'>; ...``
     as ```population` must be ..., got 'four'``; a missing task or algorithm names the config to add;
     an unknown objective or advantage class lists the shipped ones with a did-you-mean."""
@@ -63,8 +92,8 @@ def plain_type_error(text: str, argv: list[str]) -> str:
     if found:
         kind = found.group(2)
         module = "vaco.objectives" if kind == "objective" else "vaco.advantages"
-        shipped = {"objective": ["TVFilter", "PPOClip", "PPOKL", "SPO", "IMPALA"], "advantage": ["GAE", "VTrace"]}[kind]
-        given = _given(found.group(1), argv) or "?"
+        shipped = _shipped_classes(module)
+        given = _given(found.group(1), argv) or _given_in_files(f"model.init_args.{kind}", loaded) or "?"
         hint = did_you_mean(given.rpartition(".")[2], shipped)
         return (
             f"`model.{kind}`: no {kind} class {given!r}; the shipped ones are "
@@ -104,6 +133,7 @@ def early_checks(config) -> None:
             raise ConfigurationError(str(err)) from None
     data = config.get("data")
     init = (data.get("init_args") if hasattr(data, "get") else None) or {}
+    _check_chat_template(config, init)
     env_id = init.get("env_id") if hasattr(init, "get") else None
     if env_id is not None:  # the MuJoCo data modules (the LLM track's has no env_id)
         from vaco.data.envs import env_spec
@@ -113,6 +143,25 @@ def early_checks(config) -> None:
             env_spec(env_id, dict(kwargs) if kwargs else None, field="data.env_id")
         except ValueError as err:
             raise ConfigurationError(str(err)) from None
+
+
+def _check_chat_template(config, data_init) -> None:
+    """``data.chat_template: true`` with a model whose tokenizer has none: one line before the model
+    loads (it failed after, with a traceback, a FAILED run and a checkpoint folder left)."""
+    if not (hasattr(data_init, "get") and data_init.get("chat_template") is True):
+        return
+    model = config.get("model")
+    init = (model.get("init_args") if hasattr(model, "get") else None) or {}
+    path = init.get("model_path") if hasattr(init, "get") else None
+    if not isinstance(path, str) or not os.path.isdir(path):
+        return  # the model's own check names a missing folder
+    from vaco.llm.policy import has_chat_template
+
+    if not has_chat_template(path):
+        raise ConfigurationError(
+            f"`data.chat_template` is true but the tokenizer in {path} has no chat template: set it to false or "
+            "null, or add `chat_template` to its tokenizer_config.json"
+        )
 
 
 def _device_count(trainer) -> int:

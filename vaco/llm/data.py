@@ -62,9 +62,43 @@ def _read_saved_dataset(path: str, field: str) -> list[dict]:
     return datasets.load_from_disk(path, keep_in_memory=True).to_list()
 
 
+#: the most a data file's records may hold, uncompressed (GSM8k's train split is 4 MB): a larger file,
+#: or a parquet file that decompresses past it, is refused before it is read
+MAX_DATA_BYTES = 1 << 30
+#: the longest question a record may hold, in characters: a prompt keeps at most ``max_prompt_length``
+#: tokens, and tokenizing a longer one whole first costs memory without bound
+MAX_QUESTION_CHARS = 1_000_000
+
+
+def _data_bytes(path: str) -> int:
+    """What ``path``'s records hold uncompressed: a parquet file's row groups by its metadata (read
+    without decompressing), a folder's files, else the file's size."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        meta = pq.ParquetFile(path).metadata
+        return sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    return os.path.getsize(path)
+
+
 def _read_records(path: str, field: str) -> list[dict]:
     if not isinstance(path, str) or not path:
         raise ValueError(f"`{field}` must be the path of {FORMATS}, got {path!r}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"`{field}`: no file {path!r}")
+    try:
+        size = _data_bytes(path)
+    except OSError:
+        size = 0  # unreadable: the reader below says so
+    except Exception as err:  # noqa: BLE001 - pyarrow's error for a file that is no parquet
+        raise ValueError(f"`{field}`: {path} is not a readable parquet file ({type(err).__name__})") from None
+    if size > MAX_DATA_BYTES:
+        raise ValueError(
+            f"`{field}`: {path} holds {size:,} bytes of records uncompressed, more than vaco reads "
+            f"({MAX_DATA_BYTES:,}); split it or keep the problems you train on"
+        )
     if os.path.isdir(path):
         return _read_saved_dataset(path, field)
     if not os.path.isfile(path):
@@ -122,7 +156,13 @@ def read_problems(
             raise ValueError(
                 f"`{field}`: record {number} of {path}: {type(reward).__name__} cannot read its {answer_key!r}: {err}"
             ) from None
-        out.append({"question": str(record[question_key]), "answer": record[answer_key], "target": target})
+        question = str(record[question_key])
+        if len(question) > MAX_QUESTION_CHARS:
+            raise ValueError(
+                f"`{field}`: record {number} of {path}: its {question_key!r} is {len(question):,} characters, over the "
+                f"{MAX_QUESTION_CHARS:,} a prompt may have (it keeps at most model.max_prompt_length tokens); cut it"
+            )
+        out.append({"question": question, "answer": record[answer_key], "target": target})
     return out
 
 

@@ -89,11 +89,13 @@ def answer(
     return Answers(rewards, lengths)
 
 
-def pass_at_k(rewards: list[float], samples: int) -> float:
-    """The fraction of prompts with at least one correct completion among their ``samples``
-    (``rewards`` in prompt order, ``samples`` per prompt): pass@k with k = n = ``samples``."""
+def pass_at_k(rewards: list[float], samples: int, solved_at: float = 1.0) -> float:
+    """The fraction of prompts with at least one solved completion among their ``samples``
+    (``rewards`` in prompt order, ``samples`` per prompt; solved: a reward of at least ``solved_at``,
+    the reward's :attr:`~vaco.llm.reward.Reward.solved_at`): pass@k with k = n = ``samples``. Partial
+    credit below ``solved_at`` solves nothing."""
     rows = [rewards[i : i + samples] for i in range(0, len(rewards), samples)]
-    return sum(any(r > 0 for r in row) for row in rows) / len(rows)
+    return sum(any(r >= solved_at for r in row) for row in rows) / len(rows)
 
 
 def evaluate_checkpoint(
@@ -172,7 +174,7 @@ def evaluate_checkpoint(
             reward=data.reward,
             **common,
         )
-        out[f"eval/pass@{samples}"] = pass_at_k(sampled.rewards, samples)
+        out[f"eval/pass@{samples}"] = pass_at_k(sampled.rewards, samples, getattr(data.reward, "solved_at", 1.0))
         out["eval/sample_accuracy"] = sum(sampled.rewards) / len(sampled.rewards)
     return out
 

@@ -9,6 +9,7 @@ sampled from, so the learner's ``log_prob`` and the stored ``behavior_log_prob``
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -56,6 +57,19 @@ def check_model_dir(path: str, field: str) -> None:
         )
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"`{field}`: {path!r} has no config.json, so it is not a saved transformers model")
+
+
+def has_chat_template(path: str) -> bool:
+    """Whether the tokenizer saved in ``path`` has a chat template, read from its files (no
+    tokenizer is built): ``chat_template.jinja`` / ``chat_template.json``, or a non-empty
+    ``chat_template`` in ``tokenizer_config.json``."""
+    if any(os.path.isfile(os.path.join(path, name)) for name in ("chat_template.jinja", "chat_template.json")):
+        return True
+    try:
+        with open(os.path.join(path, "tokenizer_config.json"), encoding="utf-8") as f:
+            return bool(json.load(f).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def resolve_compute_dtype(dtype: str, device_type: str) -> torch.dtype:

@@ -135,8 +135,13 @@ class Reward:
     cannot use: the data module refuses the file in one line naming the record.
     ``__call__(completion, reference)`` gets the completion's answer span (the generated text
     before its first stop string, ``model.stop_strings``) and returns a float; it must not raise
-    on any completion (a model writes anything).
+    on any completion (a model writes anything). A completion counts as *solved* (pass@k) when its
+    reward is at least :attr:`solved_at`: 1.0, full credit on a 0/1 reward; a reward with partial
+    credit or another scale sets its own.
     """
+
+    #: the reward at and above which a completion counts as solved (``vaco evaluate --samples``'s pass@k)
+    solved_at: float = 1.0
 
     def reference(self, answer: Any) -> Any:
         return answer

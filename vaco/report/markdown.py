@@ -27,6 +27,14 @@ def sample_sd(values) -> float:
     return float(values.std(ddof=1)) if values.size > 1 else 0.0
 
 
+def mean_sd_text(values, digits: int) -> str:
+    """``mean +- sample SD`` of ``values``; one value has no spread to show: ``x (1 run)``."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 1:
+        return f"{values[0]:.{digits}f} (1 run)"
+    return f"{values.mean():.{digits}f} +- {sample_sd(values):.{digits}f}"
+
+
 def estimate_text(x: float, interval) -> str:
     if interval is None:
         return f"{x:.3f} (no CI)"

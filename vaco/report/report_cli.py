@@ -57,7 +57,7 @@ from vaco.report.runs import load_runs, log_report, read_runs, save_runs
 from vaco.report.scores import NORMALIZATIONS, SCORES, build_report
 from vaco.report.sensitivity import sensitivity
 from vaco.report.summary import write_report
-from vaco.tracking import PARENT_TAG, PLAN_TAG, tracking_uri
+from vaco.tracking import PARENT_TAG, PLAN_TAG, prepare_sqlite_store, tracking_uri
 
 __all__ = ["main"]
 
@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     experiment = args.experiment or args.name or Path(args.data[0]).name.split(".")[0]
     use_file_backend()
     uri = tracking_uri()
+    if args.experiment:  # several commands opening a new SQLite store at once: its tables set up once
+        prepare_sqlite_store(uri)
     try:
         settings = _settings(args)
         runs, notes = _runs(args, uri)

@@ -37,7 +37,7 @@ from vaco.report.figures import (
     figure_tv,
     pyplot,
 )
-from vaco.report.markdown import ci_text, markdown_table, sample_sd
+from vaco.report.markdown import ci_text, markdown_table, mean_sd_text
 from vaco.report.robustness import FEW_RESAMPLES, Robustness, distinct_resamples, robustness
 from vaco.report.robustness_summary import design_section, robustness_section
 from vaco.report.scores import AGGREGATES, MAX_CURVE_POINTS, RANGE_BELOW, Estimate, Report, is_variant
@@ -292,7 +292,7 @@ def _final_scores_section(report: Report, save: _Figures, scores) -> list[str]:
         markdown_table(
             ["task", "algorithm", "K", "return", "runs", "per seed"],
             [
-                (t, a, K, f"{np.mean(v):.{d}f} +- {sample_sd(v):.{d}f}", len(v), ", ".join(per_seed[(t, a, K)]))
+                (t, a, K, mean_sd_text(v, d), len(v), ", ".join(per_seed[(t, a, K)]))
                 for (t, a, K), v in sorted(
                     final_returns.items(), key=lambda x: (x[0][0], report.algorithms.index(x[0][1]), x[0][2])
                 )
@@ -446,8 +446,8 @@ def _tv_section(report: Report, save: _Figures) -> list[str]:
                 (
                     a,
                     K,
-                    f"{np.mean(f):.4f} +- {sample_sd(f):.4f}" if f else "-",
-                    f"{np.mean(t):.4f} +- {sample_sd(t):.4f}" if t else "-",
+                    mean_sd_text(f, 4) if f else "-",
+                    mean_sd_text(t, 4) if t else "-",
                     f"{d / 2:g}" if d is not None else "-",
                 )
                 for (a, K), (f, t, d) in tv_table(report).items()

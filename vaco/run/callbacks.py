@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 
 from vaco.lightning_private import save_last_checkpoint
 from vaco.run.checkpoint import SafeCheckpointIO
-from vaco.run.lock import hold_run_lock
+from vaco.run.lock import hold_mlflow_run_lock, hold_run_lock
 from vaco.tracking import has_secrets, redact_uri
 
 __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfigToMLflow"]
@@ -181,9 +181,12 @@ class IterationCheckpoint(ModelCheckpoint):
             run = getattr(trainer.logger, "version", None) or "run"
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints", str(run))
         if trainer.global_rank == 0:  # one process per run (vaco.run.lock): this run's folder, from here on
-            taken_over = hold_run_lock(self.dirpath, "this run")
-            if taken_over:
-                print(taken_over, file=sys.stderr, flush=True)
+            taken_over = [hold_run_lock(self.dirpath, "this run")]
+            run_id = getattr(trainer.logger, "run_id", None)  # and its MLflow run, wherever a copy resumes it
+            if isinstance(run_id, str) and run_id:
+                taken_over.append(hold_mlflow_run_lock(run_id, f"MLflow run {run_id}"))
+            for line in filter(None, taken_over):
+                print(line, file=sys.stderr, flush=True)
         super().setup(trainer, pl_module, stage)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

@@ -7,6 +7,7 @@ is imported only to validate the cells' configs.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import itertools
 import logging
@@ -285,6 +286,11 @@ def _as_list(block: str, axis: str, value) -> list:
     return values
 
 
+def _did_you_mean(value, choices) -> str:
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=2, cutoff=0.6)
+    return f"; did you mean {' or '.join(f'`{c}`' for c in close)}?" if close else ""
+
+
 def _check_values(block: str, axis: str, values: list, algorithms, envs) -> tuple:
     where = f"`grid.{block}.{axis}`"
     if axis not in AXES:  # a declared axis: numbers, checked by its class's own constructor
@@ -294,9 +300,11 @@ def _check_values(block: str, axis: str, values: list, algorithms, envs) -> tupl
         return tuple(dict.fromkeys(float(v) for v in values))
     for v in values:
         if axis == "algorithm" and v not in algorithms:
-            raise SweepError(f"{where}: unknown algorithm `{v}` (known: {', '.join(algorithms)})")
+            raise SweepError(
+                f"{where}: unknown algorithm `{v}`{_did_you_mean(v, algorithms)} (known: {', '.join(algorithms)})"
+            )
         if axis == "env" and v not in envs:
-            raise SweepError(f"{where}: unknown env `{v}` (known: {', '.join(envs)})")
+            raise SweepError(f"{where}: unknown env `{v}`{_did_you_mean(v, envs)} (known: {', '.join(envs)})")
         if axis in ("K", "seed"):
             low = 1 if axis == "K" else 0
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= low):
