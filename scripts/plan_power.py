@@ -22,7 +22,8 @@ import numpy as np
 from vaco import report as R
 from vaco.report.report_cli import read_data_files
 from vaco.report.robustness import paired_cells
-from vaco.study.plan import TESTS
+from vaco.study.plan import TESTS, score_settings
+from vaco.study.randomisation import ESTIMANDS
 from vaco.study.sizing import Pilot, simulate_plan
 
 
@@ -38,14 +39,15 @@ def parse_pilot(spec: str) -> tuple[str, str, str, str, int, list[str]]:
     return arm, arm_name, against, against_name, int(k), files.split(",")
 
 
-def load_pilot(spec: str, references: dict[str, tuple[float, float]]) -> Pilot:
+def load_pilot(spec: str, references: dict[str, tuple[float, float]], score: str = "final") -> Pilot:
     arm, arm_name, against, against_name, K, files = parse_pilot(spec)
     try:
         runs, _ = read_data_files(files)
     except ValueError as err:  # the report's message names its own flag: say it of this one
         raise SystemExit(f"--pilot {spec!r}: {str(err).replace('`--data`: ', '')}") from None
     runs = [r for r in runs if r.env in references and r.status == "FINISHED"]
-    report = R.build_report("pilot", runs, reps=10, fixed_bounds=references)
+    name, last_evals = score_settings(score)
+    report = R.build_report("pilot", runs, reps=10, fixed_bounds=references, score=name, last_evals=last_evals)
     tasks = list(references)
     cells = [(arm_name, 1), (arm_name, K), (against_name, 1), (against_name, K)]
     mats, _ = paired_cells(report, cells, tasks, runs=report.runs)
@@ -66,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--references", required=True, help='fixed [min, max] per task, JSON: {"Hopper-v5": [300, 1500]}')
     ap.add_argument("--looks", action="append", required=True, help="a candidate schedule, e.g. 12,24,36")
     ap.add_argument("--test", default="randomisation", choices=TESTS)
+    ap.add_argument("--estimand", default="pooled", choices=ESTIMANDS, help="the plan's estimand")
+    ap.add_argument("--score", default="final", help="the plan's score: final, last-N or auc")
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--spending", default="pocock")
     ap.add_argument("--studies", type=int, default=400)
@@ -73,7 +77,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     references = {task: (float(lo), float(hi)) for task, (lo, hi) in json.loads(args.references).items()}
-    pilots = [load_pilot(spec, references) for spec in args.pilot]
+    try:
+        score_settings(args.score)
+    except ValueError:
+        raise SystemExit(f"--score {args.score!r}: expected final, last-N (N >= 2, e.g. last-3) or auc") from None
+    pilots = [load_pilot(spec, references, args.score) for spec in args.pilot]
     for p in pilots:
         x, y = (p.units[:2], p.units[2:]) if p.paired else (p.units, p.control)
         drop_x, drop_y = x[0] - x[1], y[0] - y[1]
@@ -98,10 +106,11 @@ def main(argv=None) -> int:
                 args.seed,
                 uncertainty=uncertainty,
                 swaps=args.swaps,
+                estimand=args.estimand,
             )
         with_u, plug_in = out[True], out[False]
         print(
-            f"looks {schedule} ({args.test}, {args.studies} studies, {time.time() - start:.0f} s): P(differs by the "
+            f"looks {schedule} ({args.test}, {args.estimand}, {args.score}, {args.studies} studies, {time.time() - start:.0f} s): P(differs by the "
             f"last look) with the pilot's uncertainty "
             + " / ".join(f"{v:.2f}" for v in with_u.differs)
             + f", mean stop {with_u.mean_stop:.1f} seeds; plug-in "

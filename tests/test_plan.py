@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 import pytest
-from scipy.stats import norm
+from scipy.stats import norm, trim_mean
 
 from vaco.study.plan import (
     boundaries,
@@ -218,6 +218,8 @@ PLAN = {
         ({"family": [PLAN["family"][0]] * 2}, r"`plan.family` lists a comparison twice"),
         ({"references": {"Hopper-v5": [float("nan"), 1]}}, r"`plan.references.Hopper-v5`: min \(nan\) must be below"),
         ({"floor": float("inf")}, r"`plan.floor` must be a normalised score in \(0, 1\)"),
+        ({"estimand": "median"}, r"`plan.estimand` must be pooled .* or task-mean .*got 'median'"),
+        ({"estimand": "task-mean"}, r"`plan.estimand: task-mean` .* declare `plan.references`"),
     ],
 )
 def test_a_bad_plan_names_the_field(change, message):
@@ -841,6 +843,26 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
     assert comparison in lines  # the estimate, IQMs and p's of the last-2 score
     assert R.main([*argv, "--out", str(tmp_path / "final"), "--score", "final"]) == 0
     assert "score sensitivity, not verdicts" in (tmp_path / "final" / "plan.md").read_text()
+
+    # a plan declaring the task-mean estimand: the mean of each task's difference of drops, by hand;
+    # the pooled estimate beside it as sensitivity; a pooled plan keeps the identity it had
+    from vaco.report.robustness import paired_cells
+
+    tasked = load_plan({**raw, "estimand": "task-mean"}, ["vaco", "ppo_clip"], [1, 4, 16], 6)
+    assert tasked.digest != declared.digest
+    assert load_plan({**raw, "estimand": "pooled"}, ["vaco", "ppo_clip"], [1, 4, 16], 6).digest == declared.digest
+    judged = judge_plan(tasked, by_hand, declared=None)
+    (v,) = judged.verdicts
+    cells, _ = paired_cells(
+        by_hand, [("vaco", 1), ("vaco", 16), ("ppo_clip", 1), ("ppo_clip", 16)], by_hand.tasks, runs=by_hand.runs
+    )
+    per_task = [tuple(trim_mean(c[:, t], 0.25) for c in cells) for t in range(len(by_hand.tasks))]  # each task's IQMs
+    by_task = [(yr - yk) - (xr - xk) for xr, xk, yr, yk in per_task]
+    assert v.estimate == pytest.approx(sum(by_task) / len(by_task), abs=1e-12)
+    assert v.estimate == pytest.approx(v.gap_at_k + v.gap_at_ref, abs=1e-12)
+    assert v.pooled == pytest.approx(judge_plan(declared, by_hand, declared=None).verdicts[0].estimate, abs=1e-15)
+    text = "\n".join(plan_lines(judged))
+    assert "each task weighed alike" in text and f"(pooled) gives {v.pooled:+.3f}" in text
 
 
 @pytest.mark.slow

@@ -96,6 +96,19 @@ class PlannedVerdict:
     decided_at: int | None = None  # seeds of the earlier look that decided it (None: this look, or not decided)
     per_task: tuple[tuple[str, float, float], ...] = ()  # (task, IQM, untrimmed mean): sensitivity, not verdicts
     other_tests: tuple[tuple[str, float, float], ...] = ()  # (test, p, TOST p) by each test the plan did not declare
+    pooled: float | None = None  # the pooled IQM estimate, beside a task-mean plan's (sensitivity)
+
+
+@dataclasses.dataclass(frozen=True)
+class _View:
+    """A comparison as the plan's estimand sees it (:func:`_view`)."""
+
+    estimate: float
+    interval: tuple[float, float] | None
+    mean_estimate: float
+    gap_at_k: float
+    gap_at_ref: float
+    levels_at_k: tuple[float, float]  # (arm, against) at K: the report's IQM, or the mean of each task's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +168,7 @@ def judge_plan(
     for run in report.runs:
         counts[(run.algorithm, run.K, run.env)] += 1
     k_ref = min(run.K for run in report.runs) if report.runs else 1
-    found, missing, notes, tests = {}, [], [], {}
+    found, missing, notes, tests, views = {}, [], [], {}, {}
     for comparison in plan.family:
         interaction = difference_of_drops(
             report, comparison.arm, comparison.against, k_ref, comparison.K, counts, notes, runs=report.runs
@@ -164,7 +177,8 @@ def judge_plan(
             missing.append(comparison.label())
         else:
             found[comparison] = interaction
-            tests[comparison] = _tests(plan, interaction, report.seed)
+            tests[comparison] = _tests(plan, interaction, report.seed, report.reps)
+            views[comparison] = _view(plan, interaction, report.seed, report.reps)
     seeds = _look_seeds(plan, found, earlier)
     taken = [n for n in plan.looks if n < seeds] if earlier is None else [j.seeds for j in earlier]
     earlier = earlier or ()
@@ -172,12 +186,13 @@ def judge_plan(
     m = len(plan.family)
     levels = holm_levels(looks, plan.alpha, plan.spending, m)
 
-    def at_floor(i) -> bool:
-        return plan.floor is not None and i.levels[1] < plan.floor and i.levels[3] < plan.floor
+    def at_floor(c: Comparison) -> bool:
+        arm, against = views[c].levels_at_k
+        return plan.floor is not None and arm < plan.floor and against < plan.floor
 
     # the family in declared order; a comparison missing from the data or at the floor has p = 1
-    p_d = [tests[c][plan.test][0] if c in found and not at_floor(found[c]) else 1.0 for c in plan.family]
-    p_e = [tests[c][plan.test][1] if c in found and not at_floor(found[c]) else 1.0 for c in plan.family]
+    p_d = [tests[c][plan.test][0] if c in found and not at_floor(c) else 1.0 for c in plan.family]
+    p_e = [tests[c][plan.test][1] if c in found and not at_floor(c) else 1.0 for c in plan.family]
     decided_before: dict[str, tuple[str, int]] = {}
     for j in sorted(earlier, key=lambda j: j.seeds):
         if j.seeds >= plan.looks[0] and j.seeds < seeds:
@@ -202,7 +217,7 @@ def judge_plan(
             word, decided_at = earlier_word
         elif look is None:
             word, decided_at = "before the first look", None
-        elif at_floor(i):
+        elif at_floor(comparison):
             word, decided_at = FLOOR_WORD, None
         elif rejected_d[idx]:
             word, decided_at = "differs", None
@@ -210,23 +225,19 @@ def judge_plan(
             word, decided_at = "equivalent", None
         else:
             word, decided_at = "undecided", None
-        interval = (
-            None
-            if i.difference_interval is None
-            else (float(i.difference_interval[0]), float(i.difference_interval[1]))
-        )
+        view = views[comparison]
         declared_p, declared_tost, method = tests[comparison][plan.test]
         others = tuple((name, *tests[comparison][name][:2]) for name in TESTS if name != plan.test)
         verdicts.append(
             PlannedVerdict(
                 comparison,
                 i.seeds,
-                i.difference,
-                interval,
-                i.mean_difference,
-                i.gap_at_k,
-                i.gap_at_ref,
-                (i.levels[1], i.levels[3]),
+                view.estimate,
+                view.interval,
+                view.mean_estimate,
+                view.gap_at_k,
+                view.gap_at_ref,
+                view.levels_at_k,
                 declared_p,
                 step_d[idx],
                 declared_tost,
@@ -237,6 +248,7 @@ def judge_plan(
                 decided_at,
                 i.per_task,
                 others,
+                None if plan.estimand == "pooled" else i.difference,
             )
         )
     return PlanJudgement(
@@ -256,19 +268,50 @@ def _seeds_needed(interaction, margin: float, level: float) -> int | None:
     return None if needed is None else max(needed, interaction.seeds + 1)
 
 
-def _tests(plan: StudyPlan, interaction, seed: int) -> dict[str, tuple[float, float, str]]:
+def _view(plan: StudyPlan, interaction, seed: int, reps: int) -> _View:
+    """The comparison's estimate, interval, untrimmed-mean estimate, split and levels at K for the plan's
+    estimand: the report's pooled IQMs, or (``task-mean``) each task's IQMs over its seeds averaged over
+    the tasks, with the percentile interval of ``reps`` paired, task-stratified resamples."""
+    i = interaction
+    if plan.estimand == "pooled":
+        interval = None if i.difference_interval is None else tuple(float(b) for b in i.difference_interval)
+        return _View(i.difference, interval, i.mean_difference, i.gap_at_k, i.gap_at_ref, (i.levels[1], i.levels[3]))
+    from vaco.report.robustness import iqm
+    from vaco.study.randomisation import bootstrap_samples
+
+    cells = [np.asarray(c, dtype=np.float64) for c in i.cells]  # (seeds, tasks): arm at K_ref, K; against
+    level = [float(iqm(c.T[..., None]).mean()) for c in cells]  # each task's IQM over its seeds, averaged
+    mean = [float(c.mean(axis=0).mean()) for c in cells]
+    samples = bootstrap_samples(cells, reps, seed, plan.estimand)
+    low, high = np.percentile(samples, [2.5, 97.5])
+    gap_k, gap_ref = level[1] - level[3], level[2] - level[0]
+    return _View(
+        gap_k + gap_ref,
+        (float(low), float(high)),
+        (mean[1] - mean[3]) + (mean[2] - mean[0]),
+        gap_k,
+        gap_ref,
+        (level[1], level[3]),
+    )
+
+
+def _tests(plan: StudyPlan, interaction, seed: int, reps: int) -> dict[str, tuple[float, float, str]]:
     """Every plan test's (p, TOST p, method) for one comparison: the declared one judges it, the others
     are shown beside it as sensitivity. The bootstrap's is the report's verdict (sign flips below
-    :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds); the randomisation test and the bootstrap-t
+    :data:`~vaco.report.decision.PERMUTATION_BELOW` seeds) for the pooled estimand, the percentile
+    bootstrap of ``reps`` resamples for the task-mean one; the randomisation test and the bootstrap-t
     run on the same paired cells (:mod:`vaco.study.randomisation`)."""
-    from vaco.study.randomisation import SWAPS, bootstrap_t_p, randomisation_p
+    from vaco.study.randomisation import SWAPS, bootstrap_p, bootstrap_t_p, randomisation_p
 
-    v = interaction.verdict
-    p, tost, exact = randomisation_p(interaction.cells, plan.margin, SWAPS, seed)
-    p_t, tost_t = bootstrap_t_p(interaction.cells, plan.margin, SWAPS, seed)
+    v, e = interaction.verdict, plan.estimand
+    p, tost, exact = randomisation_p(interaction.cells, plan.margin, SWAPS, seed, estimand=e)
+    p_t, tost_t = bootstrap_t_p(interaction.cells, plan.margin, SWAPS, seed, estimand=e)
     swaps = "every swap pattern" if exact else f"{SWAPS} random swap patterns"
+    boot = (v.p_differs, v.p_equivalent, v.method)
+    if e != "pooled":
+        boot = (*bootstrap_p(interaction.cells, plan.margin, reps, seed, estimand=e), f"bootstrap ({reps} resamples)")
     return {
-        "bootstrap": (v.p_differs, v.p_equivalent, v.method),
+        "bootstrap": boot,
         "randomisation": (p, tost, f"randomisation ({swaps}, studentised)"),
         "randomisation+bootstrap-t": (
             max(p, p_t),
@@ -327,6 +370,11 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
     lines = [
         f"study plan {plan.digest} ({when}): a family of {len(plan.family)}, group-sequential Holm at {at}, margin "
         f"{plan.margin:g}, alpha {plan.alpha:g}, {plan.score} score, {plan.test} test"
+        + (
+            ", each task weighed alike (the mean of the tasks' differences of drops)"
+            if plan.estimand != "pooled"
+            else ""
+        )
         + (f", floor {plan.floor:g}" if plan.floor is not None else "")
     ]
     if judgement.look is not None and tuple(judgement.looks) != tuple(plan.looks):
@@ -353,6 +401,10 @@ def plan_lines(judgement: PlanJudgement) -> list[str]:
         if v.other_tests:
             said = "; ".join(f"{name} p {p:.3g}, TOST p {tost:.3g}" for name, p, tost in v.other_tests)
             lines.append(f"    sensitivity, not verdicts: the other tests give {said}")
+        if v.pooled is not None:
+            lines.append(
+                f"    sensitivity, not a verdict: one IQM over every seed and task (pooled) gives {v.pooled:+.3f}"
+            )
         if len(v.per_task) > 1:  # what the pooled statistic rests on
             split = "; ".join(f"{task} {iqm:+.3f} (mean {mean:+.3f})" for task, iqm, mean in v.per_task)
             lines.append(f"    sensitivity, not a verdict: each task alone, IQM (untrimmed mean): {split}")

@@ -101,6 +101,7 @@ class StudyPlan:
     references: tuple[tuple[str, float, float], ...] = ()  # (task, min, max): fixed normalisation
     floor: float | None = None  # both arms' IQM at K below this (normalised): "at the floor", not judged
     test: str = "bootstrap"  # one of TESTS: "randomisation", "randomisation+bootstrap-t" or "bootstrap" (percentile)
+    estimand: str = "pooled"  # one of vaco.study.randomisation.ESTIMANDS: "pooled" IQM or "task-mean"
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -110,6 +111,8 @@ class StudyPlan:
             del out["floor"]
         if self.test == "bootstrap":  # likewise a plan judged by the bootstrap, declared before `test` existed
             del out["test"]
+        if self.estimand == "pooled":  # and a pooled plan, declared before `estimand` existed
+            del out["estimand"]
         return out
 
     @property
@@ -153,7 +156,7 @@ def load_plan(
     the bootstrap)."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"`{field}` must be a mapping (family, margin, alpha, looks, spending, test), got {raw!r}")
-    known = {"family", "margin", "alpha", "looks", "spending", "score", "references", "floor", "test"}
+    known = {"family", "margin", "alpha", "looks", "spending", "score", "references", "floor", "test", "estimand"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"`{field}.{unknown[0]}` is not a plan field (fields: {', '.join(sorted(known))})")
@@ -231,6 +234,20 @@ def load_plan(
             f"randomisation+bootstrap-t (both must agree; holds its size for heavy-tailed arms too) or bootstrap "
             f"(percentile; liberal at small first looks), got {test!r}"
         )
+    from vaco.study.randomisation import ESTIMANDS
+
+    estimand = raw.get("estimand", "pooled")
+    if estimand not in ESTIMANDS:
+        raise ValueError(
+            f"`{field}.estimand` must be pooled (one IQM over every seed and task of a cell) or task-mean (each "
+            f"task's difference of drops over its own seeds, averaged over the tasks: every task weighs alike), "
+            f"got {estimand!r}"
+        )
+    if estimand == "task-mean" and not references:
+        raise ValueError(
+            f"`{field}.estimand: task-mean` averages differences across tasks, so their units must not move with "
+            f"the runs: declare `{field}.references` ({{task: [min, max]}}) for every task"
+        )
     return StudyPlan(
         tuple(family),
         float(margin),
@@ -241,6 +258,7 @@ def load_plan(
         tuple(references),
         None if floor is None else float(floor),
         str(test),
+        str(estimand),
     )
 
 

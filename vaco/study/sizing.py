@@ -86,19 +86,28 @@ class Pilot:
         return np.concatenate(out, axis=0)
 
 
-def plan_p(test: str, cells, margin: float | None, seed: int, swaps: int = 999, reps: int = 2000) -> float:
+def plan_p(
+    test: str,
+    cells,
+    margin: float | None,
+    seed: int,
+    swaps: int = 999,
+    reps: int = 2000,
+    estimand: str = "pooled",
+) -> float:
     """The two-sided p of "no difference of drops" by ``test`` (one of the plan's tests; ``swaps``
-    patterns, and as many bootstrap-t resamples)."""
+    patterns, and as many bootstrap-t resamples) for ``estimand``."""
     from vaco.study.randomisation import agreement_p, bootstrap_p, bootstrap_t_p, randomisation_p
 
+    e = estimand
     if test == "bootstrap":
-        return bootstrap_p(cells, 0.05 if margin is None else margin, reps=reps, seed=seed)[0]
+        return bootstrap_p(cells, 0.05 if margin is None else margin, reps=reps, seed=seed, estimand=e)[0]
     if test in ("randomisation", "randomisation-raw"):  # -raw: the unstudentised D, measured for comparison only
-        return randomisation_p(cells, None, reps=swaps, seed=seed, studentise=test == "randomisation")[0]
+        return randomisation_p(cells, None, swaps, seed, studentise=test == "randomisation", estimand=e)[0]
     if test == "bootstrap-t":  # alone, measured for comparison only
-        return bootstrap_t_p(cells, None, reps=swaps, seed=seed)[0]
+        return bootstrap_t_p(cells, None, reps=swaps, seed=seed, estimand=e)[0]
     if test == "randomisation+bootstrap-t":
-        return agreement_p(cells, None, reps=swaps, seed=seed)[0]
+        return agreement_p(cells, None, reps=swaps, seed=seed, estimand=e)[0]
     raise ValueError(f"test must be randomisation, randomisation+bootstrap-t or bootstrap, got {test!r}")
 
 
@@ -120,6 +129,7 @@ def simulate_plan(
     seed: int = 0,
     uncertainty: bool = True,
     swaps: int = 999,
+    estimand: str = "pooled",
 ) -> Power:
     """The plan's power: see the module docstring. ``swaps``: patterns per randomisation p (valid at
     any number; fewer make p coarser, so the power is, if anything, understated)."""
@@ -135,7 +145,9 @@ def simulate_plan(
         stop = last
         for k, n_k in enumerate(looks):
             p = [
-                1.0 if rejected[c] else plan_p(test, tuple(data[c][:, :n_k]), None, seed=study * 31 + k, swaps=swaps)
+                1.0
+                if rejected[c]
+                else plan_p(test, tuple(data[c][:, :n_k]), None, study * 31 + k, swaps, estimand=estimand)
                 for c in range(m)
             ]
             rejected = sequential_holm(p, levels, k, rejected)
@@ -204,13 +216,20 @@ def first_look_rates(
     return family_hits, np.asarray(ps), levels[m - 1][0]
 
 
-def equal_drop_null(data: np.ndarray) -> np.ndarray:
+def equal_drop_null(data: np.ndarray, estimand: str = "pooled") -> np.ndarray:
     """``data`` (arm, K in (ref, K), seed, task), the control first, with every other arm's K scores
-    moved by the constant that makes its drop (IQM of its whole cell at ref minus at K) the control's."""
+    moved by the constant that makes its drop (IQM of its whole cell at ref minus at K) the control's;
+    for the ``task-mean`` estimand, each task's K scores by the constant that makes that task's drop
+    (IQM over its seeds) the control's there, so every task is null, not only their mean."""
     from vaco.report.robustness import iqm
 
-    drops = iqm(data[:, 0]) - iqm(data[:, 1])  # per arm, over seeds x tasks
     out = data.copy()
+    if estimand == "task-mean":
+        by_task = np.swapaxes(data, -1, -2)[..., None]  # arm, K, task, seed, 1
+        drops = iqm(by_task[:, 0]) - iqm(by_task[:, 1])  # (arm, task)
+        out[1:, 1] += (drops[1:] - drops[0])[:, None, :]
+        return out
+    drops = iqm(data[:, 0]) - iqm(data[:, 1])  # per arm, over seeds x tasks
     out[1:, 1] += (drops[1:] - drops[0])[:, None, None]  # IQM(x + c) = IQM(x) + c
     return out
 
@@ -233,13 +252,14 @@ def sequential_null_rates(
     studies: int,
     seed: int,
     swaps: int = 1999,
+    estimand: str = "pooled",
 ) -> NullRates:
     """Null studies of ``data`` (arm, K in (ref, K), seed, task; the control first), each arm drawing
     its own seeds (:func:`equal_drop_null`: equal drops), judged at every look of ``looks`` (Pocock)
     by the group-sequential Holm rule with every other arm against the control. Counts the studies
     with any "differs" and, per comparison, where its p met the smallest level the rule uses (the
     first Holm step's, alpha / m's boundary)."""
-    null = equal_drop_null(np.asarray(data, dtype=np.float64))
+    null = equal_drop_null(np.asarray(data, dtype=np.float64), estimand)
     arms, _, seeds, tasks = null.shape
     m = arms - 1
     levels = holm_levels(list(looks), alpha, "pocock", m)
@@ -256,7 +276,14 @@ def sequential_null_rates(
         for k, n in enumerate(looks):
             cells = study[:, :, :n]
             p = [
-                plan_p(test, (cells[a, 0], cells[a, 1], cells[0, 0], cells[0, 1]), 0.05, s * len(looks) + k, swaps)
+                plan_p(
+                    test,
+                    (cells[a, 0], cells[a, 1], cells[0, 0], cells[0, 1]),
+                    0.05,
+                    s * len(looks) + k,
+                    swaps,
+                    estimand=estimand,
+                )
                 for a in range(1, m + 1)
             ]
             per_look[k] += np.asarray(p) <= first[k]

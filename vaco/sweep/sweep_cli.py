@@ -380,7 +380,8 @@ def _say_plan(p: _Plan, args) -> None:
         study = sweep.plan
         say(
             f"plan {study.digest}: a family of {len(study.family)} at looks {', '.join(map(str, study.looks))} seeds, "
-            f"{study.spending}, alpha {study.alpha:g}, margin {study.margin:g}, {study.test} test"
+            f"{study.spending}, alpha {study.alpha:g}, margin {study.margin:g}, {study.test} test, {study.score} score"
+            + (", each task weighed alike (task-mean)" if study.estimand == "task-mean" else "")
             + (f", floor {study.floor:g}" if study.floor is not None else "")
         )
         if (args.status or args.dry_run) and not args.only:  # a look is over all the cells
