@@ -827,6 +827,8 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
         "scores normalised by the plan's fixed references: HalfCheetah-v5 [-50, 2500], Hopper-v5 [100, 900]" in plan_md
     )
     assert "Hopper-v5: normalised by the plan's fixed references [100, 900]" in (out / "summary.md").read_text()
+    page = (out / "benchmark.html").read_text()  # the page to click through, its plan section included
+    assert '"declared_score":"final"' in page and "vaco vs ppo_clip at K=16" in page
 
     # a plan declaring last-N: the report scores by it without flags; another score is sensitivity
     from vaco.study.judge import judge_plan, plan_lines

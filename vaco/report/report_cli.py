@@ -167,6 +167,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also write the runs' coordinates and metric histories to this CSV (.csv.gz: gzipped)",
     )
     parser.add_argument("--name", default=None, help="the report's title with --data (default: the file's stem)")
+    parser.add_argument(
+        "--sweep",
+        default=None,
+        metavar="FILE",
+        help="the sweep file that made the runs: the benchmark page gives each run's `vaco sweep --config FILE "
+        "--only NAME`",
+    )
     parser.add_argument("--out", default=None, help="output folder (default: reports/<experiment>)")
     parser.add_argument(
         "--reps", type=int, default=2000, help="bootstrap resamples (rliable suggests 50000 for a paper)"
@@ -305,8 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = write_report(report, out, lag=lag, scoring=scoring, design=two)
     print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     _print_verdicts(report, lag, scoring, two)
+    judged = None
     if study_plan is not None:
-        _judge(study_plan, report, plan_record, out, uri)
+        judged = _judge(study_plan, report, plan_record, out, uri)
+    page = _page(args, report, judged, plan_record, out, uri)
+    print(f"  the benchmark page: {page} (one file, no network needed: open it in a browser)")
     for m in step_size_matching(report):
         print(
             f"step size {m.filter_arm} / {m.clip_arm}, {m.task} K={m.K}: lag/forward_tv {m.filter_tv:.4f} / "
@@ -471,12 +481,28 @@ def _judge(study_plan, report, record: dict, out: Path, uri: str) -> None:
     (out / "plan.md").write_text(f"# {title}\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
     if sensitivity:
-        return
+        return None
     if record["parent_id"] is not None:
         record_judgement(uri, record["parent_id"], judged, "report", lines)
         print(f"  this reading is recorded on the sweep's parent run ({record['parent_id']}) as a look of the plan")
     elif record["note"] is not None:
         print(f"  {record['note']}")
+    return judged
+
+
+def _page(args, report, judged, record: dict, out: Path, uri: str) -> Path:
+    """``benchmark.html``: the report's runs to click through, with the plan's looks where it was judged."""
+    from vaco.report.page import page_data, trajectory, write_page
+
+    looks = trajectory(judged, report, record["earlier"] or ()) if judged is not None else []
+    command = f"vaco sweep --config {args.sweep} --only '{{name}}'" if args.sweep else None
+    store = None
+    if args.experiment:
+        import mlflow
+
+        found = mlflow.MlflowClient(uri).get_experiment_by_name(args.experiment)
+        store = {"experiment_id": found.experiment_id} if found is not None else None
+    return write_page(out / "benchmark.html", page_data(report, judged, looks, command, store))
 
 
 def _log(experiment: str, out: Path, uri: str) -> None:
