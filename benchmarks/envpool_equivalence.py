@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--margin", type=float, default=MARGIN)
     parser.add_argument("--out", default=str(REPO / "docs/data/envpool_equivalence.json"))
     args = parser.parse_args(argv)
-    from vaco.report.report_cli import read_data_files
+    from vaco.report.runs import read_data_files
     from vaco.report.scores import build_report
 
     gym_runs, _ = read_data_files([str(p) for p in GYM])

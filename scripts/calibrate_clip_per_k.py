@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     filter_arm, clip_arm, clip_value, default_data, skip_k1 = PAIRS[args.pair]
     args.data = args.data or str(REPO / default_data)
-    from vaco.report.report_cli import read_data_files
+    from vaco.report.runs import read_data_files
 
     def tv(run) -> float:
         return float(np.mean(run.histories["lag/forward_tv"][1]))

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--same", action="append", default=[], metavar="NEW=OLD", help="arm NEW is arm OLD")
     parser.add_argument("--K", type=int, nargs="+", default=None, help="compare only these K")
     args = parser.parse_args(argv)
-    from vaco.report.report_cli import read_data_files
+    from vaco.report.runs import read_data_files
 
     rename = dict(item.split("=", 1) for item in args.same)
     new, _ = read_data_files(args.data)

@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 from vaco import report as R
-from vaco.report.report_cli import read_data_files
 from vaco.report.robustness import paired_cells
+from vaco.report.runs import read_data_files
 from vaco.study.plan import TESTS, score_settings
 from vaco.study.randomisation import ESTIMANDS
 from vaco.study.sizing import Pilot, simulate_plan
@@ -30,7 +30,7 @@ from vaco.study.sizing import Pilot, simulate_plan
 def parse_pilot(spec: str) -> tuple[str, str, str, str, int, list[str]]:
     """``ARM[:NAME],AGAINST[:NAME],K=FILES`` -> (arm, arm's name in data, against, its name, K, files)."""
     try:
-        head, files = spec.split("=", 1)
+        head, files = spec.rsplit("=", 1)  # an arm's name may hold "=" (grpo[lr=0.0003])
         arm, against, k = head.split(",")
     except ValueError:
         raise SystemExit(f"--pilot {spec!r}: expected ARM,AGAINST,K=FILE[,FILE...]") from None

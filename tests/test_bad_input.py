@@ -533,7 +533,7 @@ def test_a_gzip_bomb_given_as_data_is_refused_before_pandas_reads_it(tmp_path, m
     data file of 45 MB uncompressed reads as before."""
     import gzip
 
-    from vaco.report import report_cli
+    from vaco.commands import report as report_cli
     from vaco.report import runs as runs_module
 
     bomb = tmp_path / "bomb.csv.gz"

@@ -11,6 +11,7 @@ import pytest
 
 from helpers.report_runs import make_run
 from vaco import report as R
+from vaco.commands.report import main as report_main
 from vaco.report.design import CONTRASTS, two_by_two
 
 TASKS = (("Hopper-v5", 1000.0), ("HalfCheetah-v5", 3000.0))
@@ -148,7 +149,7 @@ def test_no_design_without_two_pairs_and_the_command_line_prints_it(tmp_path, ca
     R.save_runs(runs, data)
     argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--reps", "50", "--no-sensitivity"]
     argv += [f"--step-pairs={f}={c}" for f, c in PAIRS.items()]
-    assert R.main(argv) == 0
+    assert report_main(argv) == 0
     out = capsys.readouterr().out
     assert "the 2x2 design (large step vaco / ppo_clip_large_step, small vaco_tv_matched / ppo_clip_small_step)" in out
     assert out.count("  2x2 K=") == 2 * len(CONTRASTS)
@@ -202,7 +203,7 @@ def test_the_contrasts_under_every_scoring_reproduce_the_headline_and_a_floor_fr
     data = tmp_path / "runs.csv.gz"
     R.save_runs(runs, data)
     argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--reps", "50"]
-    assert R.main([*argv, *(f"--step-pairs={f}={c}" for f, c in PAIRS.items())]) == 0
+    assert report_main([*argv, *(f"--step-pairs={f}={c}" for f, c in PAIRS.items())]) == 0
     assert "its contrasts under every scoring: " in capsys.readouterr().out
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "#### Do the contrasts depend on the scoring?" in summary

@@ -16,9 +16,10 @@ import pytest
 from scipy.stats import trim_mean
 
 from vaco import report as R
-from vaco.report.page import ALL_TASKS, page_data, trajectory, write_page
+from vaco.report.page import ALL_TASKS, page_data, write_page
 from vaco.study import randomisation as Z
-from vaco.study.judge import judge_plan, plan_from_tags, read_judgements, read_record
+from vaco.study.judge import judge_plan, plan_from_tags, plan_lines, read_judgements, read_record
+from vaco.study.looks import trajectory
 from vaco.study.plan import load_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def _confirmatory():
 
 def test_every_plotted_point_is_the_iqm_of_its_runs_and_every_task_weighs_alike():
     report, judged, earlier = _confirmatory()
-    data = page_data(report, judged, trajectory(judged, report, earlier))
+    data = page_data(report, plan_lines(judged), trajectory(judged, report, earlier))
     by_run = {r["name"]: r for r in data["runs"]}
     assert len(by_run) == len(report.runs) and set(data["scores"]) == {"final", "last-3", "auc"}
     for score in ("final", "last-3"):
@@ -144,7 +145,9 @@ def _plotted(chromium: str, page: Path, fragment: str, profile: Path) -> dict:
 def test_the_page_opens_offline_its_controls_change_the_plot_and_a_point_opens_its_runs(tmp_path):
     chromium = _chromium()
     report, judged, earlier = _confirmatory()
-    data = page_data(report, judged, trajectory(judged, report, earlier), "vaco sweep --config X --only '{name}'")
+    data = page_data(
+        report, plan_lines(judged), trajectory(judged, report, earlier), "vaco sweep --config X --only '{name}'"
+    )
     page = write_page(tmp_path / "benchmark.html", data)
     text = page.read_text()
     assert "<script src=" not in text and "https://" not in text.split("<script>", 2)[-1]  # nothing to fetch

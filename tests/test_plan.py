@@ -94,8 +94,8 @@ def test_on_the_committed_runs_with_labels_swapped_the_sequential_rule_keeps_its
     from helpers.runs import REPO
     from vaco import report as R
     from vaco.report.decision import bootstrap_p
-    from vaco.report.report_cli import read_data_files
     from vaco.report.robustness import iqm, paired_bootstrap, paired_cells
+    from vaco.report.runs import read_data_files
 
     runs, _ = read_data_files([str(REPO / "docs" / "data" / "lag_2x2.csv.gz")])
     report = R.build_report("null", runs, reps=10, seed=0)
@@ -794,6 +794,7 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
 
     from test_robustness import _runs
     from vaco import report as R
+    from vaco.commands.report import main as report_main
 
     runs = [r for r in _runs() if r.algorithm in ("vaco", "ppo_clip")]
     refs = {"Hopper-v5": (100.0, 900.0), "HalfCheetah-v5": (-50.0, 2500.0)}
@@ -821,7 +822,7 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
     )
     out = tmp_path / "report"
     argv = ["--data", str(data), "--plan", str(plan), "--reps", "50", "--no-sensitivity", "--no-mlflow"]
-    assert R.main([*argv, "--out", str(out)]) == 0
+    assert report_main([*argv, "--out", str(out)]) == 0
     plan_md = (out / "plan.md").read_text()
     assert (
         "scores normalised by the plan's fixed references: HalfCheetah-v5 [-50, 2500], Hopper-v5 [100, 900]" in plan_md
@@ -835,7 +836,7 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
 
     raw = {"family": family, "looks": [6], "references": references, "test": "bootstrap", "score": "last-2"}
     plan.write_text(yaml.safe_dump({"plan": raw}))
-    assert R.main([*argv, "--out", str(tmp_path / "last2")]) == 0
+    assert report_main([*argv, "--out", str(tmp_path / "last2")]) == 0
     lines = (tmp_path / "last2" / "plan.md").read_text().splitlines()
     assert "last-2 score" in lines[2] and not any("score sensitivity" in line for line in lines)
     by_hand = R.build_report("fixed", runs, reps=50, score="last-n", last_evals=2, fixed_bounds=refs)
@@ -843,7 +844,7 @@ def test_a_plans_fixed_references_normalise_every_score_and_do_not_move_as_runs_
     expected = plan_lines(judge_plan(declared, by_hand, declared=None))
     comparison = next(line for line in expected if line.startswith("  vaco vs ppo_clip at K=16"))
     assert comparison in lines  # the estimate, IQMs and p's of the last-2 score
-    assert R.main([*argv, "--out", str(tmp_path / "final"), "--score", "final"]) == 0
+    assert report_main([*argv, "--out", str(tmp_path / "final"), "--score", "final"]) == 0
     assert "score sensitivity, not verdicts" in (tmp_path / "final" / "plan.md").read_text()
 
     # a plan declaring the task-mean estimand: the mean of each task's difference of drops, by hand;

@@ -168,11 +168,14 @@ def test_many_algorithms_get_one_panel_each_with_the_baseline_in_grey_and_their_
     rep = R.build_report("panels", runs, reps=20, baseline="ppo_clip")
     fig, estimates, _ = figure_iqm_vs_k(rep)
     panels = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in panels] == rep.algorithms and "grey: ppo_clip" in fig._suptitle.get_text()
+    assert [ax.get_title() for ax in panels] == rep.algorithms and "grey, dashed: ppo_clip" in fig._suptitle.get_text()
     for ax in panels:
         lines = {str(line.get_label()): line for line in ax.get_lines()}
         name = ax.get_title()
         assert set(lines) == ({name} if name == "ppo_clip" else {name, "ppo_clip"})
+        if name != "ppo_clip":  # the baseline dashed and beside the arm: equal values keep both in sight
+            own, grey = lines[name].get_xdata(), lines["ppo_clip"].get_xdata()
+            assert lines["ppo_clip"].get_linestyle() == "--" and all(g < o for g, o in zip(grey, own))
         for label, line in lines.items():  # every line draws that algorithm's IQM at K = 1 and 4, no other
             assert list(line.get_ydata()) == pytest.approx([estimates[f"{label} K={K}"].point[0] for K in (1, 4)])
     few = R.build_report("few", [r for r in runs if r.algorithm in names[:PANELS_ABOVE]], reps=20)

@@ -16,6 +16,7 @@ from rliable import library, metrics
 from helpers.report_runs import make_run
 from helpers.tiny_sweep import FIRST, SECOND, full_sweep
 from vaco import report as R
+from vaco.commands.report import main as report_main
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -254,7 +255,7 @@ def test_report_draws_every_figure_with_its_brackets(tmp_path):
     a task are too few for a bootstrap, they are the runs' range and the summary says so."""
     runs = _synthetic_runs()
     rep = R.build_report("synthetic", runs, reps=200, seed=0)
-    assert rep.ref_delta == 0.2 and rep.ref_rho_bar == 1.0
+    assert rep.reference.get("delta") == 0.2 and rep.reference.get("rho_bar") == 1.0
     for task in rep.tasks:  # the paper's: min and max over the main algorithms at the reference values
         finals = [
             rep.final[r.run_id]
@@ -327,7 +328,7 @@ def test_a_data_file_gives_the_same_report_as_the_runs(tmp_path):
     first = R.write_report(R.build_report("x", runs, reps=50), tmp_path / "a").read_text()
     second = R.write_report(R.build_report("x", back, reps=50), tmp_path / "b").read_text()
     assert first == second
-    assert R.main(["--data", str(path), "--out", str(tmp_path / "c"), "--reps", "50"]) == 0
+    assert report_main(["--data", str(path), "--out", str(tmp_path / "c"), "--reps", "50"]) == 0
     assert (tmp_path / "c" / "summary.md").read_text().replace("# Report: runs", "# Report: x") == first
 
 
@@ -416,7 +417,7 @@ def test_report_on_the_tiny_sweep(tmp_path_factory, tmp_path, monkeypatch):
 
 def test_report_on_a_missing_experiment_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert R.main(["--experiment", "nope", "--out", str(tmp_path / "r")]) == 2
+    assert report_main(["--experiment", "nope", "--out", str(tmp_path / "r")]) == 2
     assert "no MLflow experiment named 'nope'" in capsys.readouterr().err
 
 
@@ -569,6 +570,12 @@ def test_a_normalisation_that_cannot_carry_the_differences_is_flagged_first(tmp_
     assert line.startswith("Hopper-v5: one seed a cell, so the min-max range (28.5 to 32.5)") and line in tiny.notes
     summary = write_report(tiny, tmp_path / "tiny").read_text()
     assert summary.split("\n## ")[0].count("Read with care") == 1 and line in summary.split("\n## ")[0]
+    # the figures that draw the 0 and the 1 carry the warning too
+    from vaco.report import figure_aggregates, figure_iqm_vs_k
+
+    for fig in (figure_aggregates(tiny)[0], figure_iqm_vs_k(tiny)[0]):
+        title = fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
+        assert "Hopper-v5: the normalising range cannot be told from seed noise" in title, title
 
     noisy = [run("vaco", s, v) for s, v in enumerate((10.0, 30.0, 20.0))] + [
         run("ppo_clip", s, v) for s, v in enumerate((12.0, 29.0, 25.0))

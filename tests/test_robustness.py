@@ -14,6 +14,7 @@ import pytest
 
 from helpers.report_runs import make_run
 from vaco import report as R
+from vaco.commands.report import main as report_main
 
 TASKS = (("Hopper-v5", 1000.0), ("HalfCheetah-v5", 3000.0))
 SEEDS = (1, 2, 3, 4, 5, 6)
@@ -232,7 +233,7 @@ def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys
     first = R.save_runs([r for r in runs if r.seed <= 3], tmp_path / "part1.csv.gz")
     second = R.save_runs([r for r in runs if r.seed >= 3], tmp_path / "part2.csv.gz")  # seed 3 in both
     out = tmp_path / "report"
-    code = R.main(
+    code = report_main(
         [
             "--data",
             str(first),
@@ -251,24 +252,24 @@ def test_vaco_report_reads_several_data_files_and_filters_tasks(tmp_path, capsys
     summary = (out / "summary.md").read_text()
     assert "1 task(s) (Hopper-v5)" in summary and f"{len(runs) // 2} finished runs" in summary
     assert "| vaco | 4 |" in summary
-    assert R.main(["--data", str(first), "--tasks", "Ant-v5", "--out", str(out)]) == 2
+    assert report_main(["--data", str(first), "--tasks", "Ant-v5", "--out", str(out)]) == 2
     assert "`--tasks`: no runs of Ant-v5" in capsys.readouterr().err
     kept = tmp_path / "kept"
     argv = ["--data", str(first), str(second), "--algorithms", "vaco", "ppo_clip", "--reps", "50"]
-    assert R.main([*argv, "--out", str(kept)]) == 0, capsys.readouterr().err
+    assert report_main([*argv, "--out", str(kept)]) == 0, capsys.readouterr().err
     summary = (kept / "summary.md").read_text()
     assert "ppo_clip_tv_matched" not in summary and "| vaco | 4 |" in summary
     assert f"{len([r for r in runs if r.algorithm != 'ppo_clip_tv_matched'])} finished runs" in summary
-    assert R.main(["--data", str(first), "--algorithms", "vaco", "spo", "--out", str(out)]) == 2
+    assert report_main(["--data", str(first), "--algorithms", "vaco", "spo", "--out", str(out)]) == 2
     assert "`--algorithms`: no runs of spo; the algorithms are ppo_clip, ppo_clip_tv_matched, vaco" in (
         capsys.readouterr().err
     )
-    assert R.main(["--data", str(tmp_path / "missing.csv.gz"), "--out", str(out)]) == 2
+    assert report_main(["--data", str(tmp_path / "missing.csv.gz"), "--out", str(out)]) == 2
     assert "`--data`: no data file at" in capsys.readouterr().err
     # a cell run twice (another run id: rerun in a second store, exported again) is refused, not paired twice
     again = dataclasses.replace(next(r for r in runs if r.seed == 1 and r.algorithm == "vaco"), run_id="rerun")
     twice = R.save_runs([again], tmp_path / "rerun.csv.gz")
-    assert R.main(["--data", str(first), str(twice), "--out", str(tmp_path / "never")]) == 2
+    assert report_main(["--data", str(first), str(twice), "--out", str(tmp_path / "never")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("vaco report: `--data`: two different runs of one cell: vaco")
     assert f"seed 1 ({first} and {twice})" in err and not (tmp_path / "never").exists()
@@ -290,7 +291,7 @@ def test_the_lag_robustness_study_figures_come_from_its_committed_data():
     """docs/figures/lag_robustness/ was written by `vaco report --data five_tasks.csv.gz
     lag_robustness.csv.gz --tasks Hopper-v5 HalfCheetah-v5`: the committed data hold the study's
     runs (10 seeds per cell), and the summary's bounds and point estimates are the data's."""
-    from vaco.report.report_cli import read_data_files
+    from vaco.report.runs import read_data_files
 
     repo = Path(__file__).resolve().parents[1]
     runs, _ = read_data_files(
@@ -314,7 +315,7 @@ ARMS_2X2 = ("vaco", "ppo_clip", "ppo_clip_large_step", "vaco_tv_matched", "ppo_c
 def _two_by_two_report(name: str, files: list[str]):
     """The report section 8's commands write from these committed data files: the 2x2's five arms on
     Hopper and HalfCheetah, both step pairs; with the seeds each (algorithm, K, task) cell holds."""
-    from vaco.report.report_cli import read_data_files
+    from vaco.report.runs import read_data_files
 
     repo = Path(__file__).resolve().parents[1]
     runs, _ = read_data_files([str(repo / f"docs/data/{f}.csv.gz") for f in files])
@@ -594,3 +595,13 @@ def test_the_llm_cpu_grids_accuracies_in_llm_md_come_from_its_committed_data():
             assert len(finals) == 3, (algo, K)
             means.append(f"{math.fsum(finals) / 3:.3f}")
         assert f"{row} {' | '.join(means)} |" in text, (algo, means)
+
+
+def test_a_console_verdict_names_the_test_that_gave_it():
+    """6 seeds a cell: the verdicts come from the exact sign-flip test, the intervals beside them from the
+    bootstrap; the console line says both, so an undecided word is not read off the interval."""
+    from vaco.report.robustness_summary import verdict_lines
+
+    lines = verdict_lines(R.robustness(R.build_report("six", _runs(), reps=50)))
+    flips = [line for line in lines if "(by the sign-flip (exact) test; the interval is the bootstrap's)" in line]
+    assert flips and all("->" in line for line in flips), lines

@@ -12,6 +12,7 @@ import pytest
 
 from helpers.report_runs import make_run
 from vaco import report as R
+from vaco.commands.report import main as report_main
 from vaco.report.sensitivity import run_scores, sensitivity
 
 TASKS = (("Hopper-v5", 1000.0), ("HalfCheetah-v5", 3000.0))
@@ -168,7 +169,7 @@ def test_a_verdict_that_changes_with_the_scoring_is_flagged_scale_dependent(tmp_
     assert sensitivity(steady, R.robustness(steady)).scale_dependent() == {}
     # the CLI prints the flag, and the summary and its CSV carry the table
     data = R.save_runs(runs, tmp_path / "runs.csv.gz")
-    assert R.main(["--data", str(data), "--reps", "100", "--out", str(tmp_path / "rep")]) == 0
+    assert report_main(["--data", str(data), "--reps", "100", "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr().out
     assert "robustness to lag (final score)" in out and "vaco K=4: scale-dependent" in out
     summary = (tmp_path / "rep" / "summary.md").read_text()
@@ -178,7 +179,7 @@ def test_a_verdict_that_changes_with_the_scoring_is_flagged_scale_dependent(tmp_
     assert "Under Holm's correction over all 12 of them" in summary
     # 100 resamples: the smallest bootstrap p is 2/101, and Holm over 12 cannot go below 0.238
     assert "**Too coarse to judge**" in summary and "`--reps` of at least 480" in summary
-    assert R.main(["--data", str(data), "--reps", "20", "--no-sensitivity", "--out", str(tmp_path / "r2")]) == 0
+    assert report_main(["--data", str(data), "--reps", "20", "--no-sensitivity", "--out", str(tmp_path / "r2")]) == 0
     assert "Does the verdict depend" not in (tmp_path / "r2" / "summary.md").read_text()
 
 
@@ -244,11 +245,11 @@ def test_the_two_way_model_interaction_equals_the_contrasts_of_the_2x2_design():
 
 def test_a_score_declared_wrongly_is_refused_in_one_line(tmp_path, capsys):
     data = R.save_runs(_runs(), tmp_path / "runs.csv.gz")
-    assert R.main(["--data", str(data), "--score", "final", "--last-evals", "3", "--out", str(tmp_path)]) == 2
+    assert report_main(["--data", str(data), "--score", "final", "--last-evals", "3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "`--last-evals` is the n of `--score last-n`" in err
     with pytest.raises(SystemExit):
-        R.main(["--data", str(data), "--score", "median", "--out", str(tmp_path)])
+        report_main(["--data", str(data), "--score", "median", "--out", str(tmp_path)])
     assert "--score" in capsys.readouterr().err
     # --last-evals alone declares the last-n score, as it always averaged the last n
     assert R.build_report("s", _runs(), last_evals=3).score == "last-n"

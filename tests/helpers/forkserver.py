@@ -65,6 +65,7 @@ PRELOAD = (
     "vaco.commands.evaluate",
     "vaco.sweep.sweep_cli",
     "vaco.report",
+    "vaco.commands.report",
 )
 
 

@@ -36,7 +36,7 @@ COMMANDS = {
     "fit": ("vaco.commands.fit", "train one run (LightningCLI: --config files, --print_config, --ckpt_path to resume)"),
     "evaluate": ("vaco.commands.evaluate", "run a checkpoint's policy for E episodes, optionally write a video"),
     "sweep": ("vaco.sweep", "run a grid of `vaco fit` cells; skips finished cells, resumes interrupted ones"),
-    "report": ("vaco.report", "rliable aggregates, curves and ablations from a sweep's MLflow runs"),
+    "report": ("vaco.commands.report", "rliable aggregates, curves and ablations from a sweep's MLflow runs"),
     "ui": ("vaco.commands.ui", "open the MLflow UI on the store `vaco fit` writes to (127.0.0.1)"),
 }
 

@@ -41,7 +41,7 @@ def tv_table(report: Report, by_task: bool = False) -> dict[tuple, tuple[list[fl
     ):
         fwd = [r.history("lag/forward_tv")[1].mean() for r in runs if len(r.history("lag/forward_tv")[1])]
         trn = [r.history("train/tv")[1].mean() for r in runs if len(r.history("train/tv")[1])]
-        rows[group] = (fwd, trn, runs[0].delta)
+        rows[group] = (fwd, trn, runs[0].axes.get("delta"))
     return rows
 
 
@@ -88,23 +88,30 @@ def step_size_matching(report: Report) -> list[StepMatch]:
     side. Every run of an arm counts (the arms of a 2x2 design differ in their axis values on
     purpose, so the main comparison's reference values do not filter them)."""
 
-    def arm_tv(algorithm: str, task: str, K: int) -> list[float]:
-        return [
-            float(r.history("lag/forward_tv")[1].mean())
-            for r in report.runs
-            if r.algorithm == algorithm and r.env == task and r.K == K and len(r.history("lag/forward_tv")[1])
-        ]
-
     out = []
+    for filter_arm, clip_arm, task, K in _pair_cells(report):
+        f = [float(tv.mean()) for tv in _arm_tv(report, filter_arm, task, K).values()]
+        c = [float(tv.mean()) for tv in _arm_tv(report, clip_arm, task, K).values()]
+        if f and c:
+            out.append(StepMatch(task, K, filter_arm, clip_arm, float(np.mean(f)), float(np.mean(c)), len(f), len(c)))
+    return out
+
+
+def _pair_cells(report: Report):
+    """Each declared step pair at each task and K: (filter arm, clip arm, task, K)."""
     for filter_arm, clip_arm in report.step_pairs.items():
         for task in report.tasks:
             for K in report.ks:
-                f, c = arm_tv(filter_arm, task, K), arm_tv(clip_arm, task, K)
-                if f and c:
-                    out.append(
-                        StepMatch(task, K, filter_arm, clip_arm, float(np.mean(f)), float(np.mean(c)), len(f), len(c))
-                    )
-    return out
+                yield filter_arm, clip_arm, task, K
+
+
+def _arm_tv(report: Report, algorithm: str, task: str, K: int) -> dict[int, np.ndarray]:
+    """seed -> the ``lag/forward_tv`` history of each of an arm's runs at (task, K) that logged it."""
+    return {
+        r.seed: r.history("lag/forward_tv")[1]
+        for r in report.runs
+        if r.algorithm == algorithm and r.env == task and r.K == K and len(r.history("lag/forward_tv")[1])
+    }
 
 
 #: the parts of a run the step-size check looks at apart (thirds: early, middle, late)
@@ -138,36 +145,28 @@ def step_size_by_phase(report: Report) -> list[StepPhase]:
     """:func:`step_size_matching` per third of the run: an arm that moves further early and less
     late can match on the run average and still not hold the step. Every run of an arm counts."""
 
-    def arm_phases(algorithm: str, task: str, K: int) -> dict[int, list[float]]:
-        return {
-            r.seed: phase_means(r.history("lag/forward_tv")[1])
-            for r in report.runs
-            if r.algorithm == algorithm and r.env == task and r.K == K and len(r.history("lag/forward_tv")[1])
-        }
-
     out = []
-    for filter_arm, clip_arm in report.step_pairs.items():
-        for task in report.tasks:
-            for K in report.ks:
-                f, c = arm_phases(filter_arm, task, K), arm_phases(clip_arm, task, K)
-                if not (f and c):
-                    continue
-                seeds = sorted(set(f) & set(c))
-                for i, phase in enumerate(PHASES):
-                    ratios = [c[s][i] / f[s][i] for s in seeds if f[s][i] > 0]
-                    out.append(
-                        StepPhase(
-                            task,
-                            K,
-                            filter_arm,
-                            clip_arm,
-                            phase,
-                            float(np.mean([v[i] for v in f.values()])),
-                            float(np.mean([v[i] for v in c.values()])),
-                            float(np.std(ratios, ddof=1)) if len(ratios) >= 2 else math.nan,
-                            len(seeds),
-                        )
-                    )
+    for filter_arm, clip_arm, task, K in _pair_cells(report):
+        f = {seed: phase_means(tv) for seed, tv in _arm_tv(report, filter_arm, task, K).items()}
+        c = {seed: phase_means(tv) for seed, tv in _arm_tv(report, clip_arm, task, K).items()}
+        if not (f and c):
+            continue
+        seeds = sorted(set(f) & set(c))
+        for i, phase in enumerate(PHASES):
+            ratios = [c[s][i] / f[s][i] for s in seeds if f[s][i] > 0]
+            out.append(
+                StepPhase(
+                    task,
+                    K,
+                    filter_arm,
+                    clip_arm,
+                    phase,
+                    float(np.mean([v[i] for v in f.values()])),
+                    float(np.mean([v[i] for v in c.values()])),
+                    float(np.std(ratios, ddof=1)) if len(ratios) >= 2 else math.nan,
+                    len(seeds),
+                )
+            )
     return out
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "bootstrap_p",
     "decide_by_intervals",
     "decide_by_sign_flips",
+    "holm",
     "minimum_detectable",
     "seeds_needed",
     "sign_flip_p",
@@ -241,3 +242,20 @@ def decide(
             # undecided at n: at least one seed more, and enough pairs for a sign-flip test to reach p < 0.05
             needed = max(needed, n + 1, math.ceil(6 / paired.shape[1]))
     return Verdict(word, margin, method, i95, i90, p_diff, p_eq, needed, mdd)
+
+
+def holm(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
+    """Holm's step-down test of a family at family-wise level ``alpha``: which hypotheses are
+    rejected, and the adjusted p-values (``max_{j <= i} min(1, (m - j + 1) p_(j))`` in sorted order).
+
+    The same numbers as statsmodels' ``multipletests(method="holm")`` (a test checks it), written
+    here because that function runs ``gc.collect()`` on every call: seconds a call in a process
+    that holds torch and MLflow, and the report calls this once per table row. (The
+    group-sequential form, :func:`sequential_holm`, is not in statsmodels.)"""
+    p = np.asarray(pvalues, dtype=np.float64)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    adjusted = np.empty(m)
+    adjusted[order] = np.maximum.accumulate(scaled) if m else scaled
+    return [bool(a <= alpha) for a in adjusted], [float(a) for a in adjusted]

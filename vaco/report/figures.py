@@ -99,6 +99,18 @@ def _no_interval_note(estimates: Mapping[str, Estimate], min_runs: int) -> str:
     return "; ".join(notes)
 
 
+def _scale_note(report: Report) -> str:
+    """The text's warning, on the figure too, where a task's normalisation rests on a range seed noise
+    could make (:attr:`Report.weak_scale`): there 0 and 1 mark the lowest and highest run."""
+    tasks = [line.split(":", 1)[0] for line in report.weak_scale]
+    if not tasks:
+        return ""
+    return (
+        f"{', '.join(tasks)}: the normalising range cannot be told from seed noise, so 0 and 1 there mark the "
+        "lowest and highest run, not the better algorithm"
+    )
+
+
 def _k_series(groups: Mapping[str, Sequence[Run]], name: Callable[[Run], str]) -> dict[str, list[tuple[int, str]]]:
     """Series name -> [(K, group key)]: one line per algorithm (or ablation variant) against K."""
     series = defaultdict(list)
@@ -149,7 +161,7 @@ def figure_aggregates(report: Report, scores: Scores | None = None):
         low, high = ax.get_xlim()
         pad = 0.05 * ((high - low) or 1.0)
         ax.set_xlim(low - pad, high + pad)
-    note = _no_interval_note(estimates, report.min_runs)
+    note = "; ".join(n for n in (_no_interval_note(estimates, report.min_runs), _scale_note(report)) if n)
     title = "Final normalised score, 95% stratified-bootstrap CIs" + (f"\n({note})" if note else "")
     fig.suptitle(title, y=1 + (0.75 + 0.25 * bool(note)) / fig.get_figheight(), fontsize="x-large")
     return fig, estimates, notes
@@ -174,15 +186,20 @@ def _vs_k_axis(
     colors,
     ylabel: str,
     title: str,
+    place: tuple[int, int] | None = None,
+    linestyle: str = "-",
 ):
-    """Lines of an estimate against K; error bars where an interval exists."""
+    """Lines of an estimate against K; error bars where an interval exists. Series are spread a little
+    along K (``place``: this call's (index, count) among the calls sharing the axes), so that equal
+    values stay visible side by side."""
     for i, (name, points) in enumerate(series.items()):
         pts = [(k, estimates[key]) for k, key in points if key in estimates]
         if not pts:
             continue
-        ks = _jitter(np.array([k for k, _ in pts], dtype=float), i, len(series))
+        index, count = place or (i, len(series))
+        ks = _jitter(np.array([k for k, _ in pts], dtype=float), index, count)
         y = np.array([e.point[0] for _, e in pts])
-        ax.plot(ks, y, marker="o", color=colors[name], label=name)
+        ax.plot(ks, y, marker="o", color=colors[name], label=name, linestyle=linestyle)
         for k, (_, e) in zip(ks, pts):
             if e.interval is not None:
                 ax.vlines(k, e.interval[0, 0], e.interval[1, 0], color=colors[name], alpha=0.6, linewidth=3)
@@ -207,7 +224,7 @@ def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
     scores = scores or iqm_against_k(report)
     estimates, notes = scores.estimates, scores.notes
     series = _k_series(main_groups(report), lambda r: r.algorithm)
-    note = _no_interval_note(estimates, report.min_runs)
+    note = "; ".join(n for n in (_no_interval_note(estimates, report.min_runs), _scale_note(report)) if n)
     title = "Final score against K" + (f" ({note})" if note else "")
     if len(series) > PANELS_ABOVE:
         return _iqm_vs_k_panels(report, estimates, series, title), estimates, notes
@@ -229,10 +246,11 @@ def _iqm_vs_k_panels(report: Report, estimates, series, title: str):
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows + 0.6), sharex=True, sharey=True)
     axes = np.ravel(axes)
     for ax, name in zip(axes, series):
-        if baseline in series and name != baseline:
+        beside = baseline in series and name != baseline
+        if beside:  # the baseline dashed and set a little to the left: a panel equal to it still shows both
             grey = dict.fromkeys(series, (0.6, 0.6, 0.6))
-            _vs_k_axis(ax, estimates, {baseline: series[baseline]}, grey, "", "")
-        _vs_k_axis(ax, estimates, {name: series[name]}, own, "", name)
+            _vs_k_axis(ax, estimates, {baseline: series[baseline]}, grey, "", "", place=(0, 2), linestyle="--")
+        _vs_k_axis(ax, estimates, {name: series[name]}, own, "", name, place=(1, 2) if beside else None)
         ax.set_xlabel("")
     for ax in axes[len(series) :]:
         ax.set_visible(False)
@@ -240,7 +258,7 @@ def _iqm_vs_k_panels(report: Report, estimates, series, title: str):
         ax.set_ylabel("IQM normalised final score")
     for ax in axes[columns * (rows - 1) :]:
         ax.set_xlabel("degree of asynchrony K")
-    words = f"; grey: {baseline}" if baseline in series else ""
+    words = f"; grey, dashed: {baseline}" if baseline in series else ""
     fig.suptitle(f"{title}{words}", fontsize="medium")
     fig.tight_layout()
     return fig
@@ -395,14 +413,9 @@ def figure_tv(report: Report):
                     k = _jitter(k.astype(float), i, len(report.algorithms))
                     ax.plot(k, m, marker="o", color=colors[algo], label=algo)
                     ax.fill_between(k, m - s, m + s, color=colors[algo], alpha=0.15)
-            if report.ref_delta is not None:
-                ax.axhline(
-                    report.ref_delta / 2,
-                    color="k",
-                    linestyle="--",
-                    linewidth=1,
-                    label=f"delta/2 = {report.ref_delta / 2:g}",
-                )
+            delta = report.reference.get("delta")
+            if delta is not None:
+                ax.axhline(delta / 2, color="k", linestyle="--", linewidth=1, label=f"delta/2 = {delta / 2:g}")
             _k_axis(ax, report.ks)
             ax.set_title(task if row == 0 else "", fontsize="medium")
             ax.set_xlabel("degree of asynchrony K")

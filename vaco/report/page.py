@@ -7,7 +7,7 @@ the mean of the tasks' IQMs); the lag diagnostics the runs logged (their mean ov
 axes; a click on a point opens its runs (seed, score, last return, learning curve, the command that
 reproduces it, and its MLflow run where the report read a store). For a declared plan, its looks as a
 decision trajectory: each comparison's estimate and interval at every look taken, with the p, the level
-its Holm step met and the word recorded then.
+its Holm step met and the word recorded then (computed by :func:`vaco.study.looks.trajectory`).
 
 The page's state lives in its address (``#task=Hopper-v5&score=final&diagnostic=...&open=vaco,4``), so a
 view can be linked; ``set=FIELD:VALUE`` changes a control as a reader would (its ``change`` event). What is
@@ -28,10 +28,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from plotly.offline import get_plotlyjs
 
 from vaco.files import write_text_atomic
 
-__all__ = ["ALL_TASKS", "page_data", "trajectory", "write_page"]
+__all__ = ["ALL_TASKS", "page_data", "write_page"]
 
 ALL_TASKS = "every task (mean of the tasks' IQMs)"
 BOOTSTRAP_FROM = 5  # seeds a task from which a cell's interval is bootstrapped (below: the runs' range)
@@ -86,15 +87,16 @@ def _declared(report) -> str:
 
 def page_data(
     report,
-    judged=None,
+    plan_lines: Sequence[str] | None = None,
     looks: Sequence[dict] = (),
     command: str | None = None,
     store: Mapping[str, str] | None = None,
 ) -> dict:
-    """Everything the page draws, as JSON-ready data. ``judged``: a plan's
-    :class:`~vaco.study.judge.PlanJudgement` (or None); ``looks``: its :func:`trajectory`; ``command``: how a
-    run is reproduced, with ``{name}`` for its cell; ``store``: ``{"experiment_id": ...}`` where
-    the runs were read from an MLflow store (the page links each run's address there)."""
+    """Everything the page draws, as JSON-ready data. ``plan_lines``: a judged plan's lines
+    (:func:`vaco.study.judge.plan_lines`; None without a plan); ``looks``: its decision trajectory
+    (:func:`vaco.study.looks.trajectory`); ``command``: how a run is reproduced, with ``{name}`` for its
+    cell; ``store``: ``{"experiment_id": ...}`` where the runs were read from an MLflow store (the page
+    gives each run's address there)."""
     rng = np.random.default_rng(report.seed)
     scores = _scores(report)
     tasks, ks = report.tasks, report.ks
@@ -163,96 +165,13 @@ def page_data(
         "store": dict(store) if store else None,
         "plan": None,
     }
-    if judged is not None:
-        from vaco.study.judge import plan_lines
-
-        data["plan"] = {"lines": plan_lines(judged), "looks": list(looks)}
+    if plan_lines is not None:
+        data["plan"] = {"lines": list(plan_lines), "looks": list(looks)}
     return data
-
-
-def trajectory(judged, report, earlier: Sequence = ()) -> list[dict]:
-    """Each comparison of a judged plan at every look taken (``earlier``: the plan's recorded
-    :class:`~vaco.study.judge.Judgement` s, oldest first; this judgement is the last look): the estimate, its
-    interval and the declared test's p on the first ``n`` paired seeds, the level its Holm step met there
-    (the step-down replayed look by look on these p's) and the word recorded at that look."""
-    from vaco.report.robustness import paired_cells
-    from vaco.study.plan import holm_levels, sequential_holm
-
-    plan = judged.plan
-    if judged.look is None:
-        return []
-    words = {j.seeds: j.words for j in earlier if plan.looks[0] <= j.seeds < judged.seeds}
-    words[judged.seeds] = {v.comparison.label(): v.word for v in judged.verdicts}
-    seeds = sorted(words)
-    levels = holm_levels(list(judged.looks), plan.alpha, plan.spending, len(plan.family))
-    cells = {}
-    for v in judged.verdicts:
-        c = v.comparison
-        mats, _ = paired_cells(
-            report, [(c.arm, 1), (c.arm, c.K), (c.against, 1), (c.against, c.K)], report.tasks, runs=report.runs
-        )
-        cells[c] = [np.asarray(m, dtype=np.float64) for m in mats]
-    done = [False] * len(plan.family)
-    out = []
-    for look, n in enumerate(seeds):
-        p_all, rows = [], {}
-        for i, c in enumerate(plan.family):
-            m = cells.get(c)
-            if m is None or m[0].shape[0] < n or done[i]:
-                p_all.append(1.0)
-                continue
-            # the data's own look judges each comparison on every seed it has (as the judgement did)
-            part = m if n == judged.seeds else [x[:n] for x in m]
-            p_all.append(_p(plan, part, report))
-            rows[i] = part
-        open_ = sorted((i for i in range(len(p_all)) if not done[i]), key=lambda i: (p_all[i], i))
-        step = {i: levels[len(open_) - rank - 1][min(look, len(judged.looks) - 1)] for rank, i in enumerate(open_)}
-        done = sequential_holm(p_all, levels, min(look, len(judged.looks) - 1), done)
-        for i, part in rows.items():
-            label = plan.family[i].label()
-            low, high = np.percentile(_draws(plan, part, report), [2.5, 97.5])
-            out.append(
-                {
-                    "comparison": label,
-                    "seeds": n,  # the look
-                    "n": int(part[0].shape[0]),  # the seeds this comparison was judged on there
-                    "estimate": float(_difference(plan, part)),
-                    "lo": float(low),
-                    "hi": float(high),
-                    "p": p_all[i],
-                    "level": step.get(i, 0.0),
-                    "word": words[n].get(label, "not judged"),
-                }
-            )
-    return out
-
-
-def _p(plan, cells, report) -> float:
-    """The declared test's two-sided p (the percentile bootstrap's where the plan declares ``bootstrap``)."""
-    from vaco.study.randomisation import SWAPS, agreement_p, bootstrap_p, randomisation_p
-
-    if plan.test == "bootstrap":
-        return bootstrap_p(cells, plan.margin, report.reps, report.seed, estimand=plan.estimand)[0]
-    test = randomisation_p if plan.test == "randomisation" else agreement_p
-    return test(cells, None, SWAPS, report.seed, estimand=plan.estimand)[0]
-
-
-def _difference(plan, cells) -> float:
-    from vaco.study.randomisation import drop_difference
-
-    return float(drop_difference(*cells, estimand=plan.estimand))
-
-
-def _draws(plan, cells, report) -> np.ndarray:
-    from vaco.study.randomisation import bootstrap_samples
-
-    return bootstrap_samples(cells, RESAMPLES, report.seed, plan.estimand)
 
 
 def write_page(path, data: dict) -> Path:
     """The page, self-contained (plotly.js inside), written atomically."""
-    from plotly.offline import get_plotlyjs
-
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     body = (
         _TEMPLATE.replace("__TITLE__", html.escape(str(data["title"])))

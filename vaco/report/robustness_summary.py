@@ -222,16 +222,23 @@ def verdict_lines(data: Robustness) -> list[str]:
     for (algo, K), x in data.interactions.items():
         lines.append(
             f"  {algo} vs {data.baseline}, K={K}: difference of drops {estimate_text(x.difference, x.difference_interval)}"
-            f" -> {x.verdict.text() if x.verdict else '-'}"
-            + (f" [{x.verdict.method}]" if x.verdict and x.verdict.method != "bootstrap" else "")
+            f" -> {x.verdict.text() if x.verdict else '-'}" + _by(x.verdict)
         )
     for (algo, K), d in data.drops.items():
         lines.append(
             f"  {algo}, drop K={data.k_ref}->{K}: {estimate_text(d.drop, d.drop_interval)}"
-            f" -> {d.verdict.text() if d.verdict else '-'}"
-            + (f" [{d.verdict.method}]" if d.verdict and d.verdict.method != "bootstrap" else "")
+            f" -> {d.verdict.text() if d.verdict else '-'}" + _by(d.verdict)
         )
     return lines
+
+
+def _by(verdict) -> str:
+    """Which test a console verdict came from (the interval beside it is always the bootstrap's)."""
+    if verdict is None:
+        return ""
+    if verdict.method == "bootstrap":
+        return " (by the bootstrap interval)"
+    return f" (by the {verdict.method} test; the interval is the bootstrap's)"
 
 
 def _interaction_table(data: Robustness) -> str:

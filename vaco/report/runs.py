@@ -46,11 +46,14 @@ __all__ = [
     "Run",
     "load_runs",
     "log_report",
+    "cell_of",
     "one_per_step",
+    "read_data_files",
     "read_runs",
     "runs_from_frame",
     "runs_to_frame",
     "save_runs",
+    "with_store_runs",
 ]
 
 METRIC_KEYS = ("eval/return", "lag/forward_tv", "train/tv", "train/filter_fraction", "train/clip_fraction")
@@ -95,14 +98,6 @@ class Run:
     fraction_metric: str = ""  # the objective's intervention fraction, e.g. "train/filter_fraction"
     score_metric: str = "eval/return"  # what the run is scored by (the LLM track: eval/accuracy)
     variant_of: str | None = None  # the algorithm this run ablates or controls for (its `variant_of` param)
-
-    @property
-    def delta(self) -> float | None:
-        return self.axes.get("delta")
-
-    @property
-    def rho_bar(self) -> float | None:
-        return self.axes.get("rho_bar")
 
     def history(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         return self.histories.get(key, (np.zeros(0), np.zeros(0)))
@@ -378,3 +373,67 @@ def log_report(experiment: str, out: str | os.PathLike, uri: str | None = None) 
     client.log_artifacts(run_id, str(out), artifact_path="report")
     client.set_terminated(run_id, "FINISHED")
     return run_id
+
+
+def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
+    """The runs of several data files; a run in more than one file (same run id) is kept once.
+
+    Two different runs of one cell (algorithm, task, K, seed and sweep axes) are refused: a cell
+    run twice and exported from two stores, or files of two studies (another budget or backend)
+    whose coordinates coincide. Keeping both would pair the seed twice; keeping one would drop
+    data without saying which."""
+    runs, seen, notes = [], set(), []
+    cells: dict[tuple, tuple[str, str]] = {}  # cell -> (run id, file)
+    clashes: list[str] = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ValueError(f"`--data`: no data file at {path}")
+        from pandas.errors import EmptyDataError, ParserError
+
+        try:
+            found = read_runs(path)
+        except (OSError, EOFError, UnicodeDecodeError, ParserError, EmptyDataError) as err:  # gzip's, pandas' own
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ValueError(
+                f"`--data`: {path} is not a data file `vaco report --save-data` writes (a gzipped CSV of metric "
+                f"histories): {reason[:160]}"
+            ) from None
+        new = [r for r in found if r.run_id not in seen]
+        for r in new:
+            cell = cell_of(r)
+            if cell in cells and cells[cell][0] != r.run_id:
+                clashes.append(f"{r.algorithm} {r.env} K={r.K} seed {r.seed} ({cells[cell][1]} and {path})")
+            cells.setdefault(cell, (r.run_id, str(path)))
+        seen.update(r.run_id for r in new)
+        runs += new
+    if clashes:
+        more = f" and {len(clashes) - 1} more" if len(clashes) > 1 else ""
+        raise ValueError(
+            f"`--data`: two different runs of one cell: {clashes[0]}{more}; a cell run twice, or files of "
+            "different studies (another budget or backend): report them apart, or keep one run per cell"
+        )
+    if len(paths) > 1:
+        notes.append(f"{len(runs)} runs read from {len(paths)} data files: {', '.join(map(str, paths))}")
+    return runs, notes
+
+
+def cell_of(run) -> tuple:
+    """A run's cell: algorithm, task, K, seed and sweep axes."""
+    return (run.algorithm, run.env, run.K, run.seed, tuple(sorted(run.axes.items())))
+
+
+def with_store_runs(store: list, data: list, notes: list[str]) -> tuple[list, list[str]]:
+    """A store's runs and data files' runs together: a run in both (same id) once; one cell with a
+    run in each is refused, as two data files' are (:func:`read_data_files`)."""
+    ids = {r.run_id for r in store}
+    cells = {cell_of(r) for r in store}
+    clashes = [
+        f"{r.algorithm} {r.env} K={r.K} seed {r.seed}" for r in data if r.run_id not in ids and cell_of(r) in cells
+    ]
+    if clashes:
+        raise ValueError(
+            f"`--data`: {len(clashes)} cells have a run in the store and another in the data files "
+            f"({'; '.join(clashes[:3])}{'; ...' if len(clashes) > 3 else ''}): a cell counts once; export one of them"
+        )
+    extra = [r for r in data if r.run_id not in ids]
+    return store + extra, [*notes, f"{len(store)} runs from the store and {len(extra)} from the data files"]

@@ -307,14 +307,6 @@ class Report:
         return self.auc if self.score == "auc" else self.normalized
 
     @property
-    def ref_delta(self) -> float | None:
-        return self.reference.get("delta")
-
-    @property
-    def ref_rho_bar(self) -> float | None:
-        return self.reference.get("rho_bar")
-
-    @property
     def score_metric(self) -> str:
         """The metric the runs are scored by (``eval/return``; ``eval/accuracy`` for the LLM track)."""
         return self.runs[0].score_metric

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -121,7 +122,7 @@ class Sensitivity:
         of "no difference", of the equivalence test, and its word (``differs`` where the first is at
         most ``alpha``, else ``equivalent`` where the second is, else ``undecided``; None without a
         p-value). The table decides each row at ``alpha`` alone; this is what survives the count."""
-        from vaco.study.plan import holm
+        from vaco.report.decision import holm
 
         rows = [*self.rows, *self.design]
         tested = [
@@ -238,11 +239,16 @@ _COMBOS = [(s, a, c) for s in SCORES for a in DROP_AGGREGATES for c in SCALES]
 
 
 def sensitivity(
-    report: Report, found: Robustness, last_n: int | None = None, design: Design | None = None
+    report: Report,
+    found: Robustness,
+    last_n: int | None = None,
+    design: Design | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Sensitivity:
     """Every difference of drops in ``found`` (the robustness section) under every scoring, and the
     two-way model's interaction for each; with ``design`` (:func:`vaco.report.design.two_by_two`),
-    its contrasts under every scoring too (:func:`design_rows`)."""
+    its contrasts under every scoring too (:func:`design_rows`). ``progress(done, total)`` is called
+    before each comparison and at the end."""
     last_n = last_n or (report.last_evals if report.score == "last-n" else DEFAULT_LAST_N)
     combos = _COMBOS
     values, notes = _scorings(report, last_n)
@@ -250,7 +256,10 @@ def sensitivity(
     models: list[ModelFit] = []
     k_ref = found.k_ref
     offset = {key: 4 * i for i, key in enumerate(values)}  # where each scoring's four cells sit in ``flat``
-    for (algo, K), headline in found.interactions.items():
+    total = len(found.interactions)
+    for done, ((algo, K), headline) in enumerate(found.interactions.items()):
+        if progress is not None:
+            progress(done, total)
         baseline = headline.baseline
         cells = [(algo, k_ref), (algo, K), (baseline, k_ref), (baseline, K)]
         tasks = [t for t in report.tasks if all(found.seeds.get((a, k, t)) for a, k in cells)]
@@ -291,6 +300,8 @@ def sensitivity(
                 )
             )
         models.append(interaction_model(stacks[(report.score, "min-max")], tasks, algo, baseline, K))
+    if progress is not None:
+        progress(total, total)
     return Sensitivity(rows, models, last_n, notes, design_rows(report, design, values) if design else [])
 
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from vaco.tracking import PLAN_TAG
 
-__all__ = ["judge_look", "look_cells", "look_needs", "look_progress", "seed_ranks"]
+__all__ = ["judge_look", "look_cells", "look_needs", "look_progress", "seed_ranks", "trajectory"]
+
+TRAJECTORY_RESAMPLES = 1000  # bootstrap resamples of each look's interval on the benchmark page
 
 
 def seed_ranks(cells: Sequence) -> dict[str, int]:
@@ -75,8 +79,7 @@ def judge_look(sweep, uri: str, cell_ids: set[str], from_data: Mapping[str, str]
     sweep's parent run."""
     import mlflow
 
-    from vaco.report.report_cli import read_data_files
-    from vaco.report.runs import load_runs
+    from vaco.report.runs import load_runs, read_data_files
     from vaco.report.scores import build_report
     from vaco.study.judge import judge_plan, read_judgements
     from vaco.study.plan import score_settings
@@ -98,3 +101,82 @@ def judge_look(sweep, uri: str, cell_ids: set[str], from_data: Mapping[str, str]
     return judge_plan(
         study, report, tags.get(f"{PLAN_TAG}.declared"), read_judgements(tags), tags.get(f"{PLAN_TAG}.commit")
     )
+
+
+def trajectory(judged, report, earlier: Sequence = ()) -> list[dict]:
+    """Each comparison of a judged plan at every look taken (``earlier``: the plan's recorded
+    :class:`~vaco.study.judge.Judgement` s, oldest first; this judgement is the last look): the estimate, its
+    interval and the declared test's p on the first ``n`` paired seeds, the level its Holm step met there
+    (the step-down replayed look by look on these p's) and the word recorded at that look."""
+    from vaco.report.robustness import paired_cells
+    from vaco.study.plan import holm_levels, sequential_holm
+
+    plan = judged.plan
+    if judged.look is None:
+        return []
+    words = {j.seeds: j.words for j in earlier if plan.looks[0] <= j.seeds < judged.seeds}
+    words[judged.seeds] = {v.comparison.label(): v.word for v in judged.verdicts}
+    seeds = sorted(words)
+    levels = holm_levels(list(judged.looks), plan.alpha, plan.spending, len(plan.family))
+    cells = {}
+    for v in judged.verdicts:
+        c = v.comparison
+        mats, _ = paired_cells(
+            report, [(c.arm, 1), (c.arm, c.K), (c.against, 1), (c.against, c.K)], report.tasks, runs=report.runs
+        )
+        cells[c] = [np.asarray(m, dtype=np.float64) for m in mats]
+    done = [False] * len(plan.family)
+    out = []
+    for look, n in enumerate(seeds):
+        p_all, rows = [], {}
+        for i, c in enumerate(plan.family):
+            m = cells.get(c)
+            if m is None or m[0].shape[0] < n or done[i]:
+                p_all.append(1.0)
+                continue
+            # the data's own look judges each comparison on every seed it has (as the judgement did)
+            part = m if n == judged.seeds else [x[:n] for x in m]
+            p_all.append(_p(plan, part, report))
+            rows[i] = part
+        open_ = sorted((i for i in range(len(p_all)) if not done[i]), key=lambda i: (p_all[i], i))
+        step = {i: levels[len(open_) - rank - 1][min(look, len(judged.looks) - 1)] for rank, i in enumerate(open_)}
+        done = sequential_holm(p_all, levels, min(look, len(judged.looks) - 1), done)
+        for i, part in rows.items():
+            label = plan.family[i].label()
+            low, high = np.percentile(_draws(plan, part, report), [2.5, 97.5])
+            out.append(
+                {
+                    "comparison": label,
+                    "seeds": n,  # the look
+                    "n": int(part[0].shape[0]),  # the seeds this comparison was judged on there
+                    "estimate": float(_difference(plan, part)),
+                    "lo": float(low),
+                    "hi": float(high),
+                    "p": p_all[i],
+                    "level": step.get(i, 0.0),
+                    "word": words[n].get(label, "not judged"),
+                }
+            )
+    return out
+
+
+def _p(plan, cells, report) -> float:
+    """The declared test's two-sided p (the percentile bootstrap's where the plan declares ``bootstrap``)."""
+    from vaco.study.randomisation import SWAPS, agreement_p, bootstrap_p, randomisation_p
+
+    if plan.test == "bootstrap":
+        return bootstrap_p(cells, plan.margin, report.reps, report.seed, estimand=plan.estimand)[0]
+    test = randomisation_p if plan.test == "randomisation" else agreement_p
+    return test(cells, None, SWAPS, report.seed, estimand=plan.estimand)[0]
+
+
+def _difference(plan, cells) -> float:
+    from vaco.study.randomisation import drop_difference
+
+    return float(drop_difference(*cells, estimand=plan.estimand))
+
+
+def _draws(plan, cells, report) -> np.ndarray:
+    from vaco.study.randomisation import bootstrap_samples
+
+    return bootstrap_samples(cells, TRAJECTORY_RESAMPLES, report.seed, plan.estimand)

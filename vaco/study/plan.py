@@ -51,6 +51,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+from vaco.report.decision import holm  # the one-look step-down, kept for the report's exploratory tables
+
 __all__ = [
     "SPENDING",
     "TESTS",
@@ -324,24 +326,6 @@ def _boundaries(looks: tuple[int, ...], alpha: float, spending: str) -> tuple[fl
 def nominal_levels(looks: Sequence[int], alpha: float = 0.05, spending: str = "pocock") -> list[float]:
     """Each look's nominal two-sided level ``2 (1 - Phi(c_k))``."""
     return [0.0 if math.isinf(c) else float(2 * norm.sf(c)) for c in boundaries(looks, alpha, spending)]
-
-
-# ------------------------------------------------------------------------------ Holm
-def holm(pvalues: Sequence[float], alpha: float) -> tuple[list[bool], list[float]]:
-    """Holm's step-down test of a family at family-wise level ``alpha``: which hypotheses are
-    rejected, and the adjusted p-values (``max_{j <= i} min(1, (m - j + 1) p_(j))`` in sorted order).
-
-    The same numbers as statsmodels' ``multipletests(method="holm")`` (a test checks it), written
-    here because that function runs ``gc.collect()`` on every call: seconds a call in a process
-    that holds torch and MLflow, and the report calls this once per table row. (The
-    group-sequential form, :func:`sequential_holm`, is not in statsmodels.)"""
-    p = np.asarray(pvalues, dtype=np.float64)
-    m = len(p)
-    order = np.argsort(p, kind="stable")
-    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
-    adjusted = np.empty(m)
-    adjusted[order] = np.maximum.accumulate(scaled) if m else scaled
-    return [bool(a <= alpha) for a in adjusted], [float(a) for a in adjusted]
 
 
 # ------------------------------------------------------------------------------ Holm over looks

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from vaco.files import load_yaml
@@ -53,77 +54,13 @@ from vaco.report.design import two_by_two
 from vaco.report.figures import use_file_backend
 from vaco.report.robustness import robustness
 from vaco.report.robustness_summary import design_lines, ranking_lines, scoring_lines, verdict_lines
-from vaco.report.runs import load_runs, log_report, read_runs, save_runs
+from vaco.report.runs import load_runs, log_report, read_data_files, save_runs, with_store_runs
 from vaco.report.scores import NORMALIZATIONS, SCORES, build_report
 from vaco.report.sensitivity import sensitivity
 from vaco.report.summary import write_report
 from vaco.tracking import PARENT_TAG, PLAN_TAG, prepare_sqlite_store, tracking_uri
 
 __all__ = ["main"]
-
-
-def read_data_files(paths: list[str]) -> tuple[list, list[str]]:
-    """The runs of several data files; a run in more than one file (same run id) is kept once.
-
-    Two different runs of one cell (algorithm, task, K, seed and sweep axes) are refused: a cell
-    run twice and exported from two stores, or files of two studies (another budget or backend)
-    whose coordinates coincide. Keeping both would pair the seed twice; keeping one would drop
-    data without saying which."""
-    runs, seen, notes = [], set(), []
-    cells: dict[tuple, tuple[str, str]] = {}  # cell -> (run id, file)
-    clashes: list[str] = []
-    for path in paths:
-        if not Path(path).is_file():
-            raise ValueError(f"`--data`: no data file at {path}")
-        from pandas.errors import EmptyDataError, ParserError
-
-        try:
-            found = read_runs(path)
-        except (OSError, EOFError, UnicodeDecodeError, ParserError, EmptyDataError) as err:  # gzip's, pandas' own
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise ValueError(
-                f"`--data`: {path} is not a data file `vaco report --save-data` writes (a gzipped CSV of metric "
-                f"histories): {reason[:160]}"
-            ) from None
-        new = [r for r in found if r.run_id not in seen]
-        for r in new:
-            cell = _cell(r)
-            if cell in cells and cells[cell][0] != r.run_id:
-                clashes.append(f"{r.algorithm} {r.env} K={r.K} seed {r.seed} ({cells[cell][1]} and {path})")
-            cells.setdefault(cell, (r.run_id, str(path)))
-        seen.update(r.run_id for r in new)
-        runs += new
-    if clashes:
-        more = f" and {len(clashes) - 1} more" if len(clashes) > 1 else ""
-        raise ValueError(
-            f"`--data`: two different runs of one cell: {clashes[0]}{more}; a cell run twice, or files of "
-            "different studies (another budget or backend): report them apart, or keep one run per cell"
-        )
-    if len(paths) > 1:
-        notes.append(f"{len(runs)} runs read from {len(paths)} data files: {', '.join(map(str, paths))}")
-    return runs, notes
-
-
-def _cell(run) -> tuple:
-    """A run's cell: algorithm, task, K, seed and sweep axes."""
-    return (run.algorithm, run.env, run.K, run.seed, tuple(sorted(run.axes.items())))
-
-
-def _with_store_runs(store: list, data: list, notes: list[str]) -> tuple[list, list[str]]:
-    """A store's runs and data files' runs together: a run in both (same id) once; one cell with a
-    run in each is refused, as two data files' are (:func:`read_data_files`)."""
-    ids = {r.run_id for r in store}
-    cells = {_cell(r) for r in store}
-    clashes = [
-        f"{r.algorithm} {r.env} K={r.K} seed {r.seed}" for r in data if r.run_id not in ids and _cell(r) in cells
-    ]
-    if clashes:
-        raise ValueError(
-            f"`--data`: {len(clashes)} cells have a run in the store and another in the data files "
-            f"({'; '.join(clashes[:3])}{'; ...' if len(clashes) > 3 else ''}): a cell counts once; export one of them"
-        )
-    extra = [r for r in data if r.run_id not in ids]
-    return store + extra, [*notes, f"{len(store)} runs from the store and {len(extra)} from the data files"]
 
 
 def _record_plan(paths: list[str]):
@@ -274,6 +211,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Progress:
+    """Where a long report is, on stderr (stdout keeps the results): each section as it starts, with the
+    time so far, and within the sections that loop over comparisons a count and an ETA."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def __call__(self, what: str) -> None:
+        print(f"vaco report: {what} ({time.monotonic() - self.start:.0f} s so far)", file=sys.stderr, flush=True)
+
+    def each(self, what: str):
+        """A callback ``(done, total)`` for a loop: a line at its start and then at most every 10 s, with an ETA."""
+        began, last = time.monotonic(), [0.0]
+
+        def tick(done: int, total: int) -> None:
+            now = time.monotonic()
+            if done and done < total and now - last[0] < 10:
+                return
+            last[0] = now
+            eta = (now - began) / done * (total - done) if done else None
+            left = "" if eta is None else f", about {eta:.0f} s left"
+            print(f"vaco report: {what} {done}/{total}{left}", file=sys.stderr, flush=True)
+
+        return tick
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -284,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     uri = tracking_uri()
     if args.experiment:  # several commands opening a new SQLite store at once: its tables set up once
         prepare_sqlite_store(uri)
+    say = _Progress()
     try:
         settings = _settings(args)
         runs, notes = _runs(args, uri)
@@ -306,15 +270,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.save_data:
         _save_data(args.save_data, runs, plan_record["parent_id"], uri)
     out = Path(args.out or Path("reports") / experiment)
+    # progress only once the input is known good: a bad one is one line and nothing else
+    say(f"{len(report.runs)} runs read and scored; each algorithm's drop from its own K = 1")
     lag = robustness(report)
     two = two_by_two(report)
-    scoring = None if args.no_sensitivity else sensitivity(report, lag, design=two)
+    scoring = None
+    if not args.no_sensitivity:
+        say("every verdict under every scoring (--no-sensitivity skips it)")
+        scoring = sensitivity(report, lag, design=two, progress=say.each("scorings of comparison"))
+    say(f"the summary and figures -> {out}")
     summary = write_report(report, out, lag=lag, scoring=scoring, design=two)
     print(f"vaco report: {len(report.runs)} runs -> {summary} and {len(list(out.glob('*.png')))} figures in {out}")
     _print_verdicts(report, lag, scoring, two)
     judged = None
     if study_plan is not None:
+        say("the study plan's verdicts")
         judged = _judge(study_plan, report, plan_record, out, uri)
+    say("the benchmark page")
     page = _page(args, report, judged, plan_record, out, uri)
     print(f"  the benchmark page: {page} (one file, no network needed: open it in a browser)")
     for m in step_size_matching(report):
@@ -375,7 +347,7 @@ def _runs(args, uri: str) -> tuple[list, list[str]]:
     runs, notes = load_runs(args.experiment, uri, args.include_unfinished) if args.experiment else ([], [])
     if args.data:
         found, more = read_data_files(args.data)
-        runs, notes = _with_store_runs(runs, found, notes + more) if args.experiment else (found, more)
+        runs, notes = with_store_runs(runs, found, notes + more) if args.experiment else (found, more)
     for flag, field, wanted in (("tasks", "env", args.tasks), ("algorithms", "algorithm", args.algorithms)):
         if not wanted:
             continue
@@ -492,9 +464,12 @@ def _judge(study_plan, report, record: dict, out: Path, uri: str) -> None:
 
 def _page(args, report, judged, record: dict, out: Path, uri: str) -> Path:
     """``benchmark.html``: the report's runs to click through, with the plan's looks where it was judged."""
-    from vaco.report.page import page_data, trajectory, write_page
+    from vaco.report.page import page_data, write_page
+    from vaco.study.judge import plan_lines
+    from vaco.study.looks import trajectory
 
     looks = trajectory(judged, report, record["earlier"] or ()) if judged is not None else []
+    lines = plan_lines(judged) if judged is not None else None
     command = f"vaco sweep --config {args.sweep} --only '{{name}}'" if args.sweep else None
     store = None
     if args.experiment:
@@ -502,7 +477,7 @@ def _page(args, report, judged, record: dict, out: Path, uri: str) -> Path:
 
         found = mlflow.MlflowClient(uri).get_experiment_by_name(args.experiment)
         store = {"experiment_id": found.experiment_id} if found is not None else None
-    return write_page(out / "benchmark.html", page_data(report, judged, looks, command, store))
+    return write_page(out / "benchmark.html", page_data(report, lines, looks, command, store))
 
 
 def _log(experiment: str, out: Path, uri: str) -> None:
