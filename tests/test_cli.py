@@ -233,12 +233,29 @@ def test_vaco_ui_serves_its_owner_only_and_stops_on_ctrl_c(tmp_path):
             line = ui.stdout.readline()
             lines.append(line)
         token = re.search(r"\?vaco_token=([\w-]+)#", line).group(1)
-        from http.cookiejar import CookieJar
+        host = re.search(r"vaco ui: http://([^/]+)/", line).group(1)
+        assert re.fullmatch(rf"vaco-[0-9a-f]{{10}}\.localhost:{port}", host), host  # the UI's own site
+        import http.client
 
-        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
-        with browser.open(f"http://127.0.0.1:{port}/?vaco_token={token}", timeout=10) as page:
-            assert page.status == 200 and b"<html" in page.read(2000).lower()  # after the redirect that sets the cookie
-            assert page.url == f"http://127.0.0.1:{port}/"  # the token left the address
+        def ask(path: str, **headers) -> tuple[int, dict, bytes]:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)  # *.localhost is loopback
+            connection.request("GET", path, headers=headers)
+            answer = connection.getresponse()
+            body = answer.read(2000)
+            connection.close()
+            return answer.status, {k.lower(): v for k, v in answer.getheaders()}, body
+
+        status, head, _ = ask(f"/?vaco_token={token}", Host=host)  # the printed address: a cookie, then out
+        assert status == 303 and head["location"] == "/" and f"vaco_ui_{port}={token}" in head["set-cookie"]
+        assert "samesite=strict" in head["set-cookie"].lower() and "domain" not in head["set-cookie"].lower()
+        status, head, _ = ask(f"/?vaco_token={token}", Host=f"127.0.0.1:{port}")  # by hand at 127.0.0.1
+        assert status == 303 and head["location"] == f"http://{host}/?vaco_token={token}" and "set-cookie" not in head
+        cookie = f"vaco_ui_{port}={token}"
+        status, _, body = ask("/", Host=host, Cookie=cookie)
+        assert status == 200 and b"<html" in body.lower()
+        assert ask("/", Host=f"127.0.0.1:{port}", Cookie=cookie)[0] == 401  # its cookie counts on its host only
+        evil = {"Host": host, "Cookie": cookie, "Origin": f"http://127.0.0.1:{port + 1}"}
+        assert ask("/ajax-api/2.0/mlflow/experiments/search?max_results=5", **evil)[0] == 403  # another origin
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search",
             data=b'{"max_results": 10}',
@@ -331,11 +348,12 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
             line = ui.stdout.readline()
         url = line.split("vaco ui: ", 1)[1].split()[0]
         token = re.search(r"\?vaco_token=([\w-]+)#", url).group(1)
+        host = re.search(r"^http://(vaco-[0-9a-f]{10}\.localhost:\d+)/", url).group(1)
         assert url == (
-            f"http://127.0.0.1:{port}/?vaco_token={token}#/experiments/{experiment}/runs"
+            f"http://{host}/?vaco_token={token}#/experiments/{experiment}/runs"
             "?workflowType=machine_learning&viewStateShareKey=vaco"
         ), line
-        entry = f"http://127.0.0.1:{port}/?vaco_token={token}"  # how a fresh browser gets in by hand
+        entry = f"http://127.0.0.1:{port}/?vaco_token={token}"  # by hand at 127.0.0.1: sent on to the UI's host
         assert "the runs of 'vaco-first-look'" in line
         flags = CHROMIUM_FLAGS
         dom = subprocess.run(
@@ -485,6 +503,188 @@ def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
             timeout=180,
         )
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=60) == 0
+    finally:
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()
+
+
+def _vaco_cells(client, experiment: str, cells: dict[str, dict[str, str]], tv: float = 0.05) -> dict[str, str]:
+    """A sweep's runs as vaco logs them: coordinates, the swept axes and a nested copy of each, a score."""
+    out = {}
+    for name, axes in cells.items():
+        run = client.create_run(experiment, run_name=name).info.run_id
+        params = {
+            "algorithm": "vaco",
+            "env": "Hopper-v5",
+            "env_id": "Hopper-v5",
+            "K": "4",
+            "seed": "1",
+            "axes": "delta,rho_bar",
+            "lr": "0.0003",
+            **axes,
+            **{f"objective.{k}": v for k, v in axes.items()},
+        }
+        for key, value in params.items():
+            client.log_param(run, key, value)
+        client.log_metric(run, "eval/return", 100.0 + len(out), step=4096)
+        client.log_metric(run, "lag/backward_tv", tv, step=4096)
+        client.set_terminated(run)
+        out[name] = run
+    return out
+
+
+def test_a_runs_view_shows_the_fields_that_tell_the_runs_apart_and_no_copy_of_one(tmp_path):
+    import mlflow
+
+    from vaco.commands.ui_view import differing_params
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("tiny")
+    cells = {"vaco": {"delta": "0.2", "rho_bar": "1.0"}, "vaco-delta0.4": {"delta": "0.4", "rho_bar": "1.0"}}
+    _vaco_cells(client, experiment, {**cells, "vaco-rho2": {"delta": "0.2", "rho_bar": "2.0"}})
+    runs = client.search_runs([experiment])
+    # the axes first; env_id (env's copy), objective.* (the axes' copies), lr (the same everywhere) left out
+    assert differing_params(runs) == ["delta", "rho_bar"]
+    two = [r for r in runs if r.info.run_name != "vaco-rho2"]
+    assert differing_params(two) == ["delta"]
+
+
+ATTACK_PAGE = """<!doctype html><html><body><pre id="out">running</pre><script>
+const UI = %(ui)s, PORT = %(port)d, RUN = %(run)s;
+async function attempt(url, options) {
+  try { const r = await fetch(url, Object.assign({credentials: 'include'}, options || {}));
+        return r.status + ' ' + (await r.text()).slice(0, 300); }
+  catch (e) { return 'blocked ' + e.name; }
+}
+const write = {method: 'POST', headers: {'Content-Type': 'text/plain'},
+               body: JSON.stringify({run_id: RUN, key: 'evil', value: '1'})};
+window.results = Promise.all([
+  attempt('/probe'),  // this server's own path: does the browser send it the UI's cookie?
+  attempt('http://127.0.0.1:' + PORT + '/ajax-api/2.0/mlflow/experiments/search?max_results=5'),
+  attempt('http://' + UI + '/ajax-api/2.0/mlflow/experiments/search?max_results=5'),
+  attempt('http://127.0.0.1:' + PORT + '/ajax-api/2.0/mlflow/runs/set-tag', write),
+  attempt('http://' + UI + '/ajax-api/2.0/mlflow/runs/set-tag', write),
+]).then(r => { document.getElementById('out').textContent = r.join('\\n'); return r; });
+</script></body></html>"""
+
+
+@pytest.mark.slow
+def test_no_other_local_server_gets_the_ui_cookie_or_reads_through_the_owners_browser(tmp_path):
+    """The owner's browser opens the printed address (the runs table shows); then a page another local
+    server serves on 127.0.0.1 at another port (this test's own, as another account's would be) asks the
+    UI, through that same browser, for the experiments and to tag a run, at 127.0.0.1 and at the UI's own
+    host name, with credentials. Its server receives no cookie of the UI's on any request, every ask is
+    refused or unreadable, and the run has no new tag. The browser does hold the UI's cookie (for the UI's
+    host alone), so nothing here passes for want of one."""
+    import http.server
+    import threading
+
+    import mlflow
+
+    from helpers.browser import Browser
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("vaco-owner")
+    run = client.create_run(experiment, run_name="vaco Hopper-v5 K=4 s1").info.run_id
+    for key, value in {"algorithm": "vaco", "env": "Hopper-v5", "K": "4", "seed": "1"}.items():
+        client.log_param(run, key, value)
+    client.log_metric(run, "eval/return", 123.5, step=4096)
+    client.set_terminated(run)
+    port = free_port()
+    ui = _start_ui(port, tmp_path, uri)
+    seen: list[str] = []  # the Cookie header of every request the other server received
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Cookie") or "")
+            body = (ATTACK_PAGE % {"ui": json.dumps(host), "port": port, "run": json.dumps(run)}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(body if self.path.startswith("/attack") else b"probe")
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while not line.startswith("vaco ui: http"):
+            assert ui.poll() is None and time.monotonic() < deadline, line
+            line = ui.stdout.readline()
+        url = line.split("vaco ui: ", 1)[1].split()[0]
+        host = re.search(r"^http://([^/]+)/", url).group(1)
+        with Browser(tmp_path / "profile") as browser:
+            browser.open(url, settle=10)
+            assert "vaco Hopper-v5 K=4 s1" in browser.evaluate("document.body.innerText")  # the owner's view
+            cookies = [c for c in browser.cookies() if c["name"].startswith("vaco_ui")]
+            assert [(c["domain"], c["httpOnly"], c["sameSite"]) for c in cookies] == [
+                (host.split(":")[0], True, "Strict")
+            ], cookies
+            browser.open(f"http://127.0.0.1:{other.server_port}/attack.html", settle=1)
+            results = browser.evaluate("window.results", wait=True)
+        assert len(results) == 5 and results[0] == "200 probe", results
+        for answer in results[1:]:
+            assert not answer.startswith("200") and "experiments" not in answer and "vaco-owner" not in answer, results
+        assert seen and not any("vaco_ui" in cookie for cookie in seen), seen
+        assert "evil" not in client.get_run(run).data.tags
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=60) == 0
+    finally:
+        other.shutdown()
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait()
+
+
+@pytest.mark.slow
+def test_an_experiment_made_after_the_ui_started_opens_with_its_view_from_a_plain_link(tmp_path):
+    """A sweep's experiment created while `vaco ui` serves (the three VACO cells of a tiny sweep: main,
+    delta 0.4, rho_bar 2), opened in a fresh Chromium from a plain link (no view in it, as the
+    experiments list gives it): one row a cell with a delta and a rho_bar column and each cell's values,
+    and a TV of 9.546056e-09 shown whole (not cut to a number that reads as 9.5)."""
+    import mlflow
+
+    chromium = _chromium()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    client.log_metric(client.create_run(client.create_experiment("before")).info.run_id, "eval/return", 1.0)
+    port = free_port()
+    ui = _start_ui(port, tmp_path, uri)
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while not line.startswith("vaco ui: http"):
+            assert ui.poll() is None and time.monotonic() < deadline, line
+            line = ui.stdout.readline()
+        entry = line.split("vaco ui: ", 1)[1].split()[0].split("#")[0]
+        experiment = client.create_experiment("vaco-tiny-after")  # after the UI started
+        cells = {"vaco": {"delta": "0.2", "rho_bar": "1.0"}, "vaco-delta0.4": {"delta": "0.4", "rho_bar": "1.0"}}
+        _vaco_cells(client, experiment, {**cells, "vaco-rho2": {"delta": "0.2", "rho_bar": "2.0"}}, tv=9.546056e-09)
+        dom = subprocess.run(
+            [
+                chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={tmp_path / 'p'}",
+                "--dump-dom",
+                f"{entry}#/experiments/{experiment}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        ).stdout
+        for name in ("vaco", "vaco-delta0.4", "vaco-rho2"):
+            assert f">{name}<" in dom, (name, dom[-3000:])
+        for column in ("params.`delta`", "params.`rho_bar`", "params.`K`", "metrics.`lag/backward_tv`"):
+            assert f'id="cell-{column}' in dom, column
+        assert ">0.4</span>" in dom and ">2.0</span>" in dom and ">9.546056e-9</span>" in dom
+        assert 'id="cell-params.`env_id`' not in dom  # env's copy is not a column
         ui.send_signal(signal.SIGINT)
         assert ui.wait(timeout=60) == 0
     finally:

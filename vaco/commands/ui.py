@@ -8,7 +8,11 @@ Only the browser that opens the printed address gets in: the address carries a r
 anew at every start (the server sets it as a cookie and drops it from the address), and every
 request without it gets 401, reads and writes alike, so no other account on a shared machine can
 read, change or delete the store through the UI (the store's own files are protected by their
-permissions, not by this). A script reaches the same server with ``MLFLOW_TRACKING_TOKEN=<token>``.
+permissions, not by this). The address names the UI's own host, ``vaco-<random>.localhost`` (browsers
+resolve ``*.localhost`` to this machine): the cookie is that host's alone, so no other server on
+127.0.0.1 (another port, another account's) is ever sent it, and a request from any other origin (a
+page another server serves, a file) is refused, reads and writes alike. A script reaches the same
+server at ``http://127.0.0.1:<port>`` with ``MLFLOW_TRACKING_TOKEN=<token>``.
 The token travels in clear over HTTP: to reach the UI from another machine, forward the port over
 SSH rather than listen on ``--host 0.0.0.0``.
 
@@ -25,7 +29,6 @@ MLflow's defaults (Source, Models, Dataset): a view MLflow's UI loads from an ex
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import signal
@@ -36,9 +39,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from vaco.commands.ui_app import QUERY, TOKEN_ENV
+from vaco.commands.ui_app import HOST_ENV, QUERY, TOKEN_ENV
+from vaco.commands.ui_view import runs_page
 from vaco.tracking import (
-    PARENT_TAG,
     TrackingStoreError,
     absolute_tracking_uri,
     check_tracking_store,
@@ -112,6 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", VACO_UI_PORT=str(args.port))
     env["MLFLOW_BACKEND_STORE_URI"] = store
     env[TOKEN_ENV] = token
+    # the UI's own host name: browsers resolve *.localhost to loopback, and a cookie set there is sent
+    # to no other server (127.0.0.1 at another port gets it: cookies ignore the port); requests from any
+    # other origin are refused (vaco.commands.ui_app)
+    host = ui_host(args.host, args.port)
+    env[HOST_ENV] = host
+    loopback = [f"127.0.0.1:{args.port}", f"localhost:{args.port}", f"[[]::1]:{args.port}"]  # health, clients
+    env["MLFLOW_SERVER_ALLOWED_HOSTS"] = ",".join([host, *loopback])
+    env["MLFLOW_SERVER_CORS_ALLOWED_ORIGINS"] = f"http://{host}"
     # MLflow's server imports a Starlette module Starlette deprecates: a warning on every start that
     # asks nothing of a vaco user (the user's own PYTHONWARNINGS stay, after this one)
     quiet = "ignore:starlette.middleware.wsgi is deprecated"
@@ -152,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             where = f"the runs of '{name}'" if name else "no runs yet"
             print(
-                f"vaco ui: {url}/?{QUERY}={token}{page}  ({where}; store {redact_uri(store)}; only this address "
-                f"gets in; Ctrl-C stops it)",
+                f"vaco ui: http://{host}/?{QUERY}={token}{page}  ({where}; store {redact_uri(store)}; only this "
+                f"address gets in; Ctrl-C stops it)",
                 flush=True,
             )
         while stop["signal"] is None and server.poll() is None:
@@ -163,85 +174,16 @@ def main(argv: list[str] | None = None) -> int:
         _stop(server)
 
 
-TRAINING_VIEW = "workflowType=machine_learning"  # MLflow 3's model-training view (not its GenAI pages)
-VIEW_KEY = "vaco"  # the share key of vaco's runs-table view (experiment tag mlflow.sharedViewState.vaco)
-#: the runs table's columns, as MLflow's UI names them (``<type>.`<key>```); a column no run has stays empty
-VIEW_COLUMNS = (
-    *(f"params.`{p}`" for p in ("algorithm", "env", "K", "seed")),
-    *(
-        f"metrics.`{m}`"
-        for m in (
-            "eval/return",
-            "eval/accuracy",
-            "lag/forward_tv",
-            "lag/backward_tv",
-            "lag/policy_age_mean",
-            "train/filter_fraction",
-            "train/clip_fraction",
-        )
-    ),
-    "attributes.`Duration`",
-)
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::")  # a browser on this machine reaches these
 
 
-PRIMARY_METRIC_TAG = "mlflow.experiment.primaryMetric.name"  # the chart MLflow's UI draws first
-SCORE_METRICS = ("eval/return", "eval/accuracy")  # MuJoCo's, the LLM track's
-
-
-def runs_view(client, experiment_id: str) -> str | None:
-    """Write vaco's runs-table view onto the experiment (MLflow's shared-view tag) and return the
-    address's query part that opens it; ``None`` where the store refuses the tag (read-only).
-
-    A sweep's experiment (one with a parent run) is listed by algorithm rather than by start time:
-    MLflow's UI folds the cells under their collapsed parent row when it orders by start time, and
-    lists every run when it orders by anything else (the fold cannot be opened by a shared view).
-    The score metric is the experiment's primary metric, so the chart view draws its curves first,
-    against the step (env steps for MuJoCo), unless the experiment names one of its own."""
-
-    sweep = bool(client.search_runs([experiment_id], filter_string=f"tags.`{PARENT_TAG}` = 'true'", max_results=1))
-    state = {
-        "selectedColumns": list(VIEW_COLUMNS),
-        # the run's coordinates first, beside its name (MLflow's own order puts every metric before
-        # them, off a laptop's screen), and the metrics wide enough for a value like 8.748329e-08
-        "columnOrder": list(VIEW_COLUMNS),
-        "columnWidths": {column: 130 for column in VIEW_COLUMNS if column.startswith("metrics.")},
-        "orderByKey": "params.`algorithm`" if sweep else "attributes.start_time",
-        "orderByAsc": sweep,
-        "runsHiddenMode": "FIRST_20_RUNS",  # the runs the chart view draws
-    }
-    try:
-        client.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
-        if PRIMARY_METRIC_TAG not in client.get_experiment(experiment_id).tags:
-            latest = client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time DESC"])
-            metrics = latest[0].data.metrics if latest else {}
-            score = next((m for m in SCORE_METRICS if m in metrics), SCORE_METRICS[0])
-            client.set_experiment_tag(experiment_id, PRIMARY_METRIC_TAG, score)
-    except Exception:  # noqa: BLE001 - any store error: the plain table is still there
-        return None
-    return f"viewStateShareKey={VIEW_KEY}"
-
-
-def runs_page(store: str, experiment: str | None = None) -> tuple[str, str | None]:
-    """The UI path of an experiment's runs table in the model-training view, and the experiment's
-    name: the one given, else the one whose latest run started last (the UI's home without runs)."""
-    import mlflow
-
-    client = mlflow.MlflowClient(store)
-    if experiment is not None:
-        best = client.get_experiment_by_name(experiment)
-        if best is None:
-            return "", None
-    else:
-        best, best_time = None, -1
-        for exp in client.search_experiments():
-            runs = client.search_runs([exp.experiment_id], max_results=1, order_by=["attributes.start_time DESC"])
-            if runs and runs[0].info.start_time > best_time:
-                best, best_time = exp, runs[0].info.start_time
-        if best is None:
-            return f"#/experiments?{TRAINING_VIEW}", None
-    view = runs_view(client, best.experiment_id)
-    query = TRAINING_VIEW + (f"&{view}" if view else "")
-    return f"#/experiments/{best.experiment_id}/runs?{query}", best.name
+def ui_host(listen: str, port: int) -> str:
+    """The host:port the printed address names: a random ``vaco-<hex>.localhost`` where the server
+    listens on loopback (its own site: no other local server shares its cookie or origin), else the
+    address it listens on."""
+    if listen in LOOPBACK:
+        return f"vaco-{secrets.token_hex(5)}.localhost:{port}"
+    return f"[{listen}]:{port}" if ":" in listen else f"{listen}:{port}"
 
 
 def _stop(server: subprocess.Popen) -> None:
