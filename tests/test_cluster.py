@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -284,6 +286,66 @@ def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     leaks = [t[max(0, t.find(SECRET) - 80) : t.find(SECRET) + 40] for t in texts if SECRET in t]
     assert not leaks, leaks
     assert "postgresql+psycopg://***@127.0.0.1" in out.stdout  # what the sweep shows of the store
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["ray", "slurm"])
+def test_a_sweep_on_ray_or_slurm_puts_no_password_on_a_command_line_or_in_a_file(launcher, tmp_path, request):
+    """The same store with a password, the cell run by a local Ray cluster or through real sbatch: no
+    process of the sweep (the driver, Ray's GCS, raylet and workers; the SLURM job and its `vaco fit`)
+    shows it on its command line, which every account reads, while the cell runs; no file the run leaves
+    (the sweep's folder, Ray's session logs, submitit's pickles and logs) holds it; the run finishes."""
+    url, why = postgres(SECRET)
+    if url is None:
+        pytest.skip(why)
+    env = {"MLFLOW_TRACKING_URI": url}
+    scratch = Path(tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # Ray's sockets need a short path
+    if launcher == "ray":
+        pytest.importorskip("ray")
+        env["RAY_TMPDIR"] = str(scratch)
+        extra = ["--launcher", "ray", "--ray-cpus", "1"]
+    else:
+        env.update(request.getfixturevalue("slurm"))
+        extra = ["--launcher", "slurm", "--mem-gb", "2", "--time-min", "30", "--wait"]
+    sweep = subprocess.Popen(
+        [VACO, "sweep", "--config", TINY, "--out", str(tmp_path / "out"), "--only", FIRST, *extra],
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1", **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen, shown = 0, []
+    try:
+        while sweep.poll() is None:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:  # the sweep's processes, and the job SLURM starts in its folder
+                    ours = _descends_from(int(pid), sweep.pid) or str(tmp_path) in os.readlink(f"/proc/{pid}/cwd")
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if ours else b""
+                except OSError:
+                    continue
+                seen += bool(cmdline)
+                if SECRET.encode() in cmdline:
+                    shown.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+            time.sleep(0.05)
+        stdout, stderr = sweep.communicate(timeout=60)
+        assert sweep.returncode == 0, stdout[-3000:] + stderr[-3000:]
+        assert not shown, shown
+        assert seen > 3
+        runs = cell_runs(url)
+        assert len(runs[FIRST]) == 1 and runs[FIRST][0].info.status == "FINISHED"
+        leaks = []
+        for root in (tmp_path, scratch):
+            for path in root.rglob("*"):
+                if path.is_file() and not path.is_symlink() and path.suffix != ".ckpt" and path.stat().st_size < 50e6:
+                    if SECRET.encode() in path.read_bytes():
+                        leaks.append(str(path))
+        assert not leaks, leaks
+        assert SECRET not in stdout + stderr
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 
 from vaco.sweep.cells import cell_dirs, cell_result, run_cell, say, see_results
 from vaco.sweep.grid import Cell, Sweep
 from vaco.sweep.launcher import Launcher
+from vaco.tracking import ENV_VAR, has_secrets
 
 __all__ = ["RayLauncher", "check_ray_address", "run_cell_task"]
 
 
-def run_cell_task(cell_dir: str, tracking_uri: str) -> int:
-    """What a Ray task runs (a module-level function: Ray ships it by reference)."""
-    return cell_result(run_cell(cell_dir, tracking_uri), cell_dir)
+def run_cell_task(cell_dir: str, tracking_uri: str | None) -> int:
+    """What a Ray task runs (a module-level function: Ray ships it by reference). A tracking URI with
+    credentials is not an argument (Ray keeps a task's arguments where the cluster's other users can
+    read them): ``None``, and the worker reads it from its environment (:meth:`RayLauncher.launch`)."""
+    uri = tracking_uri or os.environ.get(ENV_VAR)
+    if not uri:
+        raise RuntimeError(
+            f"{ENV_VAR} is not set in the Ray worker's environment (a tracking URI with credentials travels only there)"
+        )
+    return cell_result(run_cell(cell_dir, uri), cell_dir)
 
 
 class RayLauncher(Launcher):
@@ -60,14 +69,26 @@ class RayLauncher(Launcher):
         import ray
 
         dirs = cell_dirs(self.sweep, cells, self.uri)
+        secret = has_secrets(self.uri)
+        # a URI with a password reaches the workers in their environment, never as a task argument (Ray
+        # keeps those where every user of the cluster reads them) or on a command line: a local cluster's
+        # workers inherit this process's; a running cluster's get it in the job's runtime_env
+        if secret:
+            os.environ[ENV_VAR] = self.uri
         if self.address:
-            ray.init(address=self.address, log_to_driver=False)
+            runtime_env = {"env_vars": {ENV_VAR: self.uri}} if secret else None
+            ray.init(address=self.address, log_to_driver=False, runtime_env=runtime_env)
         else:  # a local cluster on this host only
             # its notices about a cluster only this process uses (a generated token, "Started a local
             # Ray instance") say nothing to the user; errors still show
             for name in ("ray._private.authentication.authentication_token_setup", "ray._private.worker", "ray.worker"):
                 logging.getLogger(name).setLevel(logging.ERROR)
-            ray.init(num_cpus=self.num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+            ray.init(
+                num_cpus=self.num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                _node_ip_address="127.0.0.1",
+            )
         stop = {"signal": 0}
 
         def on_signal(signum, _frame):
@@ -81,7 +102,7 @@ class RayLauncher(Launcher):
                 max_retries=self.resources.get("max_retries", 3),
                 retry_exceptions=False,
             )
-            pending = {task.remote(d, self.uri): cell for d, cell in zip(dirs, cells)}
+            pending = {task.remote(d, None if secret else self.uri): cell for d, cell in zip(dirs, cells)}
             say(f"ray: {len(pending)} cells on {ray.cluster_resources().get('CPU', 0):.0f} CPUs")
             failed = 0
             while pending and not stop["signal"]:
