@@ -287,6 +287,19 @@ def test_resume_with_a_larger_budget_continues_the_same_run_and_defining_fields_
         errors = [line for line in out.stderr.splitlines() if "error" in line]
         assert len(errors) == 1 and field in errors[0], out.stderr[-2000:]
         assert mlflow.MlflowClient(uri).get_run(run_id).info.status == "FINISHED"  # a refused resume changes nothing
+    # a copy of the checkpoint whose weights do not fit the model (one layer of another width): one line,
+    # exit 2, before the run is touched (it used to print Lightning's 40-line load error and mark it FAILED)
+    misfit = torch.load(ckpt, weights_only=True)
+    key = next(k for k in misfit["state_dict"] if k.startswith("actor.") and k.endswith("weight"))
+    misfit["state_dict"][key] = torch.zeros(misfit["state_dict"][key].shape[0] + 1, misfit["state_dict"][key].shape[1])
+    copy = tmp_path / "misfit" / "last.ckpt"
+    copy.parent.mkdir()
+    torch.save(misfit, copy)
+    out = _run([VACO, "fit", *base, "--data.init_args.total_steps", "512", "--ckpt_path", str(copy)], tmp_path, uri)
+    errors = [line for line in out.stderr.splitlines() if "error" in line]
+    assert out.returncode == 2 and len(errors) == 1 and "its weights do not fit the model" in errors[0], out.stderr
+    assert key in errors[0] and "Traceback" not in out.stderr
+    assert mlflow.MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
 
     longer = _run([VACO, "fit", *base, "--data.init_args.total_steps", "512", "--ckpt_path", ckpt], tmp_path, uri)
     assert longer.returncode == 0, longer.stderr[-3000:]

@@ -30,6 +30,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from vaco.commands.fit_checks import (
     check_same_run,
     check_tracking,
+    check_weights_fit,
     config_error,
     continue_mlflow_run,
     early_checks,
@@ -247,6 +248,7 @@ class VacoCLI(LightningCLI):
             model.check_data(self.datamodule)
             if self._resume_state is not None:
                 check_same_run(self.model, self.datamodule, self._resume_state)
+                check_weights_fit(self.model, self.datamodule, self._resume_state)
         except ValueError as err:
             raise ConfigurationError(str(err)) from err
         logger = self.trainer.logger

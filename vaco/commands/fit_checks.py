@@ -352,6 +352,25 @@ def _unwritable(folder: str) -> str | None:
     return None
 
 
+def check_weights_fit(model, datamodule, checkpoint: dict) -> None:
+    """Refuse, before any MLflow run is touched, a checkpoint whose weights do not fit the model this
+    config builds (another network size, another task's dimensions): the learner's task-sized modules
+    are built here as ``setup`` would build them (:meth:`~vaco.learners.learner.Learner.build`, which
+    builds once), and every tensor both hold must have the same shape."""
+    saved = checkpoint.get("state_dict")
+    if not isinstance(saved, dict):
+        return
+    model.build(datamodule)
+    have = model.state_dict()
+    for key, tensor in saved.items():
+        if key in have and hasattr(tensor, "shape") and tuple(have[key].shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"`ckpt_path`: its weights do not fit the model this config builds ({key}: {list(tensor.shape)} in "
+                f"the checkpoint, {list(have[key].shape)} here); resume with the config the run was made with "
+                "(its config.yaml), or start a new run"
+            )
+
+
 def check_same_run(model, datamodule, state: dict) -> None:
     """Refuse to resume a checkpoint into a different experiment (only the budget may change)."""
     saved = state.get("vaco", {}).get("definition")
