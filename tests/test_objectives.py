@@ -364,6 +364,7 @@ METRICS = [
     "ratio_max",
     "ratio_p99",
     "ess",
+    "ess_applied",
     "entropy",
 ]
 CORRECTIONS = [DecoupledPPO, PPOEWMA, TIS, MIS, CISPO, DPPOTV, APPO]
@@ -448,3 +449,26 @@ def test_contract_rejects_bad_input(cls):
     td["behavior_log_prob"][3] = float("nan")
     with pytest.raises(ValueError, match="`behavior_log_prob` contains 1 NaN"):
         cls()(td)
+
+
+@pytest.mark.parametrize(
+    "make, weight",
+    [
+        (lambda: TIS(truncation=1.2), lambda r: min(r, 1.2)),
+        (lambda: MIS(low=0.8, high=1.25), lambda r: r if 0.8 <= r <= 1.25 else 0.0),
+        (lambda: IMPALA(rho_bar=1.1), lambda r: min(r, 1.1)),
+        (lambda: CISPO(clip_epsilon_low=0.1, clip_epsilon_high=0.15), lambda r: min(max(r, 0.9), 1.15)),
+        (lambda: PPOClip(), lambda r: r),  # no weight of its own: the ratio's
+    ],
+)
+def test_the_applied_ess_is_the_ess_of_the_weights_the_objective_applies(make, weight):
+    """``ess_applied`` by hand in float64: ``(sum w)^2 / (N sum w^2)`` over the weights each objective
+    applies (verl's ``rollout_is_eff_sample_size`` over its truncated weights), beside the raw ratio's."""
+    td = full_minibatch(B=64, seed=3)
+    out = make()(td)
+    ratios = (td["log_prob"].detach() - td["behavior_log_prob"]).double().exp().tolist()
+    w = [weight(r) for r in ratios]
+    expected = sum(w) ** 2 / (len(w) * sum(x * x for x in w))
+    raw = sum(ratios) ** 2 / (len(ratios) * sum(x * x for x in ratios))
+    assert float(out["ess_applied"]) == pytest.approx(expected, rel=1e-5)
+    assert float(out["ess"]) == pytest.approx(raw, rel=1e-5)

@@ -73,6 +73,14 @@ def positive(**values: float) -> None:
             raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}")
 
 
+def integers(prefix: str, *checks: tuple[str, object, int]) -> None:
+    """Each ``(name, value, low)``: ``value`` an integer (not a bool) >= ``low``, else a ValueError
+    naming the config field ``{prefix}.{name}``."""
+    for name, value, low in checks:
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+            raise ValueError(f"`{prefix}.{name}` must be an integer >= {low}, got {value!r}")
+
+
 def in_closed_interval(low: float, high: float, **values: float) -> None:
     """Raise unless every value lies in [low, high]."""
     for name, value in values.items():

@@ -101,16 +101,15 @@ class RolloutDataModule(L.LightningDataModule):
         collection: Collection | None = None,
     ) -> None:
         super().__init__()
-        for name, value, low in (
+        _checks.integers(
+            "data",
             ("num_envs", num_envs, 1),
             ("num_steps", num_steps, 1),
             ("total_steps", total_steps, 1),
             ("eval_episodes", eval_episodes, 1),
             ("eval_envs", eval_envs, 1),
             ("eval_every", eval_every, 0),
-        ):
-            if not (isinstance(value, int) and value >= low):
-                raise ValueError(f"`data.{name}` must be an integer >= {low}, got {value!r}")
+        )
         if not (isinstance(policy_buffer_size, int) and policy_buffer_size >= 1):
             raise ValueError(f"`data.policy_buffer_size` (K) must be an integer >= 1, got {policy_buffer_size!r}")
         if total_steps < num_envs * num_steps:

@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from vaco import _checks
 from vaco.llm.reward import GSM8k, Reward
 
 __all__ = [
@@ -279,13 +280,12 @@ class GSM8kDataModule(L.LightningDataModule):
         seed: int = 1,
     ) -> None:
         super().__init__()
-        for name, value, low in (
+        _checks.integers(
+            "data",
             ("prompts_per_minibatch", prompts_per_minibatch, 1),
             ("num_steps", num_steps, 1),
             ("eval_every", eval_every, 0),
-        ):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
-                raise ValueError(f"`data.{name}` must be an integer >= {low}, got {value!r}")
+        )
         if num_eval is not None and not (isinstance(num_eval, int) and num_eval >= 1):
             raise ValueError(f"`data.num_eval` must be an integer >= 1 or null, got {num_eval!r}")
         if not (isinstance(prompt_template, str) and "{question}" in prompt_template):

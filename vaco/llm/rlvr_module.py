@@ -27,10 +27,12 @@ from typing import Any, ClassVar
 import torch
 from tensordict import TensorDict
 
+from vaco import _checks
 from vaco.learners.learner import Learner, NonFiniteLossError, plain_fields
 from vaco.learners.step_size import StepSize, log_importance_weights, scaled_step
 from vaco.lightning_private import reopen_finished_epoch, uncount_current_batch
 from vaco.llm.advantage import GroupRelative
+from vaco.llm.batches import SEQUENCE_KEYS, LagTally, batch_metrics, to_device, trim
 from vaco.llm.policy import (
     DECODERS,
     GenerationStopped,
@@ -46,7 +48,7 @@ from vaco.llm.policy import (
 from vaco.llm.reward import STOP_STRINGS, answer_span
 from vaco.llm.stopped import StoppedBatch
 from vaco.objectives import Objective, metric_name
-from vaco.objectives.objective_math import effective_sample_size, masked_quantile, total_variation
+from vaco.objectives.objective_math import total_variation
 from vaco.tracking import AXES_PARAM, FRACTION_PARAM, SCORE_PARAM, declared_axes
 
 __all__ = ["RLVRModule"]
@@ -57,11 +59,6 @@ def _algorithm_name(objective: Objective, step_size: StepSize | None = None) -> 
     step-size rule, its suffix after it (``grpo_ess_step``)."""
     name = objective.algorithm_name("group")
     return name if step_size is None else f"{name}_{step_size.suffix}"
-
-
-def _positive_int(name: str, value: Any, low: int = 1) -> None:
-    if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
-        raise ValueError(f"`model.{name}` must be an integer >= {low}, got {value!r}")
 
 
 class RLVRModule(Learner):
@@ -179,18 +176,20 @@ class RLVRModule(Learner):
         problem = objective.unsupported("llm")
         if problem is not None:
             raise ValueError(f"`model.objective`: {problem}")
-        _positive_int("num_minibatches", num_minibatches)
-        _positive_int("completions_per_prompt", completions_per_prompt, 2)
-        _positive_int("max_prompt_length", max_prompt_length)
-        _positive_int("max_completion_length", max_completion_length)
-        _positive_int("eval_batch_size", eval_batch_size)
-        for name, value in (
+        optional = (
             ("eval_max_completion_length", eval_max_completion_length),
             ("micro_batch_size", micro_batch_size),
             ("generation_batch_size", generation_batch_size),
-        ):
-            if value is not None:
-                _positive_int(name, value)
+        )
+        _checks.integers(
+            "model",
+            ("num_minibatches", num_minibatches, 1),
+            ("completions_per_prompt", completions_per_prompt, 2),
+            ("max_prompt_length", max_prompt_length, 1),
+            ("max_completion_length", max_completion_length, 1),
+            ("eval_batch_size", eval_batch_size, 1),
+            *((name, value, 1) for name, value in optional if value is not None),
+        )
         if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
             raise ValueError(f"`model.lr` must be > 0, got {lr!r}")
         if not (adam_eps > 0 and weight_decay >= 0):
@@ -359,7 +358,7 @@ class RLVRModule(Learner):
         generation or between minibatches leaves :attr:`_pending` for the checkpoint written then."""
         stopped, self._pending = self._pending, None
         if stopped is not None and stopped.minibatches is not None:  # resumed inside a batch: its remaining minibatches
-            batch = dataclasses.replace(stopped, minibatches=[_to_device(m, self.device) for m in stopped.minibatches])
+            batch = dataclasses.replace(stopped, minibatches=[to_device(m, self.device) for m in stopped.minibatches])
         else:
             batch = self._generate(dataloader_iter, None if stopped is None else stopped.regenerate)
             if batch is None:
@@ -367,7 +366,12 @@ class RLVRModule(Learner):
         if not self._train(batch):
             return
         self.version += 1
-        metrics = self._batch_metrics(batch)
+        metrics = batch_metrics(
+            batch,
+            int(self.version),
+            self.num_minibatches,
+            self.data.prompts_per_minibatch * self.hparams.completions_per_prompt,
+        )
         if self.should_evaluate():
             metrics.update(self.evaluate())
         self.log_metrics(metrics, step=int(self.version) * self.num_minibatches)
@@ -416,7 +420,7 @@ class RLVRModule(Learner):
                 # now (IterationCheckpoint) holds the batch's minibatches, and a resume trains the rest
                 self._pending = dataclasses.replace(
                     batch,
-                    minibatches=[_to_device(m, "cpu") for m in minibatches],
+                    minibatches=[to_device(m, "cpu") for m in minibatches],
                     next=k + 1,
                     update_seconds=batch.update_seconds + time.perf_counter() - start,
                 )
@@ -424,35 +428,6 @@ class RLVRModule(Learner):
                 return False
         batch.update_seconds += time.perf_counter() - start
         return True
-
-    def _batch_metrics(self, batch: StoppedBatch) -> dict[str, float]:
-        """A generation batch's metrics, logged at its last minibatch's step."""
-        minibatches, tvs = batch.minibatches, batch.tvs
-        steps = int(self.version) * self.num_minibatches
-        rewards = torch.cat([m["reward"].reshape(-1) for m in minibatches])
-        groups = torch.cat([m["reward"] for m in minibatches])
-        lengths = torch.cat([m["completion_mask"].sum(-1) for m in minibatches]).float()
-        tokens = float(lengths.sum())
-        seconds = batch.generate_seconds + batch.update_seconds
-        return {
-            "train/reward": float(rewards.mean()),
-            "train/mixed_groups": float((groups.max(-1).values != groups.min(-1).values).float().mean()),
-            "train/completion_length": float(lengths.mean()),
-            "train/truncated_fraction": float(torch.cat([m["truncated"] for m in minibatches]).float().mean()),
-            "train/prompt_truncated": float(sum(m["prompt_truncated"] for m in minibatches)),
-            "lag/forward_tv": tvs[-1],
-            **(
-                {"lag/rescore_tv": float(torch.stack([m["rescore_tv"] for m in minibatches]).mean())}
-                if minibatches[0]["rescore_tv"] is not None
-                else {}
-            ),
-            "lag/forward_tv_mean": sum(tvs) / len(tvs),
-            "perf/generate_seconds": batch.generate_seconds,
-            "perf/update_seconds": batch.update_seconds,
-            "perf/tokens_per_second": tokens / max(seconds, 1e-9),
-            "time/generation_batch": int(self.version),
-            "time/episodes": steps * self.data.prompts_per_minibatch * self.hparams.completions_per_prompt,
-        }
 
     def _stop_during_generation(self) -> bool:
         """A stop signal, asked before every generated token (one process only: under DDP the ranks
@@ -550,7 +525,7 @@ class RLVRModule(Learner):
         micro = self.hparams.micro_batch_size or B
         out = torch.zeros(mb["completion_ids"].shape, dtype=torch.float32, device=mb["completion_ids"].device)
         for i in range(0, B, micro):
-            part = _trim(
+            part = trim(
                 {
                     key: mb[key][i : i + micro]
                     for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
@@ -574,13 +549,11 @@ class RLVRModule(Learner):
             minibatch_tv = total_variation(self._score(mb) - mb["behavior_log_prob"], mb["completion_mask"])
         sums: dict[str, torch.Tensor] = {}
         weights: list[torch.Tensor] = []  # the minibatch's log importance weights, for a step-size rule that reads them
-        ratios: list[torch.Tensor] = []  # every valid token's ratio: the lag diagnostics over the whole minibatch
+        lag = LagTally(self.objective) if micro < B else None  # the lag diagnostics over the whole minibatch
         for i in range(0, B, micro):
-            part = _trim({key: mb[key][i : i + micro] for key in _SEQUENCE_KEYS})
+            part = trim({key: mb[key][i : i + micro] for key in SEQUENCE_KEYS})
             log_prob, entropy = self._log_probs(part, with_entropy=True, entropy_grad=entropy_grad)
             log_ratio = log_prob.detach() - part["behavior_log_prob"]
-            if micro < B:
-                ratios.append(log_importance_weights(log_ratio, part["completion_mask"], "token").exp())
             if self.step_size is not None and self.step_size.reads_weights:
                 weights.append(log_importance_weights(log_ratio, part["completion_mask"], self.step_size.level))
             inputs = {
@@ -592,6 +565,8 @@ class RLVRModule(Learner):
             }
             if minibatch_tv is not None:
                 inputs["minibatch_tv"] = minibatch_tv
+            if lag is not None:
+                lag.add(log_ratio, inputs)
             out = self.objective(inputs)
             weight = part["completion_mask"].sum() / total_tokens
             loss = sum(v for key, v in out.items() if key.startswith("loss_"))
@@ -607,11 +582,10 @@ class RLVRModule(Learner):
                     sums[key] = torch.maximum(sums.get(key, value), value)
                 else:
                     sums[key] = sums.get(key, 0.0) + value * weight
-        if ratios:  # micro-batched: the minibatch's own ESS and tail, not a weighted mean of the micro-batches'
-            every = torch.cat(ratios)
-            sums["ess"] = effective_sample_size(every)
-            sums["ratio_p99"] = masked_quantile(every, 0.99)
-            sums["ratio_max"] = every.max()
+        if (
+            lag is not None
+        ):  # micro-batched: the minibatch's own ESS and tail, not a weighted mean of the micro-batches'
+            sums.update(lag.finish())
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.policy.parameters(), self.hparams.max_grad_norm if self.hparams.max_grad_norm is not None else math.inf
         )
@@ -712,23 +686,3 @@ class RLVRModule(Learner):
         self.last_eval_accuracy = state["last_eval_accuracy"]
         self._pending = StoppedBatch.from_state(state.get("pending"))
         self._initial_eval_pending = bool(state.get("initial_eval_pending", False))
-
-
-def _to_device(minibatch: dict[str, Any], device) -> dict[str, Any]:
-    """A minibatch's tensors on ``device`` (its plain values as they are)."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in minibatch.items()}
-
-
-_SEQUENCE_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "behavior_log_prob", "advantage")
-
-
-def _trim(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop the prompt columns that are padding in every row, and the completion columns likewise."""
-    prompt_start = int(part["prompt_mask"].any(0).long().argmax())
-    completion_end = max(1, int(part["completion_mask"].any(0).sum()))
-    out = dict(part)
-    out["prompt_ids"], out["prompt_mask"] = part["prompt_ids"][:, prompt_start:], part["prompt_mask"][:, prompt_start:]
-    for key in ("completion_ids", "completion_mask", "behavior_log_prob", "advantage"):
-        if key in part:
-            out[key] = part[key][:, :completion_end]
-    return out

@@ -28,7 +28,11 @@ key                  meaning
 are summed by the trainer; every other entry is a detached scalar metric, identical across
 objectives: ``tv``, ``filter_fraction``, ``clip_fraction``, ``approx_kl``, ``ratio_mean``,
 ``entropy``, and the lag diagnostics of the importance weights ``r``: ``ratio_max``, ``ratio_p99``
-and ``ess`` (their normalised effective sample size); and objective-specific extras such as ``kl``,
+and ``ess`` (their normalised effective sample size), and ``ess_applied``, the effective sample size
+of the weights the objective itself applies (:meth:`Objective.applied_weight`: TIS's ``min(r, C)``,
+MIS's masked ``r``, IMPALA's ``min(r, rho_bar)``, CISPO's clipped ``r``; verl's
+``rollout_is_eff_sample_size`` is this one), the raw ratio's where the objective applies no weight of
+its own; and objective-specific extras such as ``kl``,
 ``cap_fraction`` (a weight capped, its gradient kept) or ``mask_fraction`` (a sample's gradient
 removed by an importance-weight mask). :func:`metric_name` says under which name each is logged.
 """
@@ -48,7 +52,7 @@ from vaco.objectives.objective_math import effective_sample_size, masked_mean, m
 __all__ = ["LAG_OUTPUTS", "Objective", "metric_name"]
 
 #: the outputs that describe the lag itself, whatever the objective (logged as ``lag/*``, not ``train/*``)
-LAG_OUTPUTS = ("ess", "ratio_p99", "ratio_max")
+LAG_OUTPUTS = ("ess", "ess_applied", "ratio_p99", "ratio_max")
 
 
 def metric_name(output: str) -> str:
@@ -217,7 +221,15 @@ class Objective(nn.Module):
 
         with torch.no_grad():
             out.update(self._diagnostics(ratio, log_ratio, mask, entropy, indicators))
+            applied = self.applied_weight(log_ratio.detach(), batch)
+            out["ess_applied"] = out["ess"] if applied is None else effective_sample_size(applied, mask)
         return TensorDict(out, batch_size=[])
+
+    def applied_weight(self, log_ratio: torch.Tensor, batch) -> torch.Tensor | None:
+        """The per-sample importance weight the objective multiplies its gradient by, from the detached
+        log ratio (and, for a sequence-level weight, the batch's mask); None where it applies none of
+        its own (the ratio's own diagnostics then stand for it)."""
+        return None
 
     @staticmethod
     def _check_inputs(batch, value) -> None:

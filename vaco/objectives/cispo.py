@@ -42,5 +42,8 @@ class CISPO(Objective):
         weight = ratio.clamp(low, high)
         return -weight * advantage * batch.get("log_prob"), {"capped": (ratio < low) | (ratio > high)}
 
+    def applied_weight(self, log_ratio, batch):
+        return log_ratio.detach().clamp(-20.0, 20.0).exp().clamp(1 - self.clip_epsilon_low, 1 + self.clip_epsilon_high)
+
     def extra_repr(self) -> str:
         return f"clip_epsilon_low={self.clip_epsilon_low}, clip_epsilon_high={self.clip_epsilon_high}"

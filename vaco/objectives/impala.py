@@ -33,5 +33,8 @@ class IMPALA(Objective):
         weight = ratio.detach().clamp(max=self.rho_bar)
         return -(weight * advantage * batch.get("log_prob")), {}
 
+    def applied_weight(self, log_ratio, batch):
+        return log_ratio.detach().exp().clamp(max=self.rho_bar)
+
     def extra_repr(self) -> str:
         return f"rho_bar={self.rho_bar}"

@@ -42,12 +42,18 @@ class _ImportanceWeighted(Objective):
     def weight(self, ratio: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
-    def surrogate(self, *, ratio, log_ratio, advantage, batch):
+    def _weights(self, log_ratio, batch):
         log_ratio = log_ratio.detach()
         if self.level == "sequence":
-            log_ratio = sequence_log_ratio(log_ratio, batch.get("mask", None), mean=False).expand_as(advantage)
-        weight, indicators = self.weight(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp())
+            log_ratio = sequence_log_ratio(log_ratio, batch.get("mask", None), mean=False).expand_as(log_ratio)
+        return self.weight(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp())
+
+    def surrogate(self, *, ratio, log_ratio, advantage, batch):
+        weight, indicators = self._weights(log_ratio, batch)
         return -weight * advantage * batch.get("log_prob"), indicators
+
+    def applied_weight(self, log_ratio, batch):
+        return self._weights(log_ratio, batch)[0]
 
 
 class TIS(_ImportanceWeighted):
