@@ -47,12 +47,25 @@ step "vaco ui starts, serves and stops on Ctrl-C"
 "$VACO" ui --port 5077 > ui.log 2>&1 &
 ui=$!
 trap 'kill -INT $ui 2>/dev/null || true' EXIT  # a failing step below leaves no server behind
-# the address it prints carries the token; the same address without it is refused (the owner's only)
-address() { grep -o 'http://127.0.0.1:5077/?vaco_token=[^# ]*' ui.log | head -1; }
-# (the token's address sets a cookie and redirects to the page: an opener that keeps cookies follows it)
+# the address it prints (the UI's own host name, vaco-<random>.localhost, which browsers resolve to this
+# machine) carries the token; the same address without it is refused (the owner's only). Python does not
+# resolve *.localhost, so each request goes to 127.0.0.1 naming the UI's host
+address() { grep -o 'http://[^/ ]*:5077/?vaco_token=[^# ]*' ui.log | head -1; }
+# (the token's address sets a cookie on the UI's host and redirects to the page; the cookie opens it)
 up() {
-  [ -n "$(address)" ] && "$ROOT/$VENV/bin/python" -c "import sys, urllib.request as u
-u.build_opener(u.HTTPCookieProcessor()).open(sys.argv[1], timeout=5)" "$(address)" 2>/dev/null
+  [ -n "$(address)" ] && "$ROOT/$VENV/bin/python" - "$(address)" <<'PY' 2>/dev/null
+import http.client, sys, urllib.parse
+url = urllib.parse.urlsplit(sys.argv[1])
+def get(path, **headers):
+    c = http.client.HTTPConnection("127.0.0.1", 5077, timeout=5)
+    c.request("GET", path, headers={"Host": url.netloc, **headers})
+    r = c.getresponse(); r.read(); c.close()
+    return r
+first = get(f"{url.path}?{url.query}")
+assert first.status == 303, first.status
+cookie = first.getheader("set-cookie").split(";")[0]
+assert get("/", Cookie=cookie).status == 200
+PY
 }
 for _ in $(seq 120); do up && break; sleep 1; done
 up || { cat ui.log; exit 1; }
