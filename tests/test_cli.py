@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import browser
 from helpers.mlflow_server import free_port
 from helpers.runs import CONFIGS, REAL_VACO, VACO, run_cli
 
@@ -326,7 +327,7 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
     fresh browser sees only the refusal."""
     import mlflow
 
-    chromium = _chromium()
+    chromium = browser.chromium()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("vaco-first-look")
@@ -355,7 +356,7 @@ def test_vaco_ui_lands_on_the_runs_table_in_a_fresh_browser(tmp_path):
         ), line
         entry = f"http://127.0.0.1:{port}/?vaco_token={token}"  # by hand at 127.0.0.1: sent on to the UI's host
         assert "the runs of 'vaco-first-look'" in line
-        flags = CHROMIUM_FLAGS
+        flags = browser.ONE_PAGE
         dom = subprocess.run(
             [chromium, *flags, f"--user-data-dir={tmp_path / 'profile-dom'}", "--dump-dom", url],
             capture_output=True,
@@ -436,7 +437,7 @@ def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
 
     from vaco.tracking import CELL_TAG, PARENT_RUN_ID_TAG, PARENT_TAG
 
-    chromium = _chromium()
+    chromium = browser.chromium()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("vaco-sweep-look")
@@ -459,7 +460,7 @@ def test_vaco_ui_lists_a_sweeps_runs_and_draws_their_curves(tmp_path):
     client.set_terminated(parent)
     port = free_port()
     ui = _start_ui(port, tmp_path, uri)
-    flags = CHROMIUM_FLAGS
+    flags = browser.ONE_PAGE
     try:
         line = ""
         deadline = time.monotonic() + 120
@@ -651,7 +652,7 @@ def test_an_experiment_made_after_the_ui_started_opens_with_its_view_from_a_plai
     and a TV of 9.546056e-09 shown whole (not cut to a number that reads as 9.5)."""
     import mlflow
 
-    chromium = _chromium()
+    chromium = browser.chromium()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     client.log_metric(client.create_run(client.create_experiment("before")).info.run_id, "eval/return", 1.0)
@@ -670,7 +671,7 @@ def test_an_experiment_made_after_the_ui_started_opens_with_its_view_from_a_plai
         dom = subprocess.run(
             [
                 chromium,
-                *CHROMIUM_FLAGS,
+                *browser.ONE_PAGE,
                 f"--user-data-dir={tmp_path / 'p'}",
                 "--dump-dom",
                 f"{entry}#/experiments/{experiment}",
@@ -691,29 +692,6 @@ def test_an_experiment_made_after_the_ui_started_opens_with_its_view_from_a_plai
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
-
-
-#: headless Chromium with a new profile each time, no network of its own, a laptop's window; 20 s of
-#: virtual time for the page's scripts
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1400,900",
-    "--virtual-time-budget=20000",
-]
-
-
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.skip("no Chromium here (apt-get install chromium): the browser check needs a real browser")
-    return found
 
 
 def _start_ui(port: int, cwd, uri: str) -> subprocess.Popen:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 from scipy.stats import trim_mean
 
+from helpers import browser
 from vaco import report as R
 from vaco.report.page import ALL_TASKS, page_data, write_page
 from vaco.study import randomisation as Z
@@ -24,16 +24,6 @@ from vaco.study.plan import load_plan
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs/data/confirm_k4.csv.gz"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--virtual-time-budget=10000",
-]
 
 
 @cache
@@ -122,16 +112,9 @@ def test_the_plan_section_replays_the_declared_test_look_by_look():
     assert first["word"] == "undecided"
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.skip("no Chromium here (apt-get install chromium): the page check needs a real browser")
-    return found
-
-
 def _plotted(chromium: str, page: Path, fragment: str, profile: Path) -> dict:
     dom = subprocess.run(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", f"{page.as_uri()}#{fragment}"],
+        [chromium, *browser.ONE_PAGE, f"--user-data-dir={profile}", "--dump-dom", f"{page.as_uri()}#{fragment}"],
         capture_output=True,
         text=True,
         timeout=180,
@@ -143,7 +126,7 @@ def _plotted(chromium: str, page: Path, fragment: str, profile: Path) -> dict:
 
 @pytest.mark.slow
 def test_the_page_opens_offline_its_controls_change_the_plot_and_a_point_opens_its_runs(tmp_path):
-    chromium = _chromium()
+    chromium = browser.chromium()
     report, judged, earlier = _confirmatory()
     data = page_data(
         report, plan_lines(judged), trajectory(judged, report, earlier), "vaco sweep --config X --only '{name}'"
@@ -151,6 +134,7 @@ def test_the_page_opens_offline_its_controls_change_the_plot_and_a_point_opens_i
     page = write_page(tmp_path / "benchmark.html", data)
     text = page.read_text()
     assert "<script src=" not in text and "https://" not in text.split("<script>", 2)[-1]  # nothing to fetch
+    assert len(text.encode()) < 2_000_000  # plotly.js's basic bundle: a page small enough to keep in git
 
     default = _plotted(chromium, page, "", tmp_path / "p1")
     assert (default["task"], default["score"]) == (ALL_TASKS, data["declared_score"])
@@ -162,3 +146,15 @@ def test_the_page_opens_offline_its_controls_change_the_plot_and_a_point_opens_i
     assert changed["traces"][0]["iqm"] != default["traces"][0]["iqm"]
     opened = sorted(r.name for r in report.runs if (r.algorithm, r.K, r.env) == ("vaco", 4, "Hopper-v5"))
     assert sorted(changed["open"]) == opened and len(opened) == 12
+
+
+def test_the_page_embeds_plotly_js_as_published_or_refuses(tmp_path, monkeypatch):
+    from vaco.report import page as P
+
+    assert P.plotly_js().startswith("/**\n* plotly.js (basic - minified) v4.1.1")
+    changed = tmp_path / "plotly-basic.min.js"
+    changed.write_bytes(P.PLOTLY_JS.read_bytes().replace(b"v4.1.1", b"v4.1.2", 1))
+    monkeypatch.setattr(P, "PLOTLY_JS", changed)
+    with pytest.raises(RuntimeError, match="not the published plotly.js-basic-dist-min 4.1.1"):
+        P.write_page(tmp_path / "benchmark.html", {"title": "x"})
+    assert not (tmp_path / "benchmark.html").exists()

@@ -1,5 +1,5 @@
 """The benchmark page: one self-contained HTML file a reader clicks through (``benchmark.html`` beside the
-report's other files; plotly, with plotly.js inside the file, so it opens with no network).
+report's other files; plotly.js inside the file, so it opens with no network).
 
 What it shows, for any sweep: the IQM score against K per algorithm with its 95% interval and every seed's
 value beside it, for the task and score chosen on the page (each task alone, or every task weighed alike:
@@ -13,6 +13,11 @@ The page's state lives in its address (``#task=Hopper-v5&score=final&diagnostic=
 view can be linked; ``set=FIELD:VALUE`` changes a control as a reader would (its ``change`` event). What is
 plotted is kept as JSON in ``<script id="plotted">``: what a browser test reads back.
 
+plotly.js is its "basic" bundle (scatter, bar and pie traces: all the page draws), 1.2 MB against the full
+bundle's 4.8 MB, so a page of a thousand runs stays under 2 MB and can be kept in git: the file
+``vendor/plotly-basic.min.js`` is npm's ``plotly.js-basic-dist-min`` 4.1.1 as published (MIT, its licence
+beside it; sha256 in :data:`PLOTLY_SHA256`, checked when the page is written).
+
 Written by hand where plotly stops: the controls, the run table and the state (a few dozen lines of
 JavaScript, no other library). The intervals are computed here, not in the browser: a cell with 5 or
 more seeds a task is bootstrapped (1,000 resamples of its seeds, per task), below that its bracket is
@@ -21,6 +26,7 @@ the runs' range (the report's rule), and the page says which.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 from collections import defaultdict
@@ -28,7 +34,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from plotly.offline import get_plotlyjs
 
 from vaco.files import write_text_atomic
 
@@ -38,6 +43,20 @@ ALL_TASKS = "every task (mean of the tasks' IQMs)"
 BOOTSTRAP_FROM = 5  # seeds a task from which a cell's interval is bootstrapped (below: the runs' range)
 RESAMPLES = 1000
 _SKIP = ("eval/return", "eval/accuracy")  # the score itself is not a diagnostic
+PLOTLY_JS = Path(__file__).with_name("vendor") / "plotly-basic.min.js"
+PLOTLY_SHA256 = "99784e3abfb07b142a15e521a439e6d9addceadb3f79553fd24c72774f0649ba"
+
+
+def plotly_js() -> str:
+    """The plotly.js the page embeds, as published (a changed or missing file is an error, not a page
+    that draws nothing)."""
+    try:
+        raw = PLOTLY_JS.read_bytes()
+    except OSError as e:
+        raise RuntimeError(f"the benchmark page's plotly.js is missing ({PLOTLY_JS}): reinstall vaco") from e
+    if hashlib.sha256(raw).hexdigest() != PLOTLY_SHA256:
+        raise RuntimeError(f"{PLOTLY_JS} is not the published plotly.js-basic-dist-min 4.1.1: reinstall vaco")
+    return raw.decode("utf-8")
 
 
 def _iqm(values: np.ndarray) -> np.ndarray:
@@ -175,7 +194,7 @@ def write_page(path, data: dict) -> Path:
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     body = (
         _TEMPLATE.replace("__TITLE__", html.escape(str(data["title"])))
-        .replace("__PLOTLY__", get_plotlyjs())
+        .replace("__PLOTLY__", plotly_js())
         .replace("__DATA__", payload)
     )
     return write_text_atomic(Path(path), body)
