@@ -140,10 +140,14 @@ def _yuen(xr, xk, yr, yk) -> tuple[np.ndarray, np.ndarray]:
     for c in cells:
         ordered = np.sort(c, axis=-1)
         means.append(ordered[..., cut : n - cut].mean(axis=-1))
-        wins.append(np.clip(c, ordered[..., cut : cut + 1], ordered[..., n - cut - 1 : n - cut]))
+        # winsorised at the cut: np.clip's value, without its wrapper's cost (a third of a size test)
+        wins.append(np.minimum(np.maximum(c, ordered[..., cut : cut + 1]), ordered[..., n - cut - 1 : n - cut]))
     d = (means[2] - means[3]) - (means[0] - means[1])
-    z = wins[2] - wins[3] - wins[0] + wins[1]
-    se = np.sqrt(((z - z.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1) / max(h * (h - 1), 1))
+    z = wins[2] - wins[3]
+    z -= wins[0]
+    z += wins[1]
+    z -= z.mean(axis=-1, keepdims=True)
+    se = np.sqrt((z * z).sum(axis=-1) / max(h * (h - 1), 1))
     return d, se
 
 
@@ -249,8 +253,8 @@ def bootstrap_t_p(
     d, se = (float(v) for v in estimate(xr, xk, yr, yk, estimand))
     rng = np.random.default_rng(seed)
     rows = rng.integers(0, n, size=(reps, n, tasks))
-    columns = np.arange(tasks)[None, None, :]
-    resampled = [c[rows, columns] for c in (xr, xk, yr, yk)]
+    at = rows * tasks + np.arange(tasks)  # c[rows, task] as flat positions: one gather a cell
+    resampled = [np.take(c.ravel(), at) for c in (xr, xk, yr, yk)]
     d_star, se_star = estimate(*resampled, estimand=estimand)
     degenerate = ~(se_star > 0)  # every resampled unit alike: counted as extreme, which can only raise p
     t_star = (d_star - d) / np.where(degenerate, 1.0, se_star)

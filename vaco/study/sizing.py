@@ -49,8 +49,10 @@ __all__ = [
     "Pilot",
     "equal_drop_null",
     "first_look_rates",
+    "null_rates_by_test",
     "null_study",
     "plan_p",
+    "plan_ps",
     "sequential_null_rates",
     "simulate_plan",
     "units",
@@ -97,18 +99,49 @@ def plan_p(
 ) -> float:
     """The two-sided p of "no difference of drops" by ``test`` (one of the plan's tests; ``swaps``
     patterns, and as many bootstrap-t resamples) for ``estimand``."""
-    from vaco.study.randomisation import agreement_p, bootstrap_p, bootstrap_t_p, randomisation_p
+    return plan_ps((test,), cells, margin, seed, swaps, reps, estimand)[test]
 
-    e = estimand
-    if test == "bootstrap":
-        return bootstrap_p(cells, 0.05 if margin is None else margin, reps=reps, seed=seed, estimand=e)[0]
-    if test in ("randomisation", "randomisation-raw"):  # -raw: the unstudentised D, measured for comparison only
-        return randomisation_p(cells, None, swaps, seed, studentise=test == "randomisation", estimand=e)[0]
-    if test == "bootstrap-t":  # alone, measured for comparison only
-        return bootstrap_t_p(cells, None, reps=swaps, seed=seed, estimand=e)[0]
-    if test == "randomisation+bootstrap-t":
-        return agreement_p(cells, None, reps=swaps, seed=seed, estimand=e)[0]
-    raise ValueError(f"test must be randomisation, randomisation+bootstrap-t or bootstrap, got {test!r}")
+
+TESTS = ("randomisation", "randomisation+bootstrap-t", "bootstrap", "bootstrap-t", "randomisation-raw")
+
+
+def plan_ps(
+    tests: Sequence[str],
+    cells,
+    margin: float | None,
+    seed: int,
+    swaps: int = 999,
+    reps: int = 2000,
+    estimand: str = "pooled",
+) -> dict[str, float]:
+    """:func:`plan_p` of each of ``tests`` on the same cells, each part computed once:
+    ``randomisation+bootstrap-t`` is :func:`~vaco.study.randomisation.agreement_p`'s larger p of its two
+    parts, on the same patterns and resamples as each alone. ``bootstrap-t`` and ``randomisation-raw``
+    (the unstudentised D) are measured for comparison only."""
+    from vaco.study.randomisation import bootstrap_p, bootstrap_t_p, randomisation_p
+
+    unknown = [t for t in tests if t not in TESTS]
+    if unknown:
+        raise ValueError(f"test must be randomisation, randomisation+bootstrap-t or bootstrap, got {unknown[0]!r}")
+    e, parts = estimand, {}
+
+    def part(name: str) -> float:
+        if name not in parts:
+            if name == "bootstrap":
+                parts[name] = bootstrap_p(cells, 0.05 if margin is None else margin, reps=reps, seed=seed, estimand=e)[
+                    0
+                ]
+            elif name == "bootstrap-t":
+                parts[name] = bootstrap_t_p(cells, None, reps=swaps, seed=seed, estimand=e)[0]
+            else:
+                studentise = name == "randomisation"
+                parts[name] = randomisation_p(cells, None, swaps, seed, studentise=studentise, estimand=e)[0]
+        return parts[name]
+
+    return {
+        t: max(part("randomisation"), part("bootstrap-t")) if t == "randomisation+bootstrap-t" else part(t)
+        for t in tests
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,34 +292,47 @@ def sequential_null_rates(
     by the group-sequential Holm rule with every other arm against the control. Counts the studies
     with any "differs" and, per comparison, where its p met the smallest level the rule uses (the
     first Holm step's, alpha / m's boundary)."""
+    return null_rates_by_test(data, (test,), looks, alpha, studies, seed, swaps, estimand)[test]
+
+
+def null_rates_by_test(
+    data: np.ndarray,
+    tests: Sequence[str],
+    looks: Sequence[int],
+    alpha: float,
+    studies: int,
+    seed: int,
+    swaps: int = 1999,
+    estimand: str = "pooled",
+) -> dict[str, NullRates]:
+    """:func:`sequential_null_rates` of several tests on the same null studies (each its own Holm
+    rule), each p's parts computed once (:func:`plan_ps`): what each test gives alone, at the cost
+    of the tests' distinct parts."""
     null = equal_drop_null(np.asarray(data, dtype=np.float64), estimand)
     arms, _, seeds, tasks = null.shape
     m = arms - 1
     levels = holm_levels(list(looks), alpha, "pocock", m)
     first = levels[m - 1]
     rng = np.random.default_rng(seed)
-    family = 0
-    per_look = np.zeros((len(looks), m), dtype=int)
+    family = dict.fromkeys(tests, 0)
+    per_look = {t: np.zeros((len(looks), m), dtype=int) for t in tests}
     for s in range(studies):
         # each arm's own seeds, drawn per task; a seed's (ref, K) pair stays together
         rows = rng.integers(0, seeds, size=(arms, looks[-1], tasks))
         study = null[np.arange(arms)[:, None, None], :, rows, np.arange(tasks)[None, None, :]]  # arm, n, task, K
         study = np.moveaxis(study, -1, 1)  # arm, K, n, task
-        rejected = [False] * m
+        rejected = {t: [False] * m for t in tests}
         for k, n in enumerate(looks):
             cells = study[:, :, :n]
-            p = [
-                plan_p(
-                    test,
-                    (cells[a, 0], cells[a, 1], cells[0, 0], cells[0, 1]),
-                    0.05,
-                    s * len(looks) + k,
-                    swaps,
-                    estimand=estimand,
-                )
+            ps = [
+                plan_ps(tests, (cells[a, 0], cells[a, 1], cells[0, 0], cells[0, 1]), 0.05, s * len(looks) + k, swaps,
+                        estimand=estimand)
                 for a in range(1, m + 1)
-            ]
-            per_look[k] += np.asarray(p) <= first[k]
-            rejected = sequential_holm(p, levels, k, rejected)
-        family += any(rejected)
-    return NullRates(studies, family, per_look, tuple(first))
+            ]  # fmt: skip
+            for t in tests:
+                p = [by_test[t] for by_test in ps]
+                per_look[t][k] += np.asarray(p) <= first[k]
+                rejected[t] = sequential_holm(p, levels, k, rejected[t])
+        for t in tests:
+            family[t] += any(rejected[t])
+    return {t: NullRates(studies, family[t], per_look[t], tuple(first)) for t in tests}
