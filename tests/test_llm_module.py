@@ -309,6 +309,25 @@ def test_run_logs_and_resumes_exactly_into_the_same_mlflow_run(setting, tmp_path
         )
     assert exit_info.value.code == 2
     assert "`model.init_args.objective.init_args.delta` cannot change when resuming" in capsys.readouterr().err
+    # the reward is stored twice (the run's definition, the data settings `vaco evaluate` reads): a checkpoint
+    # whose data settings were edited to another reward is refused too, in one line, before any step
+    edited = dict(saved, datamodule_hyper_parameters=dict(saved["datamodule_hyper_parameters"]))
+    edited["datamodule_hyper_parameters"]["reward"] = {"class_path": "my_rewards.Lenient", "init_args": {}}
+    torch.save(edited, tmp_path / "edited.ckpt")
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            fit_args(
+                setting,
+                tmp_path / "first",
+                *args,
+                "--ckpt_path",
+                str(tmp_path / "edited.ckpt"),
+                objective="vaco_grpo.yaml",
+            )
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "`data.init_args.reward` cannot change when resuming" in err and "my_rewards.Lenient" in err, err
     main(fit_args(setting, tmp_path / "first", *args, "--ckpt_path", str(ckpt), objective="vaco_grpo.yaml"))
 
     straight, resumed = final_policy_state(tmp_path / "straight"), final_policy_state(tmp_path / "first")

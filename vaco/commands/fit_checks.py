@@ -15,6 +15,7 @@ import inspect
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from jsonargparse import Namespace
@@ -372,10 +373,26 @@ def check_weights_fit(model, datamodule, checkpoint: dict) -> None:
 
 
 def check_same_run(model, datamodule, state: dict) -> None:
-    """Refuse to resume a checkpoint into a different experiment (only the budget may change)."""
+    """Refuse to resume a checkpoint into a different experiment (only the budget may change). A
+    checkpoint holds the data module's defining settings twice: in the run's definition and in its
+    data settings (``datamodule_hyper_parameters``, what ``vaco evaluate`` reads, e.g. the reward);
+    both must be the config's, so a checkpoint edited in either place is refused in one line."""
     saved = state.get("vaco", {}).get("definition")
     if saved is None:  # written by a learner that had no data module to define the run by
         return
     problem = same_run_problem(saved, model.run_definition(datamodule))
+    stored, given = state.get("datamodule_hyper_parameters") or {}, getattr(datamodule, "hparams", {})
+    keys = [k for k in datamodule.defining_fields if k in stored and k in given]
+    problem = problem or same_run_problem(
+        {f"data.init_args.{k}": _plain(stored[k]) for k in keys},
+        {f"data.init_args.{k}": _plain(given[k]) for k in keys},
+    )
     if problem is not None:
         raise ValueError(problem)
+
+
+def _plain(value):
+    """A stored setting as the config gives it (a tuple read back is the list written)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
