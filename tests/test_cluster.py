@@ -19,7 +19,7 @@ import mlflow
 import pytest
 import yaml
 
-from helpers.runs import VACO
+from helpers.runs import CONFIGS, REAL_VACO, VACO
 from helpers.services import postgres, slurm_cluster
 from helpers.tiny_sweep import FIRST, ONLY, SECOND, TINY, cell_runs, parent_run
 
@@ -459,3 +459,43 @@ def test_vaco_ui_on_postgresql_puts_no_password_on_any_command_line(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collection", ["async2", "distributed2"])
+def test_actor_processes_show_no_password_to_another_account(collection, tmp_path):
+    """`vaco fit` with actor processes (multiprocessing actors, or torch.distributed ranks started by
+    the mp launcher) on a PostgreSQL store with a password: the process list, read as `nobody` (a
+    second local account) with `ps` while the actors collect, shows the actors and no password."""
+    url, why = postgres(SECRET)
+    if url is None:
+        pytest.skip(why)
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("reading the process list as a second account needs root and runuser")
+    fit = subprocess.Popen(
+        [REAL_VACO, "fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(CONFIGS / f"collection/{collection}.yaml"),
+         "--data.init_args.num_envs", "4", "--data.init_args.num_steps", "64", "--data.init_args.total_steps", str(4 * 64 * 6),
+         "--data.init_args.eval_every", "0", "--model.init_args.num_minibatches", "4", "--model.init_args.update_epochs", "2",
+         "--trainer.logger.init_args.log_model", "false"],
+        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=url),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    actors, shown = set(), []
+    while fit.poll() is None:
+        listing = subprocess.run(
+            ["runuser", "-u", "nobody", "--", "ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True
+        ).stdout
+        for line in listing.splitlines():
+            pid, _, args = line.strip().partition(" ")
+            if not _descends_from(int(pid), fit.pid):
+                continue  # the suite's other worker may be running a command that holds the password on purpose
+            if "spawn_main" in args or "multiprocessing" in args:
+                actors.add(pid)
+            if SECRET in args:
+                shown.append(args)
+        time.sleep(0.2)
+    out = fit.communicate(timeout=60)[0]
+    assert fit.returncode == 0, out[-3000:]
+    assert len(actors) >= 2, (actors, out[-2000:])  # the actors were seen, as the other account sees them
+    assert not shown, shown
+    assert SECRET not in out
