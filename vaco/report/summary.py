@@ -109,6 +109,22 @@ def _interval_sentence(estimates: Mapping[str, Estimate], min_runs: int) -> str:
     return " ".join(sentences)
 
 
+def _heading(title: str, figure: tuple[str, str] | None = None) -> list[str]:
+    """A section's first lines: its heading between blank lines, then its ``(alt text, file)`` figure."""
+    lines = ["", f"## {title}", ""]
+    return lines if figure is None else [*lines, f"![{figure[0]}]({figure[1]})", ""]
+
+
+def _by_k_table(report: Report, estimates: Mapping[str, Estimate], column: str = "") -> str:
+    """One row an algorithm with an estimate, one column a K (``"{algorithm} K={k}"`` keys)."""
+    rows = [
+        (a, *(ci_text(estimates.get(f"{a} K={k}")) for k in report.ks))
+        for a in report.algorithms
+        if any(f"{a} K={k}" in estimates for k in report.ks)
+    ]
+    return markdown_table(["algorithm", *[f"{column}K={k}" for k in report.ks]], rows)
+
+
 class _Figures:
     """Saves a figure into the report's folder (``save(fig, name)`` returns the name for the link)."""
 
@@ -262,15 +278,10 @@ def _robustness_part(
 
 def _final_scores_section(report: Report, save: _Figures, scores) -> list[str]:
     """Aggregates."""
-    s: list[str] = []
     main = report.main_runs()
     fig, agg, notes = figure_aggregates(report, scores)
+    s = _heading("Final scores", figure=("aggregate metrics", save(fig, "aggregate_metrics.png")))
     s += [
-        "",
-        "## Final scores",
-        "",
-        f"![aggregate metrics]({save(fig, 'aggregate_metrics.png')})",
-        "",
         "Median, IQM and Mean: higher is better; Optimality Gap: lower is better. "
         + _interval_sentence(agg, report.min_runs),
         "",
@@ -304,36 +315,21 @@ def _final_scores_section(report: Report, save: _Figures, scores) -> list[str]:
 
 def _iqm_section(report: Report, save: _Figures, scores) -> list[str]:
     """IQM vs K."""
-    s: list[str] = []
     fig, iqm, _ = figure_iqm_vs_k(report, iqm_of(scores))  # the IQM column above: one bootstrap, one interval
+    s = _heading("IQM against the degree of asynchrony", figure=("IQM vs K", save(fig, "iqm_vs_k.png")))
     s += [
-        "",
-        "## IQM against the degree of asynchrony",
-        "",
-        f"![IQM vs K]({save(fig, 'iqm_vs_k.png')})",
-        "",
         "The IQM of the table above, against K: which algorithm scores higher at each K (a level "
         "comparison; robustness is the section above). The intervals are the same as above.",
         "",
     ]
-    s.append(
-        markdown_table(
-            ["algorithm", *[f"K={k}" for k in report.ks]],
-            [
-                (a, *(ci_text(iqm.get(f"{a} K={k}")) for k in report.ks))
-                for a in report.algorithms
-                if any(f"{a} K={k}" in iqm for k in report.ks)
-            ],
-        )
-    )
+    s.append(_by_k_table(report, iqm))
     return s
 
 
 def _improvement_section(report: Report, save: _Figures) -> list[str]:
     """Probability of improvement."""
-    s: list[str] = []
     baseline = improvement_baseline(report)
-    s += ["", "## Probability of improvement", ""]
+    s = _heading("Probability of improvement")
     improvement = probability_of_improvement(report, baseline) if baseline else None
     if not improvement or not improvement.estimates:
         s.append(
@@ -362,13 +358,8 @@ def _improvement_section(report: Report, save: _Figures) -> list[str]:
 
 def _returns_section(report: Report, save: _Figures) -> list[str]:
     """Returns."""
-    s: list[str] = []
+    s = _heading("Returns over training", figure=("returns", save(figure_returns(report), "returns.png")))
     s += [
-        "",
-        "## Returns over training",
-        "",
-        f"![returns]({save(figure_returns(report), 'returns.png')})",
-        "",
         f"Raw {report.score_metric} per task and K; lines are means over seeds, bands one sample standard deviation.",
     ]
     return s
@@ -376,14 +367,9 @@ def _returns_section(report: Report, save: _Figures) -> list[str]:
 
 def _sample_efficiency_section(report: Report, save: _Figures) -> list[str]:
     """Sample efficiency."""
-    s: list[str] = []
     fig, _, auc, notes = figure_sample_efficiency(report, sample_efficiency(report))
+    s = _heading("Sample efficiency", figure=("sample efficiency", save(fig, "sample_efficiency.png")))
     s += [
-        "",
-        "## Sample efficiency",
-        "",
-        f"![sample efficiency]({save(fig, 'sample_efficiency.png')})",
-        "",
         f"IQM of the normalised {report.score_metric} at common env steps (bands: 95% CIs), and the IQM of each run's "
         "normalised area under the curve: the mean over training of its values on the final scores' scale, "
         "(value - low) / (high - low) with the task's low and high (the runs' lowest and highest final scores "
@@ -392,30 +378,16 @@ def _sample_efficiency_section(report: Report, save: _Figures) -> list[str]:
         "widths of the range below its low end). " + _interval_sentence(auc, report.min_runs),
         "",
     ]
-    s.append(
-        markdown_table(
-            ["algorithm", *[f"AUC K={k}" for k in report.ks]],
-            [
-                (a, *(ci_text(auc.get(f"{a} K={k}")) for k in report.ks))
-                for a in report.algorithms
-                if any(f"{a} K={k}" in auc for k in report.ks)
-            ],
-        )
-    )
+    s.append(_by_k_table(report, auc, "AUC "))
     s += [f"- {n}" for n in notes]
     return s
 
 
 def _profiles_section(report: Report, save: _Figures) -> list[str]:
     """Performance profiles."""
-    s: list[str] = []
     fig, notes = figure_performance_profiles(report, profiles(report))
+    s = _heading("Performance profiles", figure=("performance profiles", save(fig, "performance_profiles.png")))
     s += [
-        "",
-        "## Performance profiles",
-        "",
-        f"![performance profiles]({save(fig, 'performance_profiles.png')})",
-        "",
         "Fraction of runs (over all tasks) whose normalised final score exceeds tau; bands are 95% "
         f"bootstrap CIs, drawn only for groups with at least {report.min_runs} runs per task.",
     ]
@@ -425,13 +397,8 @@ def _profiles_section(report: Report, save: _Figures) -> list[str]:
 
 def _tv_section(report: Report, save: _Figures) -> list[str]:
     """TV."""
-    s: list[str] = []
+    s = _heading("TV divergence against delta/2", figure=("TV", save(figure_tv(report), "tv.png")))
     s += [
-        "",
-        "## TV divergence against delta/2",
-        "",
-        f"![TV]({save(figure_tv(report), 'tv.png')})",
-        "",
         "Top: `lag/forward_tv`, the TV between the behaviour mixture and the policy after the iteration's "
         "epochs, on the whole batch (the paper's 'TV of the final policy'). Bottom: `train/tv`, the minibatch "
         "TV the filter tests, averaged over the epochs. Each run contributes its mean over all iterations; "
@@ -551,13 +518,10 @@ def _step_size_part(report: Report) -> list[str]:
 
 def _fractions_section(report: Report, save: _Figures) -> list[str]:
     """Fractions."""
-    s: list[str] = []
+    s = _heading(
+        "Filter and clip fractions", figure=("fractions", save(figure_fractions(report), "filter_clip_fractions.png"))
+    )
     s += [
-        "",
-        "## Filter and clip fractions",
-        "",
-        f"![fractions]({save(figure_fractions(report), 'filter_clip_fractions.png')})",
-        "",
         "Per batch (one value per iteration, the mean over its minibatches): `train/filter_fraction` for "
         "TV-filter objectives, `train/clip_fraction` for the others; averaged over runs.",
         "",
@@ -604,11 +568,8 @@ def _ablations_section(report: Report, save: _Figures) -> list[str]:
 
 def _method_section(report: Report, save: _Figures) -> list[str]:
     """Method."""
-    s: list[str] = []
+    s = _heading("How this was computed")
     s += [
-        "",
-        "## How this was computed",
-        "",
         f"rliable {_rliable_version()}: `library.get_interval_estimates` (stratified bootstrap over runs within "
         f"each task, percentile method, {report.reps} resamples, numpy seed {report.seed}) around "
         "`metrics.aggregate_median/iqm/mean/optimality_gap`; `library.create_performance_profile`; "

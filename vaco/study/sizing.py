@@ -88,18 +88,10 @@ class Pilot:
         return np.concatenate(out, axis=0)
 
 
-def plan_p(
-    test: str,
-    cells,
-    margin: float | None,
-    seed: int,
-    swaps: int = 999,
-    reps: int = 2000,
-    estimand: str = "pooled",
-) -> float:
-    """The two-sided p of "no difference of drops" by ``test`` (one of the plan's tests; ``swaps``
-    patterns, and as many bootstrap-t resamples) for ``estimand``."""
-    return plan_ps((test,), cells, margin, seed, swaps, reps, estimand)[test]
+def plan_p(test: str, *args, **kwargs) -> float:
+    """The two-sided p of "no difference of drops" by ``test`` (one of the plan's tests): :func:`plan_ps`
+    for that test alone (the same arguments after ``tests``)."""
+    return plan_ps((test,), *args, **kwargs)[test]
 
 
 TESTS = ("randomisation", "randomisation+bootstrap-t", "bootstrap", "bootstrap-t", "randomisation-raw")
@@ -277,22 +269,14 @@ class NullRates:
     first_levels: tuple[float, ...]  # that level at each look (alpha / m's boundary)
 
 
-def sequential_null_rates(
-    data: np.ndarray,
-    test: str,
-    looks: Sequence[int],
-    alpha: float,
-    studies: int,
-    seed: int,
-    swaps: int = 1999,
-    estimand: str = "pooled",
-) -> NullRates:
+def sequential_null_rates(data: np.ndarray, test: str, *args, **kwargs) -> NullRates:
     """Null studies of ``data`` (arm, K in (ref, K), seed, task; the control first), each arm drawing
-    its own seeds (:func:`equal_drop_null`: equal drops), judged at every look of ``looks`` (Pocock)
-    by the group-sequential Holm rule with every other arm against the control. Counts the studies
-    with any "differs" and, per comparison, where its p met the smallest level the rule uses (the
-    first Holm step's, alpha / m's boundary)."""
-    return null_rates_by_test(data, (test,), looks, alpha, studies, seed, swaps, estimand)[test]
+    its own seeds (:func:`equal_drop_null`: equal drops), judged at every look (Pocock) by the
+    group-sequential Holm rule with every other arm against the control, by ``test``: counts the
+    studies with any "differs" and, per comparison, where its p met the smallest level the rule uses
+    (the first Holm step's, alpha / m's boundary). :func:`null_rates_by_test` for one test (the same
+    arguments after ``tests``: looks, alpha, studies, seed, swaps, estimand)."""
+    return null_rates_by_test(data, (test,), *args, **kwargs)[test]
 
 
 def null_rates_by_test(
@@ -307,7 +291,7 @@ def null_rates_by_test(
 ) -> dict[str, NullRates]:
     """:func:`sequential_null_rates` of several tests on the same null studies (each its own Holm
     rule), each p's parts computed once (:func:`plan_ps`): what each test gives alone, at the cost
-    of the tests' distinct parts."""
+    of the tests' distinct parts. ``swaps``: patterns a p (and as many bootstrap-t resamples)."""
     null = equal_drop_null(np.asarray(data, dtype=np.float64), estimand)
     arms, _, seeds, tasks = null.shape
     m = arms - 1
