@@ -227,6 +227,28 @@ def _descends_from(pid: int, root: int) -> bool:
     return False
 
 
+def _process_list(keep) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of the processes ``keep(pid)`` selects, as a second local account reads
+    them: `ps -eww` run as `nobody` (through `runuser`, as root); elsewhere /proc/*/cmdline read by this
+    account (world-readable: what any account sees)."""
+    if os.geteuid() == 0 and shutil.which("runuser"):
+        listing = subprocess.run(
+            ["runuser", "-u", "nobody", "--", "ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True
+        ).stdout
+        rows = [line.strip().partition(" ") for line in listing.splitlines()]
+        return [(int(pid), args) for pid, _, args in rows if pid.isdigit() and keep(int(pid))]
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if keep(int(pid)):
+                out.append(
+                    (int(pid), Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                )
+        except OSError:
+            continue
+    return out
+
+
 @pytest.mark.slow
 def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     url, why = postgres(SECRET)
@@ -244,18 +266,12 @@ def test_a_sweep_and_its_report_on_postgresql_leak_no_password(tmp_path):
     )
     seen, shown = set(), []
     while sweep.poll() is None:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            # the sweep's own processes only (the suite's other worker may be running a test whose typed
-            # command holds the password on purpose)
-            if not _descends_from(int(pid), sweep.pid):
-                continue
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            seen.add(cmdline)
-            if SECRET.encode() in cmdline:
-                shown.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+        # the sweep's own processes only (the suite's other worker may be running a test whose typed
+        # command holds the password on purpose)
+        for _, args in _process_list(lambda pid: _descends_from(pid, sweep.pid)):
+            seen.add(args.encode())
+            if SECRET in args:
+                shown.append(args)
         time.sleep(0.05)
     stdout, stderr = sweep.communicate(timeout=60)
     out = subprocess.CompletedProcess(sweep.args, sweep.returncode, stdout, stderr)
@@ -317,16 +333,18 @@ def test_a_sweep_on_ray_or_slurm_puts_no_password_on_a_command_line_or_in_a_file
     )
     seen, shown = 0, []
     try:
+
+        def ours(pid: int) -> bool:  # the sweep's processes, and the job SLURM starts in its folder
+            try:
+                return _descends_from(pid, sweep.pid) or str(tmp_path) in os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                return False
+
         while sweep.poll() is None:
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:  # the sweep's processes, and the job SLURM starts in its folder
-                    ours = _descends_from(int(pid), sweep.pid) or str(tmp_path) in os.readlink(f"/proc/{pid}/cwd")
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if ours else b""
-                except OSError:
-                    continue
-                seen += bool(cmdline)
-                if SECRET.encode() in cmdline:
-                    shown.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+            for _, args in _process_list(ours):
+                seen += bool(args)
+                if SECRET in args:
+                    shown.append(args)
             time.sleep(0.05)
         stdout, stderr = sweep.communicate(timeout=60)
         assert sweep.returncode == 0, stdout[-3000:] + stderr[-3000:]
@@ -399,7 +417,7 @@ def test_a_population_through_real_sbatch_is_one_job_that_survives_a_requeue(slu
 def test_vaco_ui_on_postgresql_puts_no_password_on_any_command_line(tmp_path):
     """`vaco ui` on a PostgreSQL store (its URI, password included, in MLFLOW_TRACKING_URI): while the
     UI serves, no process's command line holds the password (every account reads them all: /proc/*/cmdline
-    is world-readable), and the UI answers with the store's runs. `--store` with a password is refused in
+    is world-readable; read here with `ps` as `nobody`), and the UI answers with the store's runs. `--store` with a password is refused in
     one line before anything starts."""
     import signal
     import urllib.request
@@ -441,15 +459,10 @@ def test_vaco_ui_on_postgresql_puts_no_password_on_any_command_line(tmp_path):
         with urllib.request.urlopen(request, timeout=30) as found:  # the server reads the store it was given
             assert "vaco-ui-secret" in found.read().decode()
         seen = 0
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            if not _descends_from(int(pid), ui.pid):  # this UI's processes (not another test's typed command)
-                continue
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            seen += str(port).encode() in cmdline  # the UI's own processes (its server, its workers)
-            assert SECRET.encode() not in cmdline, cmdline.replace(b"\0", b" ")
+        # this UI's processes (not another test's typed command), as a second account reads them
+        for _, args in _process_list(lambda pid: _descends_from(pid, ui.pid)):
+            seen += str(port) in args  # the UI's own processes (its server, its workers)
+            assert SECRET not in args, args
         assert seen >= 1
         assert SECRET not in "".join(lines)
     finally:
@@ -470,8 +483,6 @@ def test_actor_processes_show_no_password_to_another_account(collection, tmp_pat
     url, why = postgres(SECRET)
     if url is None:
         pytest.skip(why)
-    if os.geteuid() != 0 or shutil.which("runuser") is None:
-        pytest.skip("reading the process list as a second account needs root and runuser")
     fit = subprocess.Popen(
         [REAL_VACO, "fit", "--config", str(CONFIGS / "demo.yaml"), "--config", str(CONFIGS / f"collection/{collection}.yaml"),
          "--data.init_args.num_envs", "4", "--data.init_args.num_steps", "64", "--data.init_args.total_steps", str(4 * 64 * 6),
@@ -482,13 +493,8 @@ def test_actor_processes_show_no_password_to_another_account(collection, tmp_pat
     )  # fmt: skip
     actors, shown = set(), []
     while fit.poll() is None:
-        listing = subprocess.run(
-            ["runuser", "-u", "nobody", "--", "ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True
-        ).stdout
-        for line in listing.splitlines():
-            pid, _, args = line.strip().partition(" ")
-            if not _descends_from(int(pid), fit.pid):
-                continue  # the suite's other worker may be running a command that holds the password on purpose
+        # the run's processes (the suite's other worker may be running a command that holds it on purpose)
+        for pid, args in _process_list(lambda pid: _descends_from(pid, fit.pid)):
             if "spawn_main" in args or "multiprocessing" in args:
                 actors.add(pid)
             if SECRET in args:
