@@ -63,7 +63,7 @@ def _rates(test: str, studies: int, seed: int, shift: float = 0.0):
 
 
 def _within(hits: int, trials: int, rate: float) -> bool:
-    return hits <= binom.ppf(0.999, trials, rate)
+    return bool(hits <= binom.ppf(0.999, trials, rate))
 
 
 @pytest.mark.slow

@@ -149,6 +149,7 @@ class PopulationDataModule(L.LightningDataModule):
     policy_buffer_size = property(lambda self: self.members[0].policy_buffer_size)
     eval_every = property(lambda self: self.members[0].eval_every)
     collection = property(lambda self: self.members[0].collection)
+    defining_fields = property(lambda self: self.members[0].defining_fields)
 
     def num_iterations(self) -> int:
         return self.members[0].num_iterations()
