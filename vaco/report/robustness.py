@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from vaco.report.bootstrap import iqm
 from vaco.report.decision import Verdict, decide
 from vaco.report.scores import Report
 from vaco.report.tables import improvement_baseline
@@ -62,17 +63,6 @@ FEW_RESAMPLES = 1000  # fewer distinct resamples per task than this: the summary
 def distinct_resamples(n: int) -> int:
     """Distinct bootstrap resamples (multisets) of n items: ``C(2n - 1, n)``."""
     return math.comb(2 * n - 1, n) if n > 0 else 0
-
-
-def iqm(x: np.ndarray) -> np.ndarray:
-    """rliable's ``aggregate_iqm`` (scipy's ``trim_mean(x, 0.25, axis=None)``) over the last two axes
-    (seeds x tasks), for every leading index at once: the sorted values with ``int(0.25 N)`` cut
-    from each end (scipy's ``lowercut``), averaged."""
-    flat = np.asarray(x, dtype=np.float64)
-    flat = flat.reshape(*flat.shape[:-2], -1)
-    n = flat.shape[-1]
-    cut = int(0.25 * n)
-    return np.sort(flat, axis=-1)[..., cut : n - cut].mean(axis=-1)
 
 
 def _iqm(x: np.ndarray) -> float:

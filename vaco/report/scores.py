@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from vaco.report import bootstrap
 from vaco.report.decision import DEFAULT_MARGIN
 from vaco.report.runs import Run
 from vaco.tracking import PAPER_AXES
@@ -151,9 +152,9 @@ class Estimate:
         return self.interval if self.interval is not None else np.stack([self.point, self.point])
 
 
-def _estimates(score_dict, func, reps: int, seed: int, min_runs: int) -> dict[str, Estimate]:
-    from rliable import library
-
+def _estimates(score_dict, func, stat, reps: int, seed: int, min_runs: int) -> dict[str, Estimate]:
+    """``func`` (rliable's statistic) gives the points, ``stat`` (it, for every resample at once) the
+    intervals: :func:`vaco.report.bootstrap.interval_estimates`, rliable's resamples and numbers."""
     out, enough = {}, {}
     for key, scores in score_dict.items():
         n = scores.shape[0]
@@ -166,12 +167,9 @@ def _estimates(score_dict, func, reps: int, seed: int, min_runs: int) -> dict[st
         else:
             out[key] = Estimate(np.atleast_1d(func(scores)), None, n, scores.shape[1])
     if enough:
-        np.random.seed(seed)  # rliable's StratifiedBootstrap draws from the global numpy RNG
-        points, intervals = library.get_interval_estimates(enough, func, reps=reps)
+        intervals = bootstrap.interval_estimates(enough, stat, reps, seed)
         for key, scores in enough.items():
-            out[key] = Estimate(
-                np.atleast_1d(points[key]), np.asarray(intervals[key]), scores.shape[0], scores.shape[1]
-            )
+            out[key] = Estimate(np.atleast_1d(func(scores)), intervals[key], scores.shape[0], scores.shape[1])
     return {key: out[key] for key in score_dict}
 
 
@@ -179,13 +177,13 @@ def aggregate_estimates(
     score_dict: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0, min_runs: int = 3
 ) -> dict[str, Estimate]:
     """Median, IQM, Mean and Optimality Gap (in that order) of (runs x tasks) score matrices, with
-    95% stratified-bootstrap intervals from ``rliable.library.get_interval_estimates``."""
+    95% stratified-bootstrap intervals: ``rliable.library.get_interval_estimates``'s numbers."""
     fns = _aggregates()
 
     def func(x):
         return np.array([fns[name](x) for name in AGGREGATES])
 
-    return _estimates(dict(score_dict), func, reps, seed, min_runs)
+    return _estimates(dict(score_dict), func, bootstrap.aggregates, reps, seed, min_runs)
 
 
 def iqm_estimates(score_dict: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0, min_runs: int = 3):
@@ -195,7 +193,7 @@ def iqm_estimates(score_dict: Mapping[str, np.ndarray], reps: int = 2000, seed: 
     def func(x):
         return np.array([iqm(x)])
 
-    return _estimates(dict(score_dict), func, reps, seed, min_runs)
+    return _estimates(dict(score_dict), func, bootstrap.iqm, reps, seed, min_runs)
 
 
 def curve_iqm(curves: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0, min_runs: int = 3):
@@ -205,7 +203,7 @@ def curve_iqm(curves: Mapping[str, np.ndarray], reps: int = 2000, seed: int = 0,
     def func(x):
         return np.array([iqm(x[..., j]) for j in range(x.shape[-1])])
 
-    return _estimates(dict(curves), func, reps, seed, min_runs)
+    return _estimates(dict(curves), func, bootstrap.curve_iqm, reps, seed, min_runs)
 
 
 def area_under_curve(steps: Sequence[float], values: Sequence[float]) -> float:
@@ -221,17 +219,17 @@ def area_under_curve(steps: Sequence[float], values: Sequence[float]) -> float:
 
 def performance_profiles(score_dict: Mapping[str, np.ndarray], taus: np.ndarray, reps: int = 2000, seed: int = 0):
     """Score distributions (fraction of runs above tau, averaged over tasks) with rliable's
-    bootstrap bands; a group with fewer than :data:`RANGE_BELOW` runs a task gets its profile and
-    no band (``cis`` holds only the others)."""
+    bootstrap bands (``create_performance_profile``'s numbers); a group with fewer than
+    :data:`RANGE_BELOW` runs a task gets its profile and no band (``cis`` holds only the others)."""
     from rliable import library
 
     enough = {k: v for k, v in score_dict.items() if v.shape[0] >= RANGE_BELOW}
-    profiles, cis = {}, {}
-    if enough:
-        np.random.seed(seed)
-        profiles, cis = library.create_performance_profile(enough, taus, reps=reps)
+    cis = bootstrap.interval_estimates(enough, bootstrap.profile(taus), reps, seed) if enough else {}
+    profiles = {}
     for key, scores in score_dict.items():
-        if key not in enough:  # rliable's point: per tau, the mean over tasks of the fraction of runs above it
+        if key in enough:
+            profiles[key] = library.score_distributions(scores, taus)
+        else:  # rliable's point: per tau, the mean over tasks of the fraction of runs above it
             profiles[key] = np.array([(scores > tau).mean(axis=0).mean() for tau in taus])
     return {key: profiles[key] for key in score_dict}, cis
 

@@ -570,9 +570,11 @@ def _method_section(report: Report, save: _Figures) -> list[str]:
     """Method."""
     s = _heading("How this was computed")
     s += [
-        f"rliable {_rliable_version()}: `library.get_interval_estimates` (stratified bootstrap over runs within "
-        f"each task, percentile method, {report.reps} resamples, numpy seed {report.seed}) around "
-        "`metrics.aggregate_median/iqm/mean/optimality_gap`; `library.create_performance_profile`; "
+        f"rliable {_rliable_version()}: the intervals of `library.get_interval_estimates` (stratified bootstrap "
+        f"over runs within each task, percentile method, {report.reps} resamples, numpy seed {report.seed}) around "
+        "`metrics.aggregate_median/iqm/mean/optimality_gap` and `probability_of_improvement`, and of "
+        "`library.create_performance_profile`, from rliable's own resamples with each statistic computed on all "
+        "of them at once (`vaco.report.bootstrap`: the same numbers to rounding); "
         "`plot_utils.plot_interval_estimates`, `plot_sample_efficiency_curve`, `plot_performance_profiles`. "
         f"Intervals need at least {report.min_runs} runs per task. Curves are compared at the env steps all "
         f"runs of a figure evaluated at (at most {MAX_CURVE_POINTS}), else interpolated onto a shared range. "

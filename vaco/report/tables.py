@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from vaco.report import bootstrap
 from vaco.report.runs import Run
 from vaco.report.scores import (
     AGGREGATES,
@@ -128,7 +129,7 @@ def probability_of_improvement(report: Report, baseline: str | None = None) -> S
     same K, on the normalised final scores, with a 95% stratified-bootstrap interval: the chance
     that a run of X scores above a run of Y on a task drawn at random (Agarwal et al. 2021). 0.5
     means no difference. Groups: ``"vaco K=16 vs ppo_clip K=16"``."""
-    from rliable import library, metrics
+    from rliable import metrics
 
     baseline = baseline or improvement_baseline(report)
     matrices, _, notes = report.matrices(main_groups(report), lambda r: report.normalized[r.run_id])
@@ -147,13 +148,12 @@ def probability_of_improvement(report: Report, baseline: str | None = None) -> S
             out[key] = Estimate(
                 np.atleast_1d(metrics.probability_of_improvement(x, y)), None, min(x.shape[0], y.shape[0]), x.shape[1]
             )
-    if enough:
-        np.random.seed(report.seed)
-        points, intervals = library.get_interval_estimates(enough, metrics.probability_of_improvement, reps=report.reps)
+    if enough:  # rliable's get_interval_estimates' numbers, every resample at once
+        intervals = bootstrap.interval_estimates(enough, bootstrap.improvement, report.reps, report.seed)
         for key, (x, y) in enough.items():
             out[key] = Estimate(
-                np.atleast_1d(points[key]),
-                np.asarray(intervals[key]).reshape(2, 1),
+                np.atleast_1d(metrics.probability_of_improvement(x, y)),
+                intervals[key].reshape(2, 1),
                 min(x.shape[0], y.shape[0]),
                 x.shape[1],
             )
