@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from vaco.report.bootstrap import iqm
+from vaco.report.bootstrap import improvement, iqm
 from vaco.report.decision import Verdict, decide
 from vaco.report.scores import Report
 from vaco.report.tables import improvement_baseline
@@ -73,10 +73,7 @@ def p_smaller(drop_x: np.ndarray, drop_y: np.ndarray) -> np.ndarray:
     """P(a run of X drops less than a run of Y): rliable's probability of improvement on ``-drop``
     (per task, the Mann-Whitney U of X's runs over Y's divided by their pairs, ties counting one
     half; averaged over tasks), over the last two axes (runs x tasks) for every leading index."""
-    x, y = -np.asarray(drop_x, dtype=np.float64), -np.asarray(drop_y, dtype=np.float64)
-    a, b = x[..., :, None, :], y[..., None, :, :]
-    per_task = (a > b).mean(axis=(-3, -2)) + 0.5 * (a == b).mean(axis=(-3, -2))
-    return per_task.mean(axis=-1)
+    return improvement(-np.asarray(drop_x, dtype=np.float64), -np.asarray(drop_y, dtype=np.float64))
 
 
 def _p_smaller(drop_x: np.ndarray, drop_y: np.ndarray) -> float:
