@@ -871,3 +871,39 @@ def test_ctrl_c_while_vaco_fit_starts_is_one_line_not_a_traceback(tmp_path, afte
             proc.wait()
     assert "Traceback" not in stderr, stderr[-3000:]
     assert "vaco: stopped by Ctrl-C" in stderr or "received SIGINT" in stderr, stderr[-3000:]
+
+
+_SWALLOWED_CTRL_C = """
+import signal, sys, time
+from vaco.run.callbacks import listen_while_starting, stop_listening
+if sys.argv[1] == "listen":
+    listen_while_starting()
+    signal.raise_signal(signal.SIGINT)  # the first Ctrl-C while starting: kept
+else:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+class Finaliser:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)  # the next Ctrl-C arrives while a finaliser runs
+try:
+    Finaliser()
+    for _ in range(200):
+        time.sleep(0.005)
+    print("went on")
+except KeyboardInterrupt:
+    print("stopped")
+stop_listening()
+"""
+
+
+def test_a_second_ctrl_c_that_lands_in_a_finaliser_still_stops_vaco_fit():
+    """Python swallows a KeyboardInterrupt raised in a finaliser or a weakref callback (it prints
+    "Exception ignored ... Traceback" and goes on): a second Ctrl-C while ``vaco fit`` started, landing
+    in SQLAlchemy's weakref callback, once let the run go on to its first iteration. Under vaco's
+    start-up handler it stops the code that runs next, with no traceback; without it (Python's own
+    handler, the control) the interrupt is swallowed, so this test can tell the two apart."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    ours = subprocess.run([sys.executable, "-c", _SWALLOWED_CTRL_C, "listen"], capture_output=True, text=True, env=env)
+    assert ours.stdout.strip() == "stopped" and "Traceback" not in ours.stderr, ours.stdout + ours.stderr
+    assert "received SIGINT while starting" in ours.stderr
+    python = subprocess.run([sys.executable, "-c", _SWALLOWED_CTRL_C, "plain"], capture_output=True, text=True, env=env)
+    assert python.stdout.strip() == "went on" and "Exception ignored" in python.stderr, python.stdout + python.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
@@ -26,7 +27,7 @@ __all__ = ["IterationCheckpoint", "IterationLog", "VacoProgressBar", "SaveConfig
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)  # SIGINT: Ctrl-C, once (twice stops at once)
 
 #: a stop signal that came while ``vaco fit`` was starting, and the handlers it found (see :func:`listen_while_starting`)
-_STARTING: dict = {"signal": None, "handlers": {}}
+_STARTING: dict = {"signal": None, "handlers": {}, "unraisablehook": sys.unraisablehook}
 
 
 def _on_signal_while_starting(signum, frame) -> None:
@@ -44,14 +45,31 @@ def _on_signal_while_starting(signum, frame) -> None:
         raise KeyboardInterrupt
 
 
+def _on_unraisable(unraisable) -> None:
+    """A second Ctrl-C raises KeyboardInterrupt wherever Python is; where that is a finaliser or a
+    weakref callback (SQLAlchemy's, MLflow's), Python prints it as "Exception ignored" and goes on,
+    and the run did not stop. Such a KeyboardInterrupt is delivered again, not printed: from another
+    thread a moment later, so that it reaches the main thread's code after the finaliser (raised here,
+    it would be raised in this hook and swallowed too); any other goes to the hook that was there."""
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        threading.Timer(0.01, _thread.interrupt_main).start()  # SIGINT's handler is Python's default by now
+        return
+    _STARTING["unraisablehook"](unraisable)
+
+
 def listen_while_starting() -> None:
     """From the start of ``vaco fit`` until :class:`IterationCheckpoint` takes over, a stop signal
     is kept, not obeyed at once: the MLflow runs are created while the trainer starts, and a run
     killed then had no checkpoint, so a rerun (a sweep's resume) opened new runs beside the dead
-    ones. Kept, the signal stops the run after its first iteration, as one during training does."""
+    ones. Kept, the signal stops the run after its first iteration, as one during training does.
+    Until ``vaco fit`` ends, a Ctrl-C that Python would swallow in a finaliser is delivered again
+    (:func:`_on_unraisable`)."""
     if threading.current_thread() is not threading.main_thread():
         return
     _STARTING["signal"] = None
+    if sys.unraisablehook is not _on_unraisable:
+        _STARTING["unraisablehook"] = sys.unraisablehook
+        sys.unraisablehook = _on_unraisable
     for sig in STOP_SIGNALS:
         previous = signal.signal(sig, _on_signal_while_starting)
         if previous is not _on_signal_while_starting:
@@ -66,6 +84,8 @@ def stop_listening() -> None:
         if signal.getsignal(sig) is _on_signal_while_starting:
             signal.signal(sig, handler)
     _STARTING["handlers"].clear()
+    if sys.unraisablehook is _on_unraisable:
+        sys.unraisablehook = _STARTING.pop("unraisablehook")
 
 
 class IterationCheckpoint(ModelCheckpoint):
