@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from vaco.files import write_text_atomic
+from vaco.report.bootstrap import iqm
 
 __all__ = ["ALL_TASKS", "page_data", "write_page"]
 
@@ -60,11 +61,8 @@ def plotly_js() -> str:
 
 
 def _iqm(values: np.ndarray) -> np.ndarray:
-    """IQM over the last axis (scipy's 25% trimmed mean, as rliable)."""
-    ordered = np.sort(values, axis=-1)
-    n = ordered.shape[-1]
-    cut = int(0.25 * n)
-    return ordered[..., cut : n - cut].mean(axis=-1)
+    """IQM over the last axis (scipy's 25% trimmed mean, as rliable): :func:`vaco.report.bootstrap.iqm`."""
+    return iqm(np.asarray(values)[..., None])
 
 
 def _cell(by_task: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict:

@@ -85,7 +85,7 @@ def stop_listening() -> None:
             signal.signal(sig, handler)
     _STARTING["handlers"].clear()
     if sys.unraisablehook is _on_unraisable:
-        sys.unraisablehook = _STARTING.pop("unraisablehook")
+        sys.unraisablehook = _STARTING["unraisablehook"]
 
 
 class IterationCheckpoint(ModelCheckpoint):
