@@ -805,17 +805,22 @@ def test_a_second_process_on_a_run_refuses_naming_the_holder_and_a_dead_holders_
         pid = json.loads(description)["pid"]  # the training process's (under the fork server, not Popen's)
         assert f"pid {pid} on " in line and " since " in line and "Traceback" not in second.stderr
         # a copy of the checkpoint in another folder resumes the same MLflow run: refused by the run's id,
-        # before it touches the run (the holder's stays RUNNING)
+        # before it touches the run (the holder's stays RUNNING). The holder takes its locks before it
+        # reopens the run, so wait until it has (under load that is seconds after the lock)
         copy = tmp_path / "elsewhere" / "last.ckpt"
         copy.parent.mkdir()
         shutil.copy(ckpt, copy)
         run_id = ckpt.parent.name
+        client = mlflow.MlflowClient(uri)
+        while client.get_run(run_id).info.status != "RUNNING" and time.time() < deadline + 120:
+            time.sleep(0.2)
+        assert client.get_run(run_id).info.status == "RUNNING", "the holder never reopened its MLflow run"
         elsewhere = run_cli("fit", *_tiny_with_budget(2 * 64 * 3), "--ckpt_path", str(copy), cwd=tmp_path, env=env)
         assert elsewhere.returncode == 2, elsewhere.stderr[-2000:]
         line = _one_line(elsewhere.stderr)
         assert line.startswith(f"vaco fit: error: MLflow run {run_id} (the run of `--ckpt_path`) is being trained")
         assert f"pid {pid} on " in line and "Traceback" not in elsewhere.stderr
-        assert mlflow.MlflowClient(uri).get_run(run_id).info.status == "RUNNING"
+        assert client.get_run(run_id).info.status == "RUNNING"
         assert holder.poll() is None  # the holder was not disturbed
     finally:
         holder.kill()
