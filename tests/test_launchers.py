@@ -447,6 +447,35 @@ def test_stop_after_ends_a_block_with_124_and_the_same_command_without_it_finish
     assert elsewhere.returncode == 2 and "`--stop-after` is for the local launcher" in elsewhere.stderr
 
 
+def test_stop_after_counts_from_the_command_over_every_look(tmp_path, monkeypatch):
+    """`--until-decided` builds a fresh launcher for each look from the command's arguments; the
+    limit is the command's, so a look's launcher built after it has passed starts nothing (a block
+    that asked for 90 minutes once ran 90 minutes a look). The first look's launcher is built, the
+    limit passes, then the next look's launcher is given a real cell of the tiny sweep: it returns
+    124 without preparing it. A launcher that counted from its own launch would start the cell."""
+    from vaco.sweep.grid import expand
+    from vaco.sweep.loader import load_sweep
+    from vaco.sweep.local_launcher import LocalLauncher
+    from vaco.sweep.sweep_cli import _parser
+
+    monkeypatch.setenv("VACO_SWEEP_ZYGOTE", "0")  # no zygote to start: launch() goes straight to its loop
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = load_sweep(TINY, str(tmp_path / "out"))
+    (cell,) = [c for c in expand(sweep) if c.id == FIRST]
+    args = _parser().parse_args(["--config", str(TINY), "--until-decided", "--stop-after", "1s"])
+    first = LocalLauncher.from_args(sweep, uri, {}, args)
+    first.close()
+    time.sleep(1.2)
+    later = LocalLauncher.from_args(sweep, uri, {}, args)  # what _run_looks does before each look after the first
+    try:
+        assert later.launch([cell]) == 124 and later.timed_out
+    finally:
+        later.close()
+    assert not later.done and not later.running and not (tmp_path / "out" / FIRST).exists()
+    fresh = _parser().parse_args(["--config", str(TINY), "--stop-after", "1h"])  # another command: its own clock
+    assert LocalLauncher.from_args(sweep, uri, {}, fresh).deadline > time.monotonic() + 3500
+
+
 @pytest.mark.slow
 def test_ray_runs_a_population_as_one_task_with_a_run_per_member(tmp_path):
     """`population: 2` on a real local Ray cluster: seeds 1 and 2 of one cell are one Ray task

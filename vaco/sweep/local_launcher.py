@@ -72,6 +72,7 @@ class LocalLauncher(Launcher):
         status_every: float = 60.0,
         zygote=None,
         stop_after: float | None = None,
+        deadline: float | None = None,
     ) -> None:
         import mlflow
 
@@ -84,7 +85,10 @@ class LocalLauncher(Launcher):
         self.stop_requested = 0
         self.total = 0
         self.zygote = zygote  # the preloaded process that forks the cells (vaco.sweep.zygote)
-        self.stop_after = stop_after  # seconds from launch, then stop as on Ctrl-C (a block of a long study)
+        self.stop_after = stop_after  # seconds, then stop as on Ctrl-C (a block of a long study)
+        # the time.monotonic() at which to stop: the command's, shared by the launcher of every look of
+        # --until-decided (from_args); None: stop_after seconds from launch
+        self.deadline = deadline
         self.timed_out = False
         self.stop_signal = signal.SIGINT  # the first signal that stopped the sweep (its exit code is 128 + it)
 
@@ -98,8 +102,9 @@ class LocalLauncher(Launcher):
             "--stop-after",
             type=parse_duration,
             metavar="DURATION",
-            help="local: run the sweep for this long (e.g. 90m, 1h30m, 5400), then stop it as Ctrl-C does (the "
-            "running cells checkpoint at their next iteration boundary; rerun to resume); exit code 124",
+            help="local: run the sweep for this long (e.g. 90m, 1h30m, 5400; with --until-decided, all its looks "
+            "together), then stop it as Ctrl-C does (the running cells checkpoint at their next iteration boundary; "
+            "rerun to resume); exit code 124",
         )
 
     @classmethod
@@ -117,6 +122,10 @@ class LocalLauncher(Launcher):
     @classmethod
     def from_args(cls, sweep, tracking_uri, resources, args) -> LocalLauncher:
         zygote, args.prestarted = getattr(args, "prestarted", None), None
+        stop_after = getattr(args, "stop_after", None)
+        if stop_after is not None and getattr(args, "stop_deadline", None) is None:
+            # one deadline for the command: --until-decided builds a launcher for each look from these args
+            args.stop_deadline = time.monotonic() + stop_after
         return cls(
             sweep,
             tracking_uri,
@@ -125,7 +134,8 @@ class LocalLauncher(Launcher):
             grace=args.grace,
             status_every=args.status_every,
             zygote=zygote,
-            stop_after=getattr(args, "stop_after", None),
+            stop_after=stop_after,
+            deadline=getattr(args, "stop_deadline", None),
         )
 
     def close(self) -> None:
@@ -148,7 +158,9 @@ class LocalLauncher(Launcher):
         self.total = len(cells)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         last_status = time.monotonic()
-        deadline = None if self.stop_after is None else last_status + self.stop_after
+        deadline = self.deadline
+        if deadline is None and self.stop_after is not None:
+            deadline = last_status + self.stop_after
         self.zygote = self._start_zygote()
         try:
             while (pending or self.running) and not self.stop_requested:
