@@ -629,3 +629,27 @@ def test_a_single_run_shows_no_spread_rather_than_plus_minus_zero():
 
     assert mean_sd_text([1.0], 2) == "1.00 (1 run)"
     assert mean_sd_text([1.0, 3.0], 1) == "2.0 +- 1.4"  # the sample SD, ddof = 1
+
+
+def test_the_score_against_k_figure_names_the_score_it_draws():
+    """`--score last-n` or `auc` draws that score against K; the axis and title say which, not "final"."""
+    from vaco.report import figure_iqm_vs_k
+    from vaco.report.figures import use_file_backend
+
+    use_file_backend()
+    steps = np.array([1000.0, 2000.0, 3000.0])
+    runs = [
+        make_run(algo, env, K, seed, {"eval/return": (steps, np.array([100.0, 200.0 + seed, 300.0 - 10 * K + seed]))})
+        for algo in ("vaco", "ppo_clip")
+        for env in ("Hopper-v5", "Walker2d-v5")
+        for K in (1, 4)
+        for seed in range(3)
+    ]
+    for kwargs, words in (
+        ({}, "final score"),
+        ({"score": "last-n", "last_evals": 2}, "mean of the last 2 evaluations"),
+        ({"score": "auc"}, "AUC"),
+    ):
+        (ax,) = figure_iqm_vs_k(R.build_report("named", runs, reps=20, **kwargs))[0].axes
+        assert ax.get_ylabel() == f"IQM normalised {words}"
+        assert ax.get_title().startswith(f"{words[0].upper()}{words[1:]} against K"), ax.get_title()

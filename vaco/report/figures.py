@@ -216,8 +216,16 @@ def _vs_k_axis(
 PANELS_ABOVE = 6
 
 
+def score_name(report: Report) -> str:
+    """The report's score in a few words, for an axis: the final score, the mean of the last n
+    evaluations, or the AUC (what ``--score`` chose; the figures draw that score, so they say it)."""
+    return {"final": "final score", "last-n": f"mean of the last {report.last_evals} evaluations", "auc": "AUC"}[
+        report.score
+    ]
+
+
 def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
-    """IQM of the normalised final score against K, one line per algorithm; with more than
+    """IQM of the report's normalised score (:func:`score_name`) against K, one line per algorithm; with more than
     :data:`PANELS_ABOVE` algorithms, one panel per algorithm on a shared axis, the baseline
     (:func:`vaco.report.tables.improvement_baseline`) drawn in grey in every other panel."""
     plt = pyplot()
@@ -225,11 +233,12 @@ def figure_iqm_vs_k(report: Report, scores: Scores | None = None):
     estimates, notes = scores.estimates, scores.notes
     series = _k_series(main_groups(report), lambda r: r.algorithm)
     note = "; ".join(n for n in (_no_interval_note(estimates, report.min_runs), _scale_note(report)) if n)
-    title = "Final score against K" + (f" ({note})" if note else "")
+    name = score_name(report)
+    title = f"{name[0].upper()}{name[1:]} against K" + (f" ({note})" if note else "")
     if len(series) > PANELS_ABOVE:
         return _iqm_vs_k_panels(report, estimates, series, title), estimates, notes
     fig, ax = plt.subplots(figsize=(6, 4))
-    _vs_k_axis(ax, estimates, series, _algo_colors(report), "IQM normalised final score", title.replace(" (", "\n(", 1))
+    _vs_k_axis(ax, estimates, series, _algo_colors(report), f"IQM normalised {name}", title.replace(" (", "\n(", 1))
     _dash(ax, report)
     ax.legend(fontsize="small")
     fig.tight_layout()
@@ -255,7 +264,7 @@ def _iqm_vs_k_panels(report: Report, estimates, series, title: str):
     for ax in axes[len(series) :]:
         ax.set_visible(False)
     for ax in axes[::columns]:
-        ax.set_ylabel("IQM normalised final score")
+        ax.set_ylabel(f"IQM normalised {score_name(report)}")
     for ax in axes[columns * (rows - 1) :]:
         ax.set_xlabel("degree of asynchrony K")
     words = f"; grey, dashed: {baseline}" if baseline in series else ""
